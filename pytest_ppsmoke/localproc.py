@@ -1,0 +1,160 @@
+"""Child processes on this machine that speak JSON lines on stdout (members, later nodes).
+
+Every wait has a deadline and its error carries the tail of the child's stderr, so a failure says
+what the child was doing. ``stop`` escalates SIGTERM -> SIGKILL and always reaps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .transport import endpoint_id, new_secret_key
+
+
+class ChildError(RuntimeError):
+    pass
+
+
+class ChildProcess:
+    def __init__(self, name: str, argv: list[str], env: Mapping[str, str]) -> None:
+        self.name = name
+        self.argv = argv
+        self.env = dict(env)
+        self.proc: asyncio.subprocess.Process | None = None
+        self.events: list[dict[str, Any]] = []
+        self._stderr: deque[str] = deque(maxlen=40)
+        self._new = asyncio.Event()
+        self._readers: list[asyncio.Task[None]] = []
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    async def start(self) -> None:
+        self.proc = await asyncio.create_subprocess_exec(
+            *self.argv,
+            env=self.env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,  # its own process group: stop() takes everything it started
+        )
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        self._readers = [
+            asyncio.ensure_future(self._read_stdout(self.proc.stdout)),
+            asyncio.ensure_future(self._read_stderr(self.proc.stderr)),
+        ]
+
+    async def _read_stdout(self, stream: asyncio.StreamReader) -> None:
+        async for line in stream:
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                self._stderr.append("stdout: " + line.decode(errors="replace").rstrip())
+                continue
+            if isinstance(obj, dict):
+                self.events.append(obj)
+                self._new.set()
+        self._new.set()
+
+    async def _read_stderr(self, stream: asyncio.StreamReader) -> None:
+        async for line in stream:
+            self._stderr.append(line.decode(errors="replace").rstrip())
+
+    def stderr_tail(self) -> str:
+        return "\n".join(self._stderr)
+
+    def find(self, pred: Callable[[dict[str, Any]], bool]) -> dict[str, Any] | None:
+        return next((e for e in self.events if pred(e)), None)
+
+    async def wait_event(self, pred: Callable[[dict[str, Any]], bool], timeout: float, what: str) -> dict[str, Any]:
+        """The first event (past or future) that satisfies ``pred``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = self.find(pred)
+            if found is not None:
+                return found
+            if self.proc is not None and self.proc.returncode is not None:
+                raise ChildError(
+                    f"{self.name} exited with status {self.proc.returncode} while waiting for {what}; "
+                    f"stderr:\n{self.stderr_tail()}"
+                )
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ChildError(f"{self.name}: no {what} within {timeout:.3g} s; stderr:\n{self.stderr_tail()}")
+            self._new.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._new.wait(), min(left, 0.5))
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, sig)
+
+    async def stop(self, grace: float = 3.0) -> int | None:
+        """SIGTERM the process group, SIGKILL after ``grace`` seconds; reap; return the status."""
+        if self.proc is None:
+            return None
+        if self.proc.returncode is None:
+            self.signal(signal.SIGCONT)  # a stopped child cannot handle SIGTERM
+            self.signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self.proc.wait(), grace)
+            except TimeoutError:
+                self.signal(signal.SIGKILL)
+                await self.proc.wait()
+        else:
+            self.signal(signal.SIGKILL)  # anything left in its group
+        for t in self._readers:
+            t.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        return self.proc.returncode
+
+
+def member_env(
+    key: bytes,
+    allowed: list[str],
+    seed_ticket: str | None,
+    names: list[str] = (),  # type: ignore[assignment]
+    swim: str = "",
+    extra: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PP_", "SEED_ADDR"))}
+    env.update(
+        PP_NODE_KEY=key.hex(),
+        PP_ALLOWED_IDS=",".join(allowed),
+        PP_NAMES=",".join(names),
+        PP_SWIM=swim,
+        PP_NETWORK="local",
+        PYTHONUNBUFFERED="1",
+    )
+    if seed_ticket:
+        env["SEED_ADDR"] = seed_ticket
+    env.update(extra or {})
+    return env
+
+
+def member_process(name: str, env: Mapping[str, str]) -> ChildProcess:
+    return ChildProcess(name, [sys.executable, "-m", "pytest_ppsmoke.member"], env)
+
+
+class ClusterKeys:
+    """Secret keys for a cluster, generated by the orchestrator so it knows every id in advance."""
+
+    def __init__(self, n: int) -> None:
+        self.keys = [new_secret_key() for _ in range(n)]
+        self.ids = [endpoint_id(k) for k in self.keys]
+
+    def __repr__(self) -> str:
+        return f"ClusterKeys(ids={[i[:10] for i in self.ids]})"

@@ -1,0 +1,80 @@
+"""A bare cluster member: joins, registers names, reports membership events.
+
+    PP_NODE_KEY=... PP_ALLOWED_IDS=... SEED_ADDR=<ticket> PP_NAMES=pp-entry,pp-stage-0 \\
+        python -m pytest_ppsmoke.member
+
+It is what the membership tests and benchmarks run as a separate process, and a handy probe when
+a cluster misbehaves. Each name in ``PP_NAMES`` is registered for this node's ``node`` actor
+(which answers Echo, MembersQuery, ResolveQuery and Register). stdout carries one JSON object per
+line: ``{"event": "ready", "id": ..., "ticket": ...}`` once joined, then every membership event.
+SIGTERM or SIGINT leaves the cluster cleanly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+
+from .codec import MemberStatus
+from .node import NODE_ACTOR, Node, NodeConfig
+from .swim import MemberEvent
+
+
+def _emit(obj: dict[str, object]) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+async def run(config: NodeConfig, names: list[str]) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    node = Node(config)
+    await node.start(join=False)
+    try:
+
+        def report(ev: MemberEvent) -> None:
+            _emit(
+                {
+                    "event": ev.kind,
+                    "member": ev.member.id,
+                    "status": MemberStatus(ev.member.status).name,
+                    "incarnation": ev.member.incarnation,
+                    "names": ev.member.names,
+                }
+            )
+
+        node.membership.add_listener(report)
+        await node.join()
+        for name in names:
+            node.register(name, NODE_ACTOR)
+        _emit({"event": "ready", "id": node.id, "ticket": node.ticket(), "pid": os.getpid()})
+        await stop.wait()
+    finally:
+        await node.close()
+
+
+def main() -> None:
+    logging.basicConfig(
+        level=os.environ.get("PP_LOG_LEVEL", "WARNING"),
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        config = NodeConfig.from_env()
+    except ValueError as e:
+        sys.exit(f"pytest_ppsmoke.member: {e}")
+    names = [n.strip() for n in os.environ.get("PP_NAMES", "").split(",") if n.strip()]
+    try:
+        asyncio.run(run(config, names))
+    except TimeoutError as e:
+        sys.exit(f"pytest_ppsmoke.member: {e}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,345 @@
+"""A cluster node: transport, SWIM membership, the name registry and local actors.
+
+An actor is any object with ``on_<message_type_in_snake_case>(msg, ctx)`` methods (sync or
+async). What a handler returns answers a request; what it raises is sent back as an
+:class:`~pytest_ppsmoke.codec.ErrorReply` and raised on the requesting side as :class:`RemoteError`.
+
+    async with Node(NodeConfig.generate()) as node:
+        node.add_actor("echo", EchoActor())
+        node.register("pp-entry", "echo")
+        addr = await node.resolve("pp-entry", timeout=5)
+        reply = await node.request(addr, Echo(b"hi"), timeout=1)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import itertools
+import logging
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import codec
+from .codec import (
+    ActorAddress,
+    Echo,
+    Envelope,
+    ErrorReply,
+    MembersQuery,
+    MembersView,
+    MemberState,
+    Message,
+    Ok,
+    Register,
+    Resolved,
+    ResolveQuery,
+    UnknownMessageType,
+)
+from .registry import Registry
+from .swim import SWIM_ACTOR, Membership, SwimConfig
+from .transport import PeerAddr, Transport, TransportError, endpoint_id, new_secret_key
+
+log = logging.getLogger(__name__)
+
+NODE_ACTOR = "node"
+
+
+class RemoteError(RuntimeError):
+    """The receiving actor failed the request; ``kind`` is its short tag (``unknown_actor``, ...)."""
+
+    def __init__(self, address: ActorAddress, kind: str, message: str) -> None:
+        super().__init__(f"{address}: {kind}: {message}")
+        self.address = address
+        self.kind = kind
+
+
+@dataclass(frozen=True)
+class Context:
+    """Who sent the message being handled."""
+
+    node: Node
+    sender: ActorAddress
+    corr: int
+
+
+@dataclass
+class NodeConfig:
+    """Everything a node needs. The secret key never appears in a repr, log or report."""
+
+    secret_key: bytes = field(repr=False)
+    allowed: frozenset[str] | None = None
+    seed: str | None = None
+    local: bool = True
+    swim: SwimConfig = field(default_factory=SwimConfig.loopback)
+    join_timeout: float = 30.0
+    request_timeout: float = 10.0
+    max_frame: int = codec.DEFAULT_MAX_FRAME
+
+    @property
+    def id(self) -> str:
+        return endpoint_id(self.secret_key)
+
+    @classmethod
+    def generate(cls, **kw: Any) -> NodeConfig:
+        return cls(secret_key=new_secret_key(), **kw)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> NodeConfig:
+        """Read ``PP_NODE_KEY`` (64 hex), ``PP_ALLOWED_IDS`` (comma-separated endpoint ids),
+        ``SEED_ADDR`` (endpoint id or ticket), ``PP_NETWORK`` (local or wan) and ``PP_SWIM``
+        (overrides such as ``suspicion_timeout=3``)."""
+        env = os.environ if env is None else env
+        raw = env.get("PP_NODE_KEY", "")
+        try:
+            key = bytes.fromhex(raw)
+        except ValueError:
+            key = b""
+        if len(key) != 32:
+            # never echo the value: it is a secret
+            raise ValueError(f"PP_NODE_KEY must be 64 hex characters (a 32-byte key), got {len(raw)} characters")
+        network = env.get("PP_NETWORK", "local")
+        if network not in ("local", "wan"):
+            raise ValueError(f"PP_NETWORK must be 'local' or 'wan', got {network!r}")
+        allowed_ids = [i.strip().lower() for i in env.get("PP_ALLOWED_IDS", "").split(",") if i.strip()]
+        for i in allowed_ids:
+            if not re.fullmatch(r"[0-9a-f]{64}", i):
+                raise ValueError(f"PP_ALLOWED_IDS entry {i!r} is not an endpoint id (64 hex characters)")
+        swim = SwimConfig.loopback() if network == "local" else SwimConfig.wan()
+        if env.get("PP_SWIM"):
+            swim = swim.with_overrides(env["PP_SWIM"])
+        return cls(
+            secret_key=key,
+            allowed=frozenset(allowed_ids) if allowed_ids else None,
+            seed=env.get("SEED_ADDR") or None,
+            local=network == "local",
+            swim=swim,
+        )
+
+
+class Node:
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        self.transport = Transport(
+            config.secret_key,
+            on_message=self._on_message,
+            on_unknown=self._on_unknown,
+            allowed=config.allowed,
+            local=config.local,
+            max_frame=config.max_frame,
+        )
+        self.id = self.transport.id
+        self.actors: dict[str, object] = {}
+        self._pending: dict[int, tuple[str, asyncio.Future[Message]]] = {}
+        self._corr = itertools.count(1)
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.membership: Membership
+        self.registry: Registry
+        self.seed: PeerAddr | None = PeerAddr.parse(config.seed) if config.seed else None
+
+    def __repr__(self) -> str:
+        return f"Node(id={self.id[:10]})"
+
+    async def __aenter__(self) -> Node:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self, join: bool = True) -> None:
+        """Bind, start SWIM, and (unless ``join`` is False) join through the seed."""
+        await self.transport.start()
+        me = self.transport.addr()
+        self.membership = Membership(self, self.config.swim, me.addrs, me.relay)
+        self.registry = Registry(self.membership)
+        self.actors[SWIM_ACTOR] = self.membership
+        self.actors[NODE_ACTOR] = _NodeActor()
+        self.membership.start()
+        if join:
+            await self.join()
+
+    async def join(self) -> None:
+        """Join through ``config.seed`` (a no-op for the seed itself)."""
+        if self.seed is not None:
+            self.transport.learn(self.seed)
+            await self.membership.join(self.seed.id, self.config.join_timeout)
+
+    async def close(self) -> None:
+        """Leave the cluster cleanly (members drop us at once), then stop everything."""
+        if hasattr(self, "membership"):
+            await self.membership.stop()
+            await self.membership.leave()
+        for t in list(self._tasks):
+            t.cancel()
+        for _, fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(TransportError("node closed"))
+                fut.exception()  # retrieved here; a waiter still sees it
+        self._pending.clear()
+        await self.transport.close()
+
+    # --- identity ----------------------------------------------------------------------------
+
+    def ticket(self) -> str:
+        """What other nodes need to reach this one with no discovery (``SEED_ADDR`` on loopback)."""
+        return self.transport.ticket()
+
+    def address(self, actor: str, node: str | None = None) -> ActorAddress:
+        return ActorAddress(node or self.id, actor)
+
+    def learn(self, m: MemberState) -> None:
+        self.transport.learn(PeerAddr(m.id, m.addrs, m.relay))
+
+    # --- actors and names --------------------------------------------------------------------
+
+    def add_actor(self, name: str, actor: object) -> ActorAddress:
+        if name in self.actors:
+            raise ValueError(f"actor {name!r} already exists on this node")
+        self.actors[name] = actor
+        return self.address(name)
+
+    def register(self, name: str, actor: str) -> None:
+        if actor not in self.actors:
+            raise ValueError(f"cannot register {name!r}: no local actor {actor!r} (have {sorted(self.actors)})")
+        self.registry.register(name, actor)
+
+    async def resolve(self, name: str, timeout: float) -> ActorAddress:
+        return await self.registry.resolve(name, timeout)
+
+    # --- messaging ---------------------------------------------------------------------------
+
+    async def send(self, to: ActorAddress, msg: Message, *, sender: str = "", timeout: float | None = None) -> None:
+        """One-way message; returns once the frame is written (not once it is handled)."""
+        await self._send(to, Envelope(to.actor, sender, 0, False), msg, timeout)
+
+    def send_nowait(self, to: ActorAddress, msg: Message, timeout: float, sender: str = "") -> None:
+        """Fire and forget; failures are logged at debug level."""
+
+        async def go() -> None:
+            try:
+                await self.send(to, msg, sender=sender, timeout=timeout)
+            except ConnectionError as e:
+                log.debug("send of %s to %s failed: %s", type(msg).__name__, to, e)
+
+        self._spawn(go())
+
+    async def request(self, to: ActorAddress, msg: Message, timeout: float | None = None, *, sender: str = "") -> Message:
+        """Send ``msg`` and wait for the reply, at most ``timeout`` seconds (TimeoutError names both)."""
+        timeout = self.config.request_timeout if timeout is None else timeout
+        corr = next(self._corr)
+        fut: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        self._pending[corr] = (to.node, fut)
+        try:
+            async with asyncio.timeout(timeout):
+                await self._send(to, Envelope(to.actor, sender, corr, False), msg, timeout)
+                return await fut
+        except TimeoutError:
+            raise TimeoutError(f"no reply from {to} to {type(msg).__name__} within {timeout:.3g} s") from None
+        finally:
+            self._pending.pop(corr, None)
+
+    async def _send(self, to: ActorAddress, env: Envelope, msg: Message, timeout: float | None) -> None:
+        if to.node == self.id:
+            self._dispatch(self.id, env, msg)
+            return
+        frame = codec.encode_frame(env, msg)
+        await self.transport.send_frame(to.node, frame, self.config.request_timeout if timeout is None else timeout)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # --- receiving ---------------------------------------------------------------------------
+
+    def _on_message(self, peer: str, env: Envelope, msg: Message) -> None:
+        self._dispatch(peer, env, msg)
+
+    def _on_unknown(self, peer: str, err: UnknownMessageType) -> None:
+        if err.envelope is not None and err.envelope.corr and not err.envelope.reply:
+            self._reply(peer, err.envelope, ErrorReply("unknown_message", str(err)))
+
+    def _dispatch(self, peer: str, env: Envelope, msg: Message) -> None:
+        if env.reply:
+            entry = self._pending.get(env.corr)
+            if entry is None or entry[0] != peer or entry[1].done():
+                log.debug("late or stray reply %s from %s", type(msg).__name__, peer[:10])
+                return
+            fut = entry[1]
+            if isinstance(msg, ErrorReply):
+                fut.set_exception(RemoteError(ActorAddress(peer, env.from_actor), msg.kind, msg.message))
+            else:
+                fut.set_result(msg)
+            return
+        actor = self.actors.get(env.to_actor)
+        if actor is None:
+            self._fail(peer, env, "unknown_actor", f"no actor {env.to_actor!r} on node {self.id[:10]}")
+            return
+        handler = getattr(actor, "on_" + _snake(type(msg).__name__), None)
+        if handler is None:
+            self._fail(peer, env, "unhandled_message", f"actor {env.to_actor!r} does not handle {type(msg).__name__}")
+            return
+        ctx = Context(self, ActorAddress(peer, env.from_actor), env.corr)
+        try:
+            result = handler(msg, ctx)
+        except Exception as e:
+            self._fail(peer, env, type(e).__name__, str(e))
+            return
+        if inspect.isawaitable(result):
+            self._spawn(self._finish(peer, env, result))
+        elif env.corr:
+            self._reply(peer, env, result if result is not None else Ok())
+
+    async def _finish(self, peer: str, env: Envelope, pending: Any) -> None:
+        try:
+            result = await pending
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            self._fail(peer, env, type(e).__name__, str(e))
+            return
+        if env.corr:
+            self._reply(peer, env, result if result is not None else Ok())
+
+    def _fail(self, peer: str, env: Envelope, kind: str, message: str) -> None:
+        log.warning("%s from %s to %r: %s", kind, peer[:10], env.to_actor, message)
+        if env.corr:
+            self._reply(peer, env, ErrorReply(kind, message))
+
+    def _reply(self, peer: str, env: Envelope, msg: Message) -> None:
+        reply = Envelope(env.from_actor, env.to_actor, env.corr, True)
+        if peer == self.id:
+            self._dispatch(peer, reply, msg)
+        else:
+            self._spawn(self._send_reply(peer, reply, msg))
+
+    async def _send_reply(self, peer: str, env: Envelope, msg: Message) -> None:
+        try:
+            await self.transport.send_frame(peer, codec.encode_frame(env, msg), self.config.request_timeout)
+        except ConnectionError as e:
+            log.debug("reply to %s failed: %s", peer[:10], e)
+
+
+class _NodeActor:
+    """Introspection every node offers: its membership view, name resolution, echo."""
+
+    def on_members_query(self, msg: MembersQuery, ctx: Context) -> MembersView:
+        return MembersView(tuple(ctx.node.membership.members.values()))
+
+    async def on_resolve_query(self, msg: ResolveQuery, ctx: Context) -> Resolved:
+        return Resolved(await ctx.node.resolve(msg.name, msg.timeout_ms / 1000))
+
+    def on_register(self, msg: Register, ctx: Context) -> Ok:
+        ctx.node.register(msg.name, msg.actor)
+        return Ok()
+
+    def on_echo(self, msg: Echo, ctx: Context) -> Echo:
+        return msg
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()

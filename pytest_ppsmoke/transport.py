@@ -1,0 +1,321 @@
+"""Framed messaging over iroh (QUIC).
+
+One long-lived connection per direction and peer: a node sends on the connection it dialled
+(one unidirectional stream, frames back to back) and receives on the connections it accepted.
+That keeps ordering per peer, needs no tie-breaking between simultaneous dials, and lets a
+broken connection be replaced by simply dialling again.
+
+Security: a node knows the endpoint ids it will talk to (the orchestrator derives them from the
+secret keys it generates). A connection from any other id is closed right after the TLS handshake
+authenticates it, before a single frame is read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import iroh
+
+from . import _irohpatch, codec
+from .codec import Envelope, FrameError, FrameReader, Message, UnknownMessageType
+
+_irohpatch.apply()
+
+log = logging.getLogger(__name__)
+
+ALPN = b"ppsmoke/1"
+CLOSE_REFUSED = 1  # application close codes, seen by the peer in its close reason
+CLOSE_BAD_FRAME = 2
+CLOSE_SHUTDOWN = 0
+_MIN_READ = 64 << 10
+_MAX_READ = 8 << 20
+
+
+class TransportError(ConnectionError):
+    """Sending to a peer failed; the message names the peer and the step."""
+
+
+@dataclass(frozen=True)
+class PeerAddr:
+    """How to reach an endpoint: its id, and direct addresses or a relay where there is no discovery."""
+
+    id: str
+    addrs: tuple[str, ...] = ()
+    relay: str | None = None
+
+    def ticket(self) -> str:
+        return str(iroh.EndpointTicket.from_addr(self.to_iroh()))
+
+    def to_iroh(self) -> iroh.EndpointAddr:
+        return iroh.EndpointAddr(iroh.EndpointId.from_string(self.id), self.relay, list(self.addrs))
+
+    @classmethod
+    def from_iroh(cls, addr: iroh.EndpointAddr) -> PeerAddr:
+        return cls(str(addr.id()), tuple(addr.direct_addresses()), addr.relay_url())
+
+    @classmethod
+    def parse(cls, text: str) -> PeerAddr:
+        """An endpoint id (64 hex characters, found through discovery) or a full ticket."""
+        text = text.strip()
+        if len(text) == 64 and all(c in "0123456789abcdef" for c in text.lower()):
+            return cls(text.lower())
+        try:
+            return cls.from_iroh(iroh.EndpointTicket.from_string(text).endpoint_addr())
+        except Exception as e:  # the binding raises its own error types
+            raise ValueError(
+                f"peer address {text[:80]!r} is neither an endpoint id (64 hex characters) nor an endpoint ticket: {e}"
+            ) from None
+
+
+def endpoint_id(secret_key: bytes) -> str:
+    """The endpoint id that a 32-byte secret key gives."""
+    return str(iroh.SecretKey.from_bytes(secret_key).public())
+
+
+def new_secret_key() -> bytes:
+    return os.urandom(32)
+
+
+@dataclass
+class TransportStats:
+    frames_in: int = 0
+    frames_out: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    connections_refused: int = 0
+    frames_rejected: int = 0
+    reconnects: int = 0
+    last_rejection: str | None = None
+
+
+@dataclass
+class _Outbound:
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    conn: iroh.Connection | None = None
+    stream: iroh.SendStream | None = None
+
+
+MessageHandler = Callable[[str, Envelope, Message], None]
+UnknownHandler = Callable[[str, UnknownMessageType], None]
+
+
+class Transport:
+    """An iroh endpoint that sends and receives :mod:`codec` frames.
+
+    ``on_message(peer_id, envelope, message)`` is called for every decoded frame, in order per
+    connection; ``on_unknown`` for a well-formed frame of a type this node does not know.
+    """
+
+    def __init__(
+        self,
+        secret_key: bytes,
+        *,
+        on_message: MessageHandler,
+        on_unknown: UnknownHandler | None = None,
+        allowed: Iterable[str] | None = None,
+        local: bool = True,
+        bind_addr: str | None = None,
+        max_frame: int = codec.DEFAULT_MAX_FRAME,
+        connect_timeout: float = 5.0,
+    ) -> None:
+        if len(secret_key) != 32:
+            raise ValueError(f"secret key must be 32 bytes, got {len(secret_key)}")
+        self._secret_key = secret_key
+        self.on_message = on_message
+        self.on_unknown = on_unknown
+        self.allowed: set[str] | None = None if allowed is None else set(allowed)
+        self.local = local
+        self.bind_addr = bind_addr or ("127.0.0.1:0" if local else "0.0.0.0:0")
+        self.max_frame = max_frame
+        self.connect_timeout = connect_timeout
+        self.id = endpoint_id(secret_key)
+        self.stats = TransportStats()
+        self._endpoint: iroh.Endpoint | None = None
+        self._book: dict[str, PeerAddr] = {}
+        self._out: dict[str, _Outbound] = {}
+        self._inbound: set[iroh.Connection] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"Transport(id={self.id[:10]}, local={self.local})"
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self.local:  # no relays, no discovery: nothing leaves loopback
+            preset, relay = iroh.preset_minimal(), iroh.RelayMode.disabled()
+        else:
+            preset, relay = iroh.preset_n0(), iroh.RelayMode.default_mode()
+        opts = iroh.EndpointOptions(
+            preset=preset, relay_mode=relay, bind_addr=self.bind_addr, secret_key=self._secret_key, alpns=[ALPN]
+        )
+        self._endpoint = await iroh.Endpoint.bind(opts)
+        self._spawn(self._accept_loop())
+        log.debug("transport %s bound on %s", self.id[:10], self.addr().addrs)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for t in list(self._tasks):
+            t.cancel()
+        for t in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        if self._endpoint is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._endpoint.close(), 2.0)
+
+    def addr(self) -> PeerAddr:
+        assert self._endpoint is not None, "transport not started"
+        return PeerAddr.from_iroh(self._endpoint.addr())
+
+    def ticket(self) -> str:
+        return self.addr().ticket()
+
+    # --- address book and allowlist ----------------------------------------------------------
+
+    def learn(self, peer: PeerAddr) -> None:
+        if peer.id != self.id and (peer.addrs or peer.relay or peer.id not in self._book):
+            self._book[peer.id] = peer
+
+    def is_allowed(self, peer_id: str) -> bool:
+        return self.allowed is None or peer_id in self.allowed or peer_id == self.id
+
+    async def forget(self, peer_id: str) -> None:
+        """Drop the outbound connection to a peer (for example one declared dead)."""
+        out = self._out.pop(peer_id, None)
+        if out is not None and out.conn is not None:
+            with contextlib.suppress(Exception):
+                await out.conn.close(CLOSE_SHUTDOWN, b"forgotten")
+
+    # --- sending -----------------------------------------------------------------------------
+
+    async def send_frame(self, peer_id: str, frame: bytes, timeout: float) -> None:
+        """Send one whole frame to ``peer_id`` within ``timeout`` seconds.
+
+        A stale connection (peer restarted or closed it) is replaced once; a timeout drops the
+        connection, since a frame may have been half written.
+        """
+        if not self.is_allowed(peer_id):
+            raise TransportError(f"peer {peer_id[:10]} is not on this node's allowlist")
+        if self._closed:
+            raise TransportError("transport is closed")
+        out = self._out.setdefault(peer_id, _Outbound())
+        step = "waiting for the send lock"
+        try:
+            async with asyncio.timeout(timeout):
+                async with out.lock:
+                    for attempt in (1, 2):
+                        fresh = out.stream is None
+                        try:
+                            if out.stream is None:
+                                step = "connecting"
+                                await self._connect(peer_id, out)
+                            step = "writing"
+                            assert out.stream is not None
+                            await out.stream.write_all(frame)
+                            self.stats.frames_out += 1
+                            self.stats.bytes_out += len(frame)
+                            return
+                        except iroh.IrohError as e:
+                            await self._drop(out)
+                            if fresh or attempt == 2:
+                                raise TransportError(f"{step} to peer {peer_id[:10]} failed: {e}") from None
+                            self.stats.reconnects += 1
+        except TimeoutError:
+            await self._drop(out)
+            raise TransportError(f"{step} to peer {peer_id[:10]} timed out after {timeout:.3g} s") from None
+
+    async def _connect(self, peer_id: str, out: _Outbound) -> None:
+        assert self._endpoint is not None
+        peer = self._book.get(peer_id, PeerAddr(peer_id))
+        if not peer.addrs and not peer.relay and self.local:
+            raise TransportError(f"no address known for peer {peer_id[:10]} (local mode has no discovery)")
+        conn = await asyncio.wait_for(self._endpoint.connect(peer.to_iroh(), ALPN), self.connect_timeout)
+        out.conn = conn
+        out.stream = await conn.open_uni()
+
+    async def _drop(self, out: _Outbound) -> None:
+        conn, out.conn, out.stream = out.conn, None, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(conn.close(CLOSE_SHUTDOWN, b"dropped"), 1.0)
+
+    # --- receiving ---------------------------------------------------------------------------
+
+    def _spawn(self, coro: object) -> None:
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _accept_loop(self) -> None:
+        assert self._endpoint is not None
+        while not self._closed:
+            incoming = await self._endpoint.accept_next()
+            if incoming is None:
+                return
+            self._spawn(self._serve(incoming))
+
+    async def _serve(self, incoming: iroh.Incoming) -> None:
+        try:
+            accepting = await asyncio.wait_for(incoming.accept(), self.connect_timeout)
+            conn = await asyncio.wait_for(accepting.connect(), self.connect_timeout)
+        except (iroh.IrohError, TimeoutError) as e:
+            log.info("incoming connection failed during the handshake: %s", e)
+            return
+        peer_id = str(conn.remote_id())
+        if not self.is_allowed(peer_id):
+            self.stats.connections_refused += 1
+            log.warning("refused a connection from %s: not on the allowlist", peer_id[:10])
+            with contextlib.suppress(Exception):
+                await conn.close(CLOSE_REFUSED, b"endpoint id not on the allowlist")
+            return
+        self._inbound.add(conn)
+        try:
+            while not self._closed:
+                try:
+                    stream = await conn.accept_uni()
+                except iroh.IrohError:
+                    return  # the peer closed or lost the connection
+                self._spawn(self._read(peer_id, conn, stream))
+        finally:
+            self._inbound.discard(conn)
+
+    async def _read(self, peer_id: str, conn: iroh.Connection, stream: iroh.RecvStream) -> None:
+        reader = FrameReader(self.max_frame)
+        want = _MIN_READ
+        try:
+            while True:
+                try:
+                    chunk = await stream.read(want)
+                except iroh.IrohError:
+                    return
+                if not chunk:
+                    if reader.pending:
+                        raise codec.TruncatedFrame(f"stream ended inside a frame ({reader.pending} bytes pending)")
+                    return
+                self.stats.bytes_in += len(chunk)
+                for code, body in reader.feed(chunk):
+                    self.stats.frames_in += 1
+                    try:
+                        env, msg = codec.decode_body(code, body)
+                    except UnknownMessageType as e:
+                        log.warning("frame from %s: %s", peer_id[:10], e)
+                        if self.on_unknown is not None:
+                            self.on_unknown(peer_id, e)
+                        continue
+                    self.on_message(peer_id, env, msg)
+                want = min(max(_MIN_READ, reader.missing), _MAX_READ)
+        except FrameError as e:
+            self.stats.frames_rejected += 1
+            self.stats.last_rejection = f"{type(e).__name__}: {e}"
+            log.warning("dropping the connection from %s: %s: %s", peer_id[:10], type(e).__name__, e)
+            with contextlib.suppress(Exception):
+                await conn.close(CLOSE_BAD_FRAME, f"{type(e).__name__}: {e}"[:200].encode())
