@@ -18,6 +18,7 @@ import logging
 import os
 import signal
 import sys
+import time
 
 from .codec import MemberStatus
 from .node import NODE_ACTOR, Node, NodeConfig
@@ -50,10 +51,12 @@ async def run(config: NodeConfig, names: list[str]) -> None:
             )
 
         node.membership.add_listener(report)
+        started = time.monotonic()
         await node.join()
+        joined_in = time.monotonic() - started
         for name in names:
             node.register(name, NODE_ACTOR)
-        _emit({"event": "ready", "id": node.id, "ticket": node.ticket(), "pid": os.getpid()})
+        _emit({"event": "ready", "id": node.id, "ticket": node.ticket(), "pid": os.getpid(), "joined_in_s": joined_in})
         await stop.wait()
     finally:
         await node.close()

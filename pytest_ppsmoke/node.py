@@ -30,8 +30,8 @@ from .codec import (
     Envelope,
     ErrorReply,
     MembersQuery,
-    MembersView,
     MemberState,
+    MembersView,
     Message,
     Ok,
     Register,
@@ -90,8 +90,8 @@ class NodeConfig:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> NodeConfig:
         """Read ``PP_NODE_KEY`` (64 hex), ``PP_ALLOWED_IDS`` (comma-separated endpoint ids),
-        ``SEED_ADDR`` (endpoint id or ticket), ``PP_NETWORK`` (local or wan) and ``PP_SWIM``
-        (overrides such as ``suspicion_timeout=3``)."""
+        ``SEED_ADDR`` (endpoint id or ticket), ``PP_NETWORK`` (local or wan), ``PP_SWIM``
+        (overrides such as ``suspicion_timeout=3``) and ``PP_JOIN_TIMEOUT`` (seconds)."""
         env = os.environ if env is None else env
         raw = env.get("PP_NODE_KEY", "")
         try:
@@ -111,8 +111,13 @@ class NodeConfig:
         swim = SwimConfig.loopback() if network == "local" else SwimConfig.wan()
         if env.get("PP_SWIM"):
             swim = swim.with_overrides(env["PP_SWIM"])
+        try:
+            join_timeout = float(env.get("PP_JOIN_TIMEOUT", "30"))
+        except ValueError:
+            raise ValueError(f"PP_JOIN_TIMEOUT must be a number of seconds, got {env['PP_JOIN_TIMEOUT']!r}") from None
         return cls(
             secret_key=key,
+            join_timeout=join_timeout,
             allowed=frozenset(allowed_ids) if allowed_ids else None,
             seed=env.get("SEED_ADDR") or None,
             local=network == "local",
@@ -225,9 +230,11 @@ class Node:
             except ConnectionError as e:
                 log.debug("send of %s to %s failed: %s", type(msg).__name__, to, e)
 
-        self._spawn(go())
+        self.spawn(go())
 
-    async def request(self, to: ActorAddress, msg: Message, timeout: float | None = None, *, sender: str = "") -> Message:
+    async def request(
+        self, to: ActorAddress, msg: Message, timeout: float | None = None, *, sender: str = ""
+    ) -> Message:
         """Send ``msg`` and wait for the reply, at most ``timeout`` seconds (TimeoutError names both)."""
         timeout = self.config.request_timeout if timeout is None else timeout
         corr = next(self._corr)
@@ -249,7 +256,8 @@ class Node:
         frame = codec.encode_frame(env, msg)
         await self.transport.send_frame(to.node, frame, self.config.request_timeout if timeout is None else timeout)
 
-    def _spawn(self, coro: Any) -> None:
+    def spawn(self, coro: Any) -> None:
+        """Run ``coro`` in the background; it is cancelled when the node closes."""
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -290,7 +298,7 @@ class Node:
             self._fail(peer, env, type(e).__name__, str(e))
             return
         if inspect.isawaitable(result):
-            self._spawn(self._finish(peer, env, result))
+            self.spawn(self._finish(peer, env, result))
         elif env.corr:
             self._reply(peer, env, result if result is not None else Ok())
 
@@ -315,7 +323,7 @@ class Node:
         if peer == self.id:
             self._dispatch(peer, reply, msg)
         else:
-            self._spawn(self._send_reply(peer, reply, msg))
+            self.spawn(self._send_reply(peer, reply, msg))
 
     async def _send_reply(self, peer: str, env: Envelope, msg: Message) -> None:
         try:

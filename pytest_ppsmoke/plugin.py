@@ -9,7 +9,9 @@ from __future__ import annotations
 import pytest
 
 MARKERS = {
-    "local": "runs on this machine with no key, no GPU and no network: loopback iroh, CPU tinygrad, the vast.ai emulator",
+    "local": (
+        "runs on this machine with no key, no GPU and no network: loopback iroh, CPU tinygrad, the vast.ai emulator"
+    ),
     "vastai": "rents real GPUs on vast.ai; needs --vastai-key or VAST_API_KEY",
     "gpu": "needs a CUDA GPU on this machine",
 }

@@ -308,12 +308,14 @@ class Membership:
         self._cancel_suspicion(dead.id)
         self._enqueue(dead)
         self._notify("dead", dead)
-        asyncio.ensure_future(self.node.transport.forget(dead.id))
+        self.node.transport.forget(dead.id)
 
     def _start_suspicion(self, m: MemberState) -> None:
         self._cancel_suspicion(m.id)
         loop = asyncio.get_running_loop()
-        self._suspect_timers[m.id] = loop.call_later(self.config.suspicion_timeout, self._suspicion_expired, m.id, m.incarnation)
+        self._suspect_timers[m.id] = loop.call_later(
+            self.config.suspicion_timeout, self._suspicion_expired, m.id, m.incarnation
+        )
 
     def _cancel_suspicion(self, member_id: str) -> None:
         h = self._suspect_timers.pop(member_id, None)
@@ -324,7 +326,9 @@ class Membership:
         self._suspect_timers.pop(member_id, None)
         cur = self.members.get(member_id)
         if cur is not None and cur.status == SUSPECT and cur.incarnation == incarnation:
-            log.info("member %s did not refute suspicion in %.3g s: dead", member_id[:10], self.config.suspicion_timeout)
+            log.info(
+                "member %s did not refute suspicion in %.3g s: dead", member_id[:10], self.config.suspicion_timeout
+            )
             self._declare_dead(replace(cur, status=DEAD, names={}))
 
     def _notify(self, kind: str, m: MemberState) -> None:
@@ -388,7 +392,9 @@ class Membership:
         seq = self._seq
         cfg = self.config
         try:
-            ack = await self.node.request(self.node.address(SWIM_ACTOR, target), Ping(seq, self._piggyback()), cfg.ping_timeout)
+            ack = await self.node.request(
+                self.node.address(SWIM_ACTOR, target), Ping(seq, self._piggyback()), cfg.ping_timeout
+            )
             if isinstance(ack, Ack):
                 self.merge(ack.updates)
                 return
@@ -432,7 +438,9 @@ class Membership:
             for t in targets[: self.config.gossip_fanout]:
                 updates = self._piggyback()
                 if updates:
-                    self.node.send_nowait(self.node.address(SWIM_ACTOR, t), Gossip(updates), self.config.protocol_period)
+                    self.node.send_nowait(
+                        self.node.address(SWIM_ACTOR, t), Gossip(updates), self.config.protocol_period
+                    )
 
     async def _sync_loop(self) -> None:
         while True:
@@ -443,7 +451,9 @@ class Membership:
             peer = random.choice(others)
             try:
                 reply = await self.node.request(
-                    self.node.address(SWIM_ACTOR, peer), Sync(tuple(self.members.values())), self.config.protocol_period * 4
+                    self.node.address(SWIM_ACTOR, peer),
+                    Sync(tuple(self.members.values())),
+                    self.config.protocol_period * 4,
                 )
                 if isinstance(reply, Sync):
                     self.merge(reply.members)

@@ -16,8 +16,9 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import iroh
 
@@ -89,6 +90,7 @@ class TransportStats:
     bytes_out: int = 0
     connections_refused: int = 0
     frames_rejected: int = 0
+    connects: int = 0
     reconnects: int = 0
     last_rejection: str | None = None
 
@@ -188,12 +190,11 @@ class Transport:
     def is_allowed(self, peer_id: str) -> bool:
         return self.allowed is None or peer_id in self.allowed or peer_id == self.id
 
-    async def forget(self, peer_id: str) -> None:
+    def forget(self, peer_id: str) -> None:
         """Drop the outbound connection to a peer (for example one declared dead)."""
         out = self._out.pop(peer_id, None)
         if out is not None and out.conn is not None:
-            with contextlib.suppress(Exception):
-                await out.conn.close(CLOSE_SHUTDOWN, b"forgotten")
+            _close(out.conn, CLOSE_SHUTDOWN, b"forgotten")
 
     # --- sending -----------------------------------------------------------------------------
 
@@ -225,12 +226,12 @@ class Transport:
                             self.stats.bytes_out += len(frame)
                             return
                         except iroh.IrohError as e:
-                            await self._drop(out)
+                            self._drop(out)
                             if fresh or attempt == 2:
                                 raise TransportError(f"{step} to peer {peer_id[:10]} failed: {e}") from None
                             self.stats.reconnects += 1
         except TimeoutError:
-            await self._drop(out)
+            self._drop(out)
             raise TransportError(f"{step} to peer {peer_id[:10]} timed out after {timeout:.3g} s") from None
 
     async def _connect(self, peer_id: str, out: _Outbound) -> None:
@@ -241,17 +242,17 @@ class Transport:
         conn = await asyncio.wait_for(self._endpoint.connect(peer.to_iroh(), ALPN), self.connect_timeout)
         out.conn = conn
         out.stream = await conn.open_uni()
+        self.stats.connects += 1
 
-    async def _drop(self, out: _Outbound) -> None:
+    def _drop(self, out: _Outbound) -> None:
         conn, out.conn, out.stream = out.conn, None, None
         if conn is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(conn.close(CLOSE_SHUTDOWN, b"dropped"), 1.0)
+            _close(conn, CLOSE_SHUTDOWN, b"dropped")
 
     # --- receiving ---------------------------------------------------------------------------
 
-    def _spawn(self, coro: object) -> None:
-        task: asyncio.Task[None] = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -264,6 +265,7 @@ class Transport:
             self._spawn(self._serve(incoming))
 
     async def _serve(self, incoming: iroh.Incoming) -> None:
+        assert self._endpoint is not None
         try:
             accepting = await asyncio.wait_for(incoming.accept(), self.connect_timeout)
             conn = await asyncio.wait_for(accepting.connect(), self.connect_timeout)
@@ -274,9 +276,14 @@ class Transport:
         if not self.is_allowed(peer_id):
             self.stats.connections_refused += 1
             log.warning("refused a connection from %s: not on the allowlist", peer_id[:10])
-            with contextlib.suppress(Exception):
-                await conn.close(CLOSE_REFUSED, b"endpoint id not on the allowlist")
+            _close(conn, CLOSE_REFUSED, b"endpoint id not on the allowlist")
             return
+        # Replies go back over our own outbound connection: learn where this peer is now (it may
+        # be new to us, or restarted on another port).
+        with contextlib.suppress(Exception):
+            seen = await asyncio.wait_for(self._endpoint.remote_addr(conn.remote_id()), self.connect_timeout)
+            if seen is not None and (seen.direct_addresses() or seen.relay_url()):
+                self._book[peer_id] = PeerAddr.from_iroh(seen)
         self._inbound.add(conn)
         try:
             while not self._closed:
@@ -317,5 +324,10 @@ class Transport:
             self.stats.frames_rejected += 1
             self.stats.last_rejection = f"{type(e).__name__}: {e}"
             log.warning("dropping the connection from %s: %s: %s", peer_id[:10], type(e).__name__, e)
-            with contextlib.suppress(Exception):
-                await conn.close(CLOSE_BAD_FRAME, f"{type(e).__name__}: {e}"[:200].encode())
+            _close(conn, CLOSE_BAD_FRAME, f"{type(e).__name__}: {e}"[:200].encode())
+
+
+def _close(conn: iroh.Connection, code: int, reason: bytes) -> None:
+    """Close a connection now (the binding's close is synchronous); the peer sees ``reason``."""
+    with contextlib.suppress(iroh.IrohError):
+        conn.close(code, reason)

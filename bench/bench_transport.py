@@ -1,0 +1,277 @@
+"""Transport benchmark: our iroh transport against raw asyncio TCP on loopback, in one run.
+
+    python bench/bench_transport.py [--out bench/results/transport.json] [--quick]
+
+Every carrier runs as two processes (an echo server and a client), one carrier at a time:
+- ``tcp``: raw asyncio TCP, length-prefixed frames: the baseline;
+- ``iroh-stock``: the iroh binding as shipped, one bi stream, the same framing;
+- ``iroh-patched``: the same with our memmove fix (pytest_ppsmoke/_irohpatch.py);
+- ``ppsmoke``: our full stack: Node.request / Node.send with codec frames, envelopes and dispatch.
+
+It also measures SWIM: how long a seed and two member processes take to converge, and how long a
+SIGKILLed member takes to be declared dead. Results go to stdout and ``--out`` as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import signal
+import statistics
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+SMALL, BIG = 4096, 4 << 20
+
+
+def summarise(samples: list[float]) -> dict[str, float]:
+    s = sorted(samples)
+    return {
+        "median_us": round(statistics.median(s) * 1e6, 1),
+        "p10_us": round(s[len(s) // 10] * 1e6, 1),
+        "p99_us": round(s[int(len(s) * 0.99)] * 1e6, 1),
+        "n": len(s),
+    }
+
+
+# --- clients (each runs in its own process) ------------------------------------------------------
+
+
+async def client_tcp(port: str, n_small: int, n_big: int) -> dict[str, Any]:
+    r, w = await asyncio.open_connection("127.0.0.1", int(port))
+
+    async def rt(frame: bytes, reply: int) -> None:
+        w.write(frame)
+        await w.drain()
+        await r.readexactly(reply)
+
+    return await _measure(rt, n_small, n_big)
+
+
+async def client_iroh(ticket: str, n_small: int, n_big: int, stock: bool) -> dict[str, Any]:
+    import iroh
+
+    if not stock:
+        from pytest_ppsmoke import _irohpatch
+
+        _irohpatch.apply()
+    opts = iroh.EndpointOptions(
+        preset=iroh.preset_minimal(),
+        relay_mode=iroh.RelayMode.disabled(),
+        bind_addr="127.0.0.1:0",
+        secret_key=os.urandom(32),
+        alpns=[b"ppsmoke-bench/1"],
+    )
+    ep = await iroh.Endpoint.bind(opts)
+    conn = await ep.connect(iroh.EndpointTicket.from_string(ticket).endpoint_addr(), b"ppsmoke-bench/1")
+    bi = await conn.open_bi()
+    send, recv = bi.send(), bi.recv()
+
+    async def rt(frame: bytes, reply: int) -> None:
+        await send.write_all(frame)
+        got = 0
+        while got < reply:
+            got += len(await recv.read(reply - got))
+
+    return await _measure(rt, n_small, n_big)
+
+
+async def _measure(rt: Any, n_small: int, n_big: int) -> dict[str, Any]:
+    small = struct.pack(">I", SMALL) + os.urandom(SMALL)
+    big = struct.pack(">I", BIG) + os.urandom(BIG)
+    for _ in range(50):
+        await rt(small, len(small))
+    samples = []
+    for _ in range(n_small):
+        t = time.perf_counter()
+        await rt(small, len(small))
+        samples.append(time.perf_counter() - t)
+    await rt(big, 4)
+    t = time.perf_counter()
+    for _ in range(n_big):
+        await rt(big, 4)  # 4 MiB out, a 4-byte ack back
+    dt = time.perf_counter() - t
+    return {"rt_4k": summarise(samples), "oneway_4m_MBps": round(n_big * BIG / dt / 1e6, 1)}
+
+
+async def client_ppsmoke(env_json: str, n_small: int, n_big: int) -> dict[str, Any]:
+    from pytest_ppsmoke.codec import Echo
+    from pytest_ppsmoke.node import NODE_ACTOR, Node, NodeConfig
+
+    spec = json.loads(env_json)
+    node = Node(NodeConfig(secret_key=bytes.fromhex(spec["key"]), allowed=frozenset(spec["allowed"])))
+    await node.start()
+    node.transport.learn(__import__("pytest_ppsmoke.transport").transport.PeerAddr.parse(spec["ticket"]))
+    to = node.address(NODE_ACTOR, spec["id"])
+    small, big = Echo(os.urandom(SMALL)), Echo(os.urandom(BIG))
+    for _ in range(50):
+        await node.request(to, small, 5)
+    samples = []
+    for _ in range(n_small):
+        t = time.perf_counter()
+        await node.request(to, small, 5)
+        samples.append(time.perf_counter() - t)
+    await node.send(to, big, timeout=30)
+    await node.request(to, Echo(b""), 30)
+    t = time.perf_counter()
+    for _ in range(n_big):
+        await node.send(to, big, timeout=30)  # one-way: the echo actor's answer is dropped
+    await node.request(to, Echo(b""), 30)  # in order on the stream: all big frames were handled
+    dt = time.perf_counter() - t
+    await node.close()
+    return {"rt_4k": summarise(samples), "oneway_4m_MBps": round(n_big * BIG / dt / 1e6, 1)}
+
+
+# --- driver ------------------------------------------------------------------------------------
+
+
+def spawn(argv: list[str], env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    assert proc.stdout is not None
+    return proc, proc.stdout.readline().strip()
+
+
+def run_client(args: list[str]) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, __file__, "--client", *args], capture_output=True, text=True, timeout=600)
+    if out.returncode:
+        raise RuntimeError(f"client {args[0]} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def stop(proc: subprocess.Popen[str]) -> None:
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def carriers(n_small: int, n_big: int) -> dict[str, Any]:
+    from pytest_ppsmoke.localproc import ClusterKeys, member_env
+
+    results: dict[str, Any] = {}
+    counts = [str(n_small), str(n_big)]
+    proc, port = spawn([sys.executable, str(HERE / "echo_peers.py"), "tcp"])
+    try:
+        results["tcp"] = run_client(["tcp", port, *counts])
+    finally:
+        stop(proc)
+    for name, extra in (("iroh-stock", ["--stock"]), ("iroh-patched", [])):
+        proc, ticket = spawn([sys.executable, str(HERE / "echo_peers.py"), "iroh", *extra])
+        try:
+            results[name] = run_client([name, ticket, *counts])
+        finally:
+            stop(proc)
+    keys = ClusterKeys(2)
+    proc, line = spawn(
+        [sys.executable, "-m", "pytest_ppsmoke.member"], member_env(keys.keys[0], keys.ids, None, [], "")
+    )
+    try:
+        ready = json.loads(line)
+        spec = {"key": keys.keys[1].hex(), "allowed": keys.ids, "ticket": ready["ticket"], "id": ready["id"]}
+        results["ppsmoke"] = run_client(["ppsmoke", json.dumps(spec), *counts])
+    finally:
+        stop(proc)
+    return results
+
+
+async def swim_timings(rounds: int) -> dict[str, Any]:
+    from pytest_ppsmoke.localproc import ClusterKeys, member_env, member_process
+    from pytest_ppsmoke.node import Node, NodeConfig
+
+    converge, detect, join = [], [], []
+    for _ in range(rounds):
+        keys = ClusterKeys(3)
+        seed = Node(NodeConfig(secret_key=keys.keys[0], allowed=frozenset(keys.ids)))
+        await seed.start()
+        dead_at: dict[str, float] = {}
+        seed.membership.add_listener(lambda e: e.kind == "dead" and dead_at.setdefault(e.member.id, time.monotonic()))
+        members = [member_process(f"m{i}", member_env(keys.keys[i], keys.ids, seed.ticket(), [], "")) for i in (1, 2)]
+        try:
+            for m in members:
+                await m.start()
+            readies = [await m.wait_event(lambda e: e["event"] == "ready", 30, "ready") for m in members]
+            join += [r["joined_in_s"] for r in readies]
+            t = time.monotonic()  # both members are up and joined the seed: now until all agree
+            await seed.membership.wait_until(lambda: len(seed.membership.alive()) == 3, 10, "3 alive")
+            for m in members:
+                await m.wait_event(lambda e: len(m.events) and _alive_count(m) >= 2, 10, "views")
+            converge.append(time.monotonic() - t)
+            killed = time.monotonic()
+            members[1].signal(signal.SIGKILL)
+            await seed.membership.wait_until(lambda: keys.ids[2] in dead_at, 30, "dead")
+            detect.append(dead_at[keys.ids[2]] - killed)
+        finally:
+            for m in members:
+                await m.stop()
+            await seed.close()
+    cfg = NodeConfig.generate().swim
+    return {
+        "join_s": {"median": round(statistics.median(join), 4), "max": round(max(join), 4)},
+        "converge_after_join_s": {"median": round(statistics.median(converge), 4), "max": round(max(converge), 4)},
+        "detect_killed_s": {"median": round(statistics.median(detect), 3), "max": round(max(detect), 3)},
+        "config": {"protocol_period": cfg.protocol_period, "suspicion_timeout": cfg.suspicion_timeout},
+        "rounds": rounds,
+    }
+
+
+def _alive_count(m: Any) -> int:
+    alive: set[str] = set()
+    for e in m.events:
+        if e["event"] in ("joined", "alive"):
+            alive.add(e["member"])
+        elif e["event"] == "dead":
+            alive.discard(e["member"])
+    return len(alive)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path)
+    p.add_argument("--quick", action="store_true", help="fewer samples (a smoke run)")
+    p.add_argument("--client", nargs="+", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.client:
+        kind, target, n_small, n_big = a.client[0], a.client[1], int(a.client[2]), int(a.client[3])
+        if kind == "tcp":
+            res = asyncio.run(client_tcp(target, n_small, n_big))
+        elif kind == "ppsmoke":
+            res = asyncio.run(client_ppsmoke(target, n_small, n_big))
+        else:
+            res = asyncio.run(client_iroh(target, n_small, n_big, stock=kind == "iroh-stock"))
+        print(json.dumps(res))
+        return
+    n_small, n_big, rounds = (300, 5, 2) if a.quick else (3000, 30, 5)
+    res = carriers(n_small, n_big)
+    tcp = res["tcp"]
+    ratios = {
+        name: {
+            "rt_4k_vs_tcp": round(r["rt_4k"]["median_us"] / tcp["rt_4k"]["median_us"], 2),
+            "oneway_4m_vs_tcp": round(r["oneway_4m_MBps"] / tcp["oneway_4m_MBps"], 3),
+        }
+        for name, r in res.items()
+        if name != "tcp"
+    }
+    report = {
+        "bench": "transport",
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "carriers": res,
+        "ratios": ratios,
+        "goal": {"rt_4k_vs_tcp_at_most": 4.0, "oneway_4m_vs_tcp_at_least": 0.5},
+        "swim": asyncio.run(swim_timings(rounds)),
+    }
+    text = json.dumps(report, indent=2)
+    print(text)
+    if a.out:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

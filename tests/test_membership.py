@@ -1,0 +1,178 @@
+"""SWIM membership and names across real processes: a seed in the test, members as children."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import pytest
+import pytest_asyncio
+
+from pytest_ppsmoke.codec import MembersQuery, MemberStatus, MembersView, Resolved, ResolveQuery
+from pytest_ppsmoke.localproc import ChildProcess, ClusterKeys, member_env, member_process
+from pytest_ppsmoke.node import NODE_ACTOR, Node, NodeConfig, RemoteError
+from pytest_ppsmoke.registry import NameNotFound
+from pytest_ppsmoke.swim import MemberEvent, SwimConfig
+
+pytestmark = pytest.mark.local
+
+SUSPICION = 1.5
+SWIM = SwimConfig(suspicion_timeout=SUSPICION)
+SWIM_ENV = f"suspicion_timeout={SUSPICION}"
+NAMES = [["pp-entry", "pp-stage-0"], ["pp-exit", "pp-stage-1"]]
+
+
+@dataclass
+class Cluster:
+    seed: Node
+    members: list[ChildProcess]
+    ids: list[str]  # members' endpoint ids, in order
+    events: list[MemberEvent] = field(default_factory=list)
+
+    def seen(self, kind: str, member: str) -> list[MemberEvent]:
+        return [e for e in self.events if e.kind == kind and e.member.id == member]
+
+    async def view_of(self, member_id: str) -> tuple[tuple[str, str], ...]:
+        reply = await self.seed.request(self.seed.address(NODE_ACTOR, member_id), MembersQuery(), timeout=5)
+        assert isinstance(reply, MembersView)
+        return tuple(
+            sorted((m.id, MemberStatus(m.status).name) for m in reply.members if m.status != MemberStatus.dead)
+        )
+
+
+async def start_cluster(swim: SwimConfig = SWIM, swim_env: str = SWIM_ENV) -> tuple[Cluster, ClusterKeys]:
+    keys = ClusterKeys(3)
+    seed = Node(NodeConfig(secret_key=keys.keys[0], allowed=frozenset(keys.ids), swim=swim))
+    cluster = Cluster(seed, [], keys.ids[1:])
+    await seed.start()
+    seed.membership.add_listener(cluster.events.append)
+    for i, names in enumerate(NAMES):
+        env = member_env(keys.keys[i + 1], keys.ids, seed.ticket(), names, swim_env)
+        cluster.members.append(member_process(f"member-{i}", env))
+    return cluster, keys
+
+
+@pytest_asyncio.fixture
+async def cluster() -> AsyncIterator[Cluster]:
+    c, _ = await start_cluster()
+    try:
+        for m in c.members:
+            await m.start()
+        for m in c.members:
+            await m.wait_event(lambda e: e["event"] == "ready", 30, "ready line")
+        await c.seed.membership.wait_until(lambda: len(c.seed.membership.alive()) == 3, 10, "3 alive members")
+        yield c
+    finally:
+        for m in c.members:
+            await m.stop()
+        await c.seed.close()
+
+
+async def test_seed_and_two_members_converge_to_the_same_view(cluster: Cluster) -> None:
+    expected = tuple(sorted((i, "alive") for i in [cluster.seed.id, *cluster.ids]))
+    await cluster.seed.membership.wait_until(lambda: cluster.seed.membership.view() == expected, 5, "all alive")
+    for member_id in cluster.ids:
+        deadline = time.monotonic() + 5
+        while (view := await cluster.view_of(member_id)) != expected and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)  # polling a remote view: no local event to wait on
+        assert view == expected, f"{member_id[:10]} sees {view}"
+    for i, m in enumerate(cluster.members):
+        ready = m.find(lambda e: e["event"] == "ready")
+        assert ready is not None and ready["id"] == cluster.ids[i]
+
+
+async def test_names_resolve_on_every_member(cluster: Cluster) -> None:
+    entry, exit_ = cluster.ids
+    want = {"pp-entry": entry, "pp-stage-0": entry, "pp-exit": exit_, "pp-stage-1": exit_}
+    for name, owner in want.items():
+        addr = await cluster.seed.resolve(name, timeout=5)
+        assert (addr.node, addr.actor) == (owner, NODE_ACTOR)
+        for asker in cluster.ids:  # each member resolves every name, its own and the other's
+            reply = await cluster.seed.request(
+                cluster.seed.address(NODE_ACTOR, asker), ResolveQuery(name, 5000), timeout=6
+            )
+            assert isinstance(reply, Resolved) and reply.address.node == owner
+
+
+async def test_an_unknown_name_fails_at_its_deadline_naming_the_name(cluster: Cluster) -> None:
+    started = time.monotonic()
+    with pytest.raises(NameNotFound, match=r"name 'pp-stage-7' did not resolve within 0.5 s; members asked: ") as info:
+        await cluster.seed.resolve("pp-stage-7", timeout=0.5)
+    assert time.monotonic() - started >= 0.5
+    for i in cluster.ids:
+        assert i[:10] in str(info.value)
+    assert "names known: pp-entry, pp-exit, pp-stage-0, pp-stage-1" in str(info.value)
+    with pytest.raises(RemoteError, match="NameNotFound: name 'nope' did not resolve"):
+        await cluster.seed.request(cluster.seed.address(NODE_ACTOR, cluster.ids[0]), ResolveQuery("nope", 300), 5)
+
+
+async def test_a_killed_member_is_declared_dead_and_its_names_vanish(cluster: Cluster) -> None:
+    victim = cluster.ids[1]
+    killed_at = time.monotonic()
+    cluster.members[1].signal(signal.SIGKILL)
+    bound = SUSPICION + 3 * SWIM.protocol_period + 2.0  # the probe round, the suspicion, slack for a busy CI box
+    await cluster.seed.membership.wait_until(lambda: bool(cluster.seen("dead", victim)), bound, "the victim dead")
+    suspect, dead = cluster.seen("suspect", victim)[0], cluster.seen("dead", victim)[0]
+    assert dead.at - suspect.at >= SUSPICION - 0.05, "declared dead before the suspicion time ran out"
+    assert dead.at - killed_at <= bound
+    assert cluster.seed.registry.lookup("pp-exit") is None
+    assert cluster.seed.registry.lookup("pp-stage-1") is None
+    assert cluster.seed.registry.lookup("pp-entry") is not None
+    survivor = cluster.members[0]
+    await survivor.wait_event(lambda e: e["event"] == "dead" and e["member"] == victim, bound, "dead event on member-0")
+    with pytest.raises(RemoteError, match="NameNotFound: name 'pp-exit'"):
+        await cluster.seed.request(cluster.seed.address(NODE_ACTOR, cluster.ids[0]), ResolveQuery("pp-exit", 300), 5)
+    assert await cluster.view_of(cluster.ids[0]) == tuple(
+        sorted((i, "alive") for i in [cluster.seed.id, cluster.ids[0]])
+    )
+
+
+async def test_a_stopped_member_resumed_within_the_suspicion_time_refutes_and_stays() -> None:
+    suspicion = 4.0
+    c, _ = await start_cluster(SwimConfig(suspicion_timeout=suspicion), f"suspicion_timeout={suspicion}")
+    try:
+        for m in c.members:
+            await m.start()
+        for m in c.members:
+            await m.wait_event(lambda e: e["event"] == "ready", 30, "ready line")
+        await c.seed.membership.wait_until(lambda: len(c.seed.membership.alive()) == 3, 10, "3 alive members")
+        victim = c.ids[1]
+        before = c.seed.membership.members[victim].incarnation
+        c.members[1].signal(signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        await c.seed.membership.wait_until(lambda: bool(c.seen("suspect", victim)), suspicion / 2, "suspicion")
+        c.members[1].signal(signal.SIGCONT)
+        assert time.monotonic() - stopped_at < suspicion
+        await c.seed.membership.wait_until(lambda: bool(c.seen("alive", victim)), suspicion, "the refutation")
+        await asyncio.sleep(suspicion + 1.0)  # any suspicion timer left running would fire by now
+        assert not c.seen("dead", victim)
+        state = c.seed.membership.members[victim]
+        assert state.status == MemberStatus.alive and state.incarnation > before
+        assert c.seed.registry.lookup("pp-exit") is not None
+        assert c.members[0].find(lambda e: e["event"] == "dead") is None
+    finally:
+        for m in c.members:
+            await m.stop()
+        await c.seed.close()
+
+
+async def test_a_process_whose_key_is_not_allowed_cannot_join() -> None:
+    c, keys = await start_cluster()
+    try:
+        stranger_key = ClusterKeys(1)
+        env = member_env(stranger_key.keys[0], [*keys.ids, *stranger_key.ids], c.seed.ticket(), ["pp-entry"], SWIM_ENV)
+        env["PP_JOIN_TIMEOUT"] = "2"
+        stranger = member_process("stranger", env)
+        await stranger.start()
+        status = await asyncio.wait_for(stranger.proc.wait(), 20)  # type: ignore[union-attr]
+        await stranger.stop()
+        assert status == 1
+        assert "could not join through seed" in stranger.stderr_tail()
+        assert c.seed.transport.stats.connections_refused >= 1
+        assert stranger_key.ids[0] not in c.seed.membership.members
+        assert c.seed.registry.lookup("pp-entry") is None
+    finally:
+        await c.seed.close()
