@@ -81,7 +81,32 @@ async def client_iroh(ticket: str, n_small: int, n_big: int, stock: bool) -> dic
         while got < reply:
             got += len(await recv.read(reply - got))
 
-    return await _measure(rt, n_small, n_big)
+    res = await _measure(rt, n_small, n_big)
+    # Where a round trip's time goes: size-independent latency, the cost of one async call into
+    # the binding, and of one write_all.
+    tiny = struct.pack(">I", 60) + os.urandom(60)
+    samples, writes = [], []
+    for _ in range(n_small):
+        t = time.perf_counter()
+        await rt(tiny, len(tiny))
+        samples.append(time.perf_counter() - t)
+    small = struct.pack(">I", SMALL) + os.urandom(SMALL)
+    for _ in range(n_small // 3):
+        t = time.perf_counter()
+        await send.write_all(small)
+        writes.append(time.perf_counter() - t)
+        got = 0
+        while got < len(small):
+            got += len(await recv.read(len(small) - got))
+    t = time.perf_counter()
+    for _ in range(n_small):
+        await recv.bytes_read()  # resolves at once on the Rust side: pure call overhead
+    res["profile"] = {
+        "rt_64b": summarise(samples),
+        "write_all_4k": summarise(writes),
+        "bare_async_call_us": round((time.perf_counter() - t) / n_small * 1e6, 1),
+    }
+    return res
 
 
 async def _measure(rt: Any, n_small: int, n_big: int) -> dict[str, Any]:
@@ -190,7 +215,9 @@ async def swim_timings(rounds: int) -> dict[str, Any]:
         seed = Node(NodeConfig(secret_key=keys.keys[0], allowed=frozenset(keys.ids)))
         await seed.start()
         dead_at: dict[str, float] = {}
-        seed.membership.add_listener(lambda e: e.kind == "dead" and dead_at.setdefault(e.member.id, time.monotonic()))
+        seed.membership.add_listener(
+            lambda e, d=dead_at: e.kind == "dead" and d.setdefault(e.member.id, time.monotonic())
+        )
         members = [member_process(f"m{i}", member_env(keys.keys[i], keys.ids, seed.ticket(), [], "")) for i in (1, 2)]
         try:
             for m in members:
@@ -198,13 +225,13 @@ async def swim_timings(rounds: int) -> dict[str, Any]:
             readies = [await m.wait_event(lambda e: e["event"] == "ready", 30, "ready") for m in members]
             join += [r["joined_in_s"] for r in readies]
             t = time.monotonic()  # both members are up and joined the seed: now until all agree
-            await seed.membership.wait_until(lambda: len(seed.membership.alive()) == 3, 10, "3 alive")
+            await seed.membership.wait_until(lambda s=seed: len(s.membership.alive()) == 3, 10, "3 alive")
             for m in members:
-                await m.wait_event(lambda e: len(m.events) and _alive_count(m) >= 2, 10, "views")
+                await m.wait_event(lambda e, m=m: _alive_count(m) >= 2, 10, "views")
             converge.append(time.monotonic() - t)
             killed = time.monotonic()
             members[1].signal(signal.SIGKILL)
-            await seed.membership.wait_until(lambda: keys.ids[2] in dead_at, 30, "dead")
+            await seed.membership.wait_until(lambda k=keys, d=dead_at: k.ids[2] in d, 30, "dead")
             detect.append(dead_at[keys.ids[2]] - killed)
         finally:
             for m in members:

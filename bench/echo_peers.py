@@ -57,7 +57,9 @@ async def iroh_echo(stock: bool) -> None:
         recv, send = bi.recv(), bi.send()
         buf = bytearray()
         while True:
-            chunk = await recv.read(max(65536, (struct.unpack(">I", buf[:4])[0] + 4 - len(buf)) if len(buf) >= 4 else 0))
+            chunk = await recv.read(
+                max(65536, (struct.unpack(">I", buf[:4])[0] + 4 - len(buf)) if len(buf) >= 4 else 0)
+            )
             if not chunk:
                 break
             buf += chunk

@@ -36,8 +36,10 @@ def _fast_write(self: Any, value: bytes | bytearray | memoryview) -> None:
         dst = ctypes.addressof(self.rbuf.data.contents) + self.rbuf.len
         if isinstance(value, bytes):
             ctypes.memmove(dst, value, n)
+        elif not view.readonly:  # bytearray and friends: no intermediate copy
+            ctypes.memmove(dst, (ctypes.c_char * n).from_buffer(view), n)
         else:
-            ctypes.memmove(dst, (ctypes.c_char * n).from_buffer_copy(view), n)
+            ctypes.memmove(dst, bytes(view), n)
 
 
 _fast_write.__ppsmoke_patch__ = True  # type: ignore[attr-defined]
@@ -53,7 +55,8 @@ def _self_test() -> None:  # the generated binding is untyped
     builder = getattr(iroh_ffi, "_UniffiRustBufferBuilder")()  # noqa: B009
     try:
         builder.write(b"ab")
-        builder.write(payload)
+        builder.write(bytearray(payload[:100]))
+        builder.write(memoryview(payload)[100:])
         got = builder.rbuf.data[0 : builder.rbuf.len]
     finally:
         builder.discard()

@@ -622,8 +622,8 @@ class Ok(Message):
 _ENVELOPE = _Struct(Envelope)
 
 
-def encode_frame(envelope: Envelope, msg: Message) -> bytes:
-    """One frame as a single bytes object (one write call on the stream)."""
+def encode_frame(envelope: Envelope, msg: Message) -> bytearray:
+    """One frame in a single buffer (one write call on the stream, no further copy)."""
     code = getattr(type(msg), "type_code", None)
     if code is None or MESSAGE_TYPES.get(code) is not type(msg):
         raise MalformedMessage(f"{type(msg).__name__} is not a registered message type")
@@ -631,7 +631,7 @@ def encode_frame(envelope: Envelope, msg: Message) -> bytes:
     _ENVELOPE.encode(out, envelope)
     msg._wire_struct.encode(out, msg)
     HEADER.pack_into(out, 0, MAGIC, VERSION, code, len(out) - HEADER_SIZE)
-    return bytes(out)
+    return out
 
 
 def parse_header(header: bytes | memoryview, max_frame: int = DEFAULT_MAX_FRAME) -> tuple[int, int]:
@@ -681,10 +681,12 @@ class FrameReader:
         frames: list[tuple[int, memoryview]] = []
         off = 0
         while len(self._buf) - off >= HEADER_SIZE:
-            code, length = parse_header(memoryview(self._buf)[off : off + HEADER_SIZE], self.max_frame)
+            code, length = parse_header(bytes(self._buf[off : off + HEADER_SIZE]), self.max_frame)
             if len(self._buf) - off - HEADER_SIZE < length:
                 break
-            frames.append((code, memoryview(bytes(self._buf[off + HEADER_SIZE : off + HEADER_SIZE + length]))))
+            with memoryview(self._buf) as view:  # released before the buffer is resized below
+                body = bytes(view[off + HEADER_SIZE : off + HEADER_SIZE + length])
+            frames.append((code, memoryview(body)))
             off += HEADER_SIZE + length
         if off:
             del self._buf[:off]

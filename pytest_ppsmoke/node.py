@@ -39,6 +39,7 @@ from .codec import (
     ResolveQuery,
     UnknownMessageType,
 )
+from .errors import RemoteError
 from .registry import Registry
 from .swim import SWIM_ACTOR, Membership, SwimConfig
 from .transport import PeerAddr, Transport, TransportError, endpoint_id, new_secret_key
@@ -46,15 +47,6 @@ from .transport import PeerAddr, Transport, TransportError, endpoint_id, new_sec
 log = logging.getLogger(__name__)
 
 NODE_ACTOR = "node"
-
-
-class RemoteError(RuntimeError):
-    """The receiving actor failed the request; ``kind`` is its short tag (``unknown_actor``, ...)."""
-
-    def __init__(self, address: ActorAddress, kind: str, message: str) -> None:
-        super().__init__(f"{address}: {kind}: {message}")
-        self.address = address
-        self.kind = kind
 
 
 @dataclass(frozen=True)

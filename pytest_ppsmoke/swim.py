@@ -28,6 +28,7 @@ from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING
 
 from .codec import Ack, Gossip, Join, MemberState, MemberStatus, Nack, Ping, PingReq, Sync
+from .errors import RemoteError
 
 if TYPE_CHECKING:
     from .node import Context, Node
@@ -120,6 +121,7 @@ class Membership:
         self._listeners: list[Callable[[MemberEvent], None]] = []
         self._changed = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._leaving = False
 
     # --- public view -------------------------------------------------------------------------
 
@@ -172,9 +174,13 @@ class Membership:
 
     async def leave(self, timeout: float = 0.5) -> None:
         """Tell every member we are going (a clean exit), so our names vanish at once."""
+        self._leaving = True  # from now on: no refutation, no acks (they could resurrect us)
         bye = Gossip((MemberState(self.me.id, DEAD, self.me.incarnation),))
-        sends = [self.node.send(self.node.address(SWIM_ACTOR, t), bye, timeout=timeout) for t in self._others()]
-        await asyncio.gather(*sends, return_exceptions=True)
+        # a request, not a one-way send: a written frame may still be lost when the endpoint closes
+        sends = [self.node.request(self.node.address(SWIM_ACTOR, t), bye, timeout) for t in self._others()]
+        for r in await asyncio.gather(*sends, return_exceptions=True):
+            if isinstance(r, BaseException):
+                log.info("leave message not delivered: %s", r)
 
     async def stop(self) -> None:
         for t in self._tasks:
@@ -201,7 +207,7 @@ class Membership:
                     self.merge(reply.members)
                     return
                 last = f"unexpected reply {type(reply).__name__}"
-            except (TimeoutError, ConnectionError) as e:
+            except (TimeoutError, ConnectionError, RemoteError) as e:
                 last = str(e)
             await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay = min(delay * 2, 1.0)
@@ -214,6 +220,8 @@ class Membership:
     # --- handlers (dispatched by the node) ---------------------------------------------------
 
     def on_ping(self, msg: Ping, ctx: Context) -> Ack:
+        if self._leaving:
+            raise ConnectionAbortedError("this member is leaving the cluster")
         self.merge(msg.updates)
         return Ack(msg.seq, self._piggyback())
 
@@ -226,7 +234,7 @@ class Membership:
             if isinstance(ack, Ack):
                 self.merge(ack.updates)
                 return Ack(msg.seq, self._piggyback())
-        except (TimeoutError, ConnectionError):
+        except (TimeoutError, ConnectionError, RemoteError):
             pass
         return Nack(msg.seq, self._piggyback())
 
@@ -251,7 +259,7 @@ class Membership:
 
     def _apply(self, u: MemberState) -> None:
         if u.id == self.me.id:
-            if u.status != ALIVE and u.incarnation >= self.me.incarnation:
+            if u.status != ALIVE and u.incarnation >= self.me.incarnation and not self._leaving:
                 log.info("refuting %s about myself at incarnation %d", MemberStatus(u.status).name, u.incarnation)
                 self._set_me(replace(self.me, incarnation=u.incarnation + 1))
             return
@@ -398,7 +406,7 @@ class Membership:
             if isinstance(ack, Ack):
                 self.merge(ack.updates)
                 return
-        except (TimeoutError, ConnectionError):
+        except (TimeoutError, ConnectionError, RemoteError):
             pass
         helpers = [i for i in self._others() if i != target and self.members[i].status == ALIVE]
         helpers = random.sample(helpers, min(cfg.indirect_checks, len(helpers)))
@@ -414,7 +422,7 @@ class Membership:
                 for fut in asyncio.as_completed(reqs):
                     try:
                         reply = await fut
-                    except (TimeoutError, ConnectionError):
+                    except (TimeoutError, ConnectionError, RemoteError):
                         continue
                     if isinstance(reply, (Ack, Nack)):
                         self.merge(reply.updates)
@@ -457,5 +465,5 @@ class Membership:
                 )
                 if isinstance(reply, Sync):
                     self.merge(reply.members)
-            except (TimeoutError, ConnectionError) as e:
+            except (TimeoutError, ConnectionError, RemoteError) as e:
                 log.debug("push-pull with %s failed: %s", peer[:10], e)

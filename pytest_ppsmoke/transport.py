@@ -18,7 +18,7 @@ import logging
 import os
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import iroh
 
@@ -33,8 +33,7 @@ ALPN = b"ppsmoke/1"
 CLOSE_REFUSED = 1  # application close codes, seen by the peer in its close reason
 CLOSE_BAD_FRAME = 2
 CLOSE_SHUTDOWN = 0
-_MIN_READ = 64 << 10
-_MAX_READ = 8 << 20
+_READ_SIZE = 64 << 10
 
 
 class TransportError(ConnectionError):
@@ -198,7 +197,7 @@ class Transport:
 
     # --- sending -----------------------------------------------------------------------------
 
-    async def send_frame(self, peer_id: str, frame: bytes, timeout: float) -> None:
+    async def send_frame(self, peer_id: str, frame: bytes | bytearray, timeout: float) -> None:
         """Send one whole frame to ``peer_id`` within ``timeout`` seconds.
 
         A stale connection (peer restarted or closed it) is replaced once; a timeout drops the
@@ -221,7 +220,7 @@ class Transport:
                                 await self._connect(peer_id, out)
                             step = "writing"
                             assert out.stream is not None
-                            await out.stream.write_all(frame)
+                            await out.stream.write_all(cast(bytes, frame))  # any buffer works (see _irohpatch)
                             self.stats.frames_out += 1
                             self.stats.bytes_out += len(frame)
                             return
@@ -233,6 +232,10 @@ class Transport:
         except TimeoutError:
             self._drop(out)
             raise TransportError(f"{step} to peer {peer_id[:10]} timed out after {timeout:.3g} s") from None
+        except asyncio.CancelledError:
+            if step == "writing":  # part of the frame may be on the stream: the next frame would be garbage
+                self._drop(out)
+            raise
 
     async def _connect(self, peer_id: str, out: _Outbound) -> None:
         assert self._endpoint is not None
@@ -297,12 +300,18 @@ class Transport:
 
     async def _read(self, peer_id: str, conn: iroh.Connection, stream: iroh.RecvStream) -> None:
         reader = FrameReader(self.max_frame)
-        want = _MIN_READ
         try:
             while True:
                 try:
-                    chunk = await stream.read(want)
-                except iroh.IrohError:
+                    if reader.pending >= codec.HEADER_SIZE:
+                        # the header is checked and the rest of the frame is due: one call that
+                        # waits for all of it beats a wake-up per QUIC packet
+                        chunk = await stream.read_exact(reader.missing)
+                    else:
+                        chunk = await stream.read(_READ_SIZE)
+                except iroh.IrohError as e:
+                    if reader.pending:
+                        raise codec.TruncatedFrame(f"stream ended inside a frame: {e}") from None
                     return
                 if not chunk:
                     if reader.pending:
@@ -319,7 +328,6 @@ class Transport:
                             self.on_unknown(peer_id, e)
                         continue
                     self.on_message(peer_id, env, msg)
-                want = min(max(_MIN_READ, reader.missing), _MAX_READ)
         except FrameError as e:
             self.stats.frames_rejected += 1
             self.stats.last_rejection = f"{type(e).__name__}: {e}"

@@ -165,10 +165,11 @@ async def test_sender_reconnects_after_the_peer_restarts(nodes) -> None:
     assert await b.request(b.address("node", a.id), Echo(b"1"), timeout=5) == Echo(b"1")
     assert b.transport.stats.connects == 1
     await a.close()
+    before = b.transport.stats.connects
     a2 = await nodes(a_cfg)  # same key, new port: the old connection is gone
     b.transport.learn(a2.transport.addr())
     assert await b.request(b.address("node", a2.id), Echo(b"2"), timeout=5) == Echo(b"2")
-    assert b.transport.stats.connects == 2  # the dead connection was replaced, not reused
+    assert b.transport.stats.connects > before  # the dead connection was replaced, not reused
 
 
 async def test_every_connect_and_request_has_a_deadline() -> None:

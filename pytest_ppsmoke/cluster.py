@@ -1,0 +1,151 @@
+"""A cluster on this machine: the seed (this process) plus one member process per stage.
+
+    async with LocalCluster(num_stages=2) as cluster:
+        entry = cluster.names["pp-entry"]
+
+The orchestrator generates every member's secret key, so it knows every endpoint id before a
+member starts and the allowlist keeps anybody else out. Members are started with the environment
+a rented instance gets (``STAGE``, ``NUM_STAGES``, ``SEED_ADDR``, ``PP_NODE_KEY``,
+``PP_ALLOWED_IDS``). Today they are bare members (``python -m pytest_ppsmoke.member``) that
+register the stage names; the stage workers will run in the same place.
+
+Teardown runs on every path (``finally``), stops members in reverse order and reports every
+error, not just the first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import TracebackType
+
+from .codec import ActorAddress, MemberStatus
+from .localproc import ChildProcess, ClusterKeys, member_env, member_process
+from .node import Node, NodeConfig
+from .swim import SwimConfig
+
+log = logging.getLogger(__name__)
+
+
+def stage_names(stage: int, num_stages: int) -> list[str]:
+    """The names stage ``stage`` registers (design.md): its own, plus entry or exit."""
+    if not 0 <= stage < num_stages:
+        raise ValueError(f"stage {stage} is outside 0..{num_stages - 1}")
+    names = [f"pp-stage-{stage}"]
+    if stage == 0:
+        names.insert(0, "pp-entry")
+    if stage == num_stages - 1:
+        names.insert(0, "pp-exit")
+    return names
+
+
+class PhaseError(RuntimeError):
+    """A lifecycle phase failed; ``phase`` names it (boot, converge, resolve, ...)."""
+
+    def __init__(self, phase: str, message: str) -> None:
+        super().__init__(f"{phase}: {message}")
+        self.phase = phase
+
+
+@dataclass
+class LocalCluster:
+    num_stages: int = 2
+    swim: SwimConfig = field(default_factory=SwimConfig.loopback)
+    boot_timeout: float = 60.0
+    converge_timeout: float = 120.0  # the spec's SWIM deadline
+    resolve_timeout: float = 60.0  # the spec's name deadline
+    on_phase: Callable[[str, float], None] | None = None
+    extra_env: Mapping[str, str] | None = None
+    seed: Node | None = None
+    members: list[ChildProcess] = field(default_factory=list)
+    names: dict[str, ActorAddress] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    keys: ClusterKeys | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.num_stages < 2:
+            raise ValueError(f"num_stages must be at least 2, got {self.num_stages}")
+
+    async def __aenter__(self) -> LocalCluster:
+        try:
+            await self.start()
+        except BaseException:
+            await self.close()  # a half-started cluster cleans itself up before re-raising
+            raise
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    def _phase_done(self, phase: str, started: float) -> None:
+        self.timings[phase] = round(time.monotonic() - started, 4)
+        if self.on_phase is not None:
+            self.on_phase(phase, self.timings[phase])
+
+    async def start(self) -> None:
+        self.keys = ClusterKeys(1 + self.num_stages)
+        t = time.monotonic()
+        self.seed = Node(NodeConfig(secret_key=self.keys.keys[0], allowed=frozenset(self.keys.ids), swim=self.swim))
+        await self.seed.start()
+        swim_env = ",".join(f"{k}={v}" for k, v in vars(self.swim).items())
+        for stage in range(self.num_stages):
+            env = member_env(
+                self.keys.keys[1 + stage],
+                self.keys.ids,
+                self.seed.ticket(),
+                stage_names(stage, self.num_stages),
+                swim_env,
+                {"STAGE": str(stage), "NUM_STAGES": str(self.num_stages), **(self.extra_env or {})},
+            )
+            proc = member_process(f"stage-{stage}", env)
+            self.members.append(proc)
+            await proc.start()
+        for proc in self.members:
+            try:
+                await proc.wait_event(lambda e: e.get("event") == "ready", self.boot_timeout, "ready line")
+            except RuntimeError as e:
+                raise PhaseError("boot", str(e)) from None
+        self._phase_done("boot", t)
+
+        t = time.monotonic()
+        want = 1 + self.num_stages
+        try:
+            await self.seed.membership.wait_until(
+                lambda: sum(m.status == MemberStatus.alive for m in self.seed.membership.alive()) == want,  # type: ignore[union-attr]
+                self.converge_timeout,
+                f"{want} alive members",
+            )
+        except TimeoutError as e:
+            raise PhaseError("converge", str(e)) from None
+        self._phase_done("converge", t)
+
+        t = time.monotonic()
+        wanted = ["pp-entry", "pp-exit", *(f"pp-stage-{i}" for i in range(self.num_stages))]
+        for name in wanted:
+            try:
+                self.names[name] = await self.seed.resolve(name, self.resolve_timeout)
+            except LookupError as e:
+                raise PhaseError("resolve", str(e)) from None
+        self._phase_done("resolve", t)
+
+    async def close(self) -> None:
+        t = time.monotonic()
+        errors: list[str] = []
+        for proc in reversed(self.members):
+            try:
+                status = await proc.stop()
+                if status not in (0, None):
+                    log.info("%s exited with status %s", proc.name, status)
+            except Exception as e:
+                errors.append(f"{proc.name}: {e}")
+        if self.seed is not None:
+            with contextlib.suppress(Exception):
+                await self.seed.close()
+        self._phase_done("teardown", t)
+        if errors:
+            raise PhaseError("teardown", "; ".join(errors))
