@@ -23,7 +23,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING
 
@@ -105,6 +105,25 @@ class MemberEvent:
     at: float
 
 
+class EventStream:
+    """An async iterator of membership events; subscribed from creation until ``aclose``."""
+
+    def __init__(self, subscribers: list[asyncio.Queue[MemberEvent]]) -> None:
+        self._subscribers = subscribers
+        self._queue: asyncio.Queue[MemberEvent] = asyncio.Queue()
+        subscribers.append(self._queue)
+
+    def __aiter__(self) -> EventStream:
+        return self
+
+    async def __anext__(self) -> MemberEvent:
+        return await self._queue.get()
+
+    async def aclose(self) -> None:
+        if self._queue in self._subscribers:
+            self._subscribers.remove(self._queue)
+
+
 class Membership:
     """The SWIM actor of a node (actor name ``swim``)."""
 
@@ -136,15 +155,9 @@ class Membership:
     def get(self, member_id: str) -> MemberState | None:
         return self.members.get(member_id)
 
-    async def events(self) -> AsyncIterator[MemberEvent]:
-        """Every membership event from now on."""
-        q: asyncio.Queue[MemberEvent] = asyncio.Queue()
-        self._subscribers.append(q)
-        try:
-            while True:
-                yield await q.get()
-        finally:
-            self._subscribers.remove(q)
+    def events(self) -> EventStream:
+        """Every membership event from this call on (``async for ev in m.events()``)."""
+        return EventStream(self._subscribers)
 
     def add_listener(self, fn: Callable[[MemberEvent], None]) -> None:
         self._listeners.append(fn)
@@ -219,9 +232,9 @@ class Membership:
 
     # --- handlers (dispatched by the node) ---------------------------------------------------
 
-    def on_ping(self, msg: Ping, ctx: Context) -> Ack:
+    def on_ping(self, msg: Ping, ctx: Context) -> Ack | None:
         if self._leaving:
-            raise ConnectionAbortedError("this member is leaving the cluster")
+            return None  # not an Ack: the prober treats us as gone
         self.merge(msg.updates)
         return Ack(msg.seq, self._piggyback())
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -71,3 +72,15 @@ def test_bad_arguments_say_what_was_expected(args: list[str], message: str) -> N
     out = run(*args, timeout=30)
     assert out.returncode == 2
     assert message in out.stderr
+
+
+def test_no_secret_reaches_the_output_or_the_report(tmp_path: Path) -> None:
+    """Every 64-hex string printed or reported must be a public endpoint id, never a secret key."""
+    report_path = tmp_path / "r.json"
+    out = run("--local", "-v", "--report", str(report_path))
+    assert out.returncode == 0, out.stderr
+    text = report_path.read_text()
+    public = {i["endpoint_id"] for i in json.loads(text)["instances"]}
+    seen = set(re.findall(r"[0-9a-f]{64}", out.stdout + out.stderr + text))
+    assert seen <= public
+    assert "member" in out.stderr  # -v really logged membership events, so the check saw them
