@@ -50,23 +50,34 @@ async def iroh_echo(stock: bool) -> None:
     )
     ep = await iroh.Endpoint.bind(opts)
     print(str(iroh.EndpointTicket.from_addr(ep.addr())), flush=True)
-    while True:
-        incoming = await ep.accept_next()
+
+    async def serve(incoming: iroh.Incoming) -> None:
         conn = await (await incoming.accept()).connect()
         bi = await conn.accept_bi()
         recv, send = bi.recv(), bi.send()
         buf = bytearray()
         while True:
-            chunk = await recv.read(
-                max(65536, (struct.unpack(">I", buf[:4])[0] + 4 - len(buf)) if len(buf) >= 4 else 0)
-            )
+            want = max(65536, struct.unpack(">I", buf[:4])[0] + 4 - len(buf)) if len(buf) >= 4 else 65536
+            try:
+                chunk = await recv.read(want)
+            except iroh.IrohError:
+                return
             if not chunk:
-                break
+                return
             buf += chunk
             while len(buf) >= 4 and len(buf) >= 4 + (n := struct.unpack(">I", buf[:4])[0]):
                 frame = bytes(buf[: 4 + n])
                 del buf[: 4 + n]
                 await send.write_all(frame if n <= 65536 else struct.pack(">I", 0))
+
+    tasks = set()
+    while True:  # one task per client: an old client's connection may linger until its idle timeout
+        incoming = await ep.accept_next()
+        if incoming is None:
+            return
+        task = asyncio.ensure_future(serve(incoming))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
 
 
 if __name__ == "__main__":
