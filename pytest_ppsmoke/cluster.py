@@ -6,8 +6,13 @@
 The orchestrator generates every member's secret key, so it knows every endpoint id before a
 member starts and the allowlist keeps anybody else out. Members are started with the environment
 a rented instance gets (``STAGE``, ``NUM_STAGES``, ``SEED_ADDR``, ``PP_NODE_KEY``,
-``PP_ALLOWED_IDS``). Today they are bare members (``python -m pytest_ppsmoke.member``) that
-register the stage names; the stage workers will run in the same place.
+``PP_ALLOWED_IDS``, plus ``extra_env`` such as ``MODEL``). ``node_module`` picks what runs:
+``pytest_ppsmoke.gpu_node`` (a stage with its tinygrad worker) or ``pytest_ppsmoke.member``
+(a bare member that only registers the stage names).
+
+Phases: *boot* until every node has joined, *load* until every node reports ready (its worker
+loaded and its names registered), *converge* until the seed sees all of them alive, *resolve*
+until every stage name resolves.
 
 Teardown runs on every path (``finally``), stops members in reverse order and reports every
 error, not just the first.
@@ -17,13 +22,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
 
 from .codec import ActorAddress, MemberStatus
-from .localproc import ChildProcess, ClusterKeys, member_env, member_process
+from .localproc import ChildProcess, ClusterKeys, member_env
 from .node import Node, NodeConfig
 from .swim import SwimConfig
 
@@ -54,7 +60,9 @@ class PhaseError(RuntimeError):
 class LocalCluster:
     num_stages: int = 2
     swim: SwimConfig = field(default_factory=SwimConfig.loopback)
+    node_module: str = "pytest_ppsmoke.member"
     boot_timeout: float = 60.0
+    load_timeout: float = 600.0
     converge_timeout: float = 120.0  # the spec's SWIM deadline
     resolve_timeout: float = 60.0  # the spec's name deadline
     on_phase: Callable[[str, float], None] | None = None
@@ -62,6 +70,7 @@ class LocalCluster:
     seed: Node | None = None
     members: list[ChildProcess] = field(default_factory=list)
     names: dict[str, ActorAddress] = field(default_factory=dict)
+    ready: list[dict[str, object]] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     keys: ClusterKeys | None = field(default=None, repr=False)
 
@@ -102,15 +111,24 @@ class LocalCluster:
                 swim_env,
                 {"STAGE": str(stage), "NUM_STAGES": str(self.num_stages), **(self.extra_env or {})},
             )
-            proc = member_process(f"stage-{stage}", env)
+            proc = ChildProcess(f"pp-stage-{stage}", [sys.executable, "-m", self.node_module], env)
             self.members.append(proc)
             await proc.start()
         for proc in self.members:
             try:
-                await proc.wait_event(lambda e: e.get("event") == "ready", self.boot_timeout, "ready line")
+                await proc.wait_event(lambda e: e.get("event") in ("joined", "ready"), self.boot_timeout, "join")
             except RuntimeError as e:
                 raise PhaseError("boot", str(e)) from None
         self._phase_done("boot", t)
+
+        t = time.monotonic()
+        for proc in self.members:
+            try:
+                ev = await proc.wait_event(lambda e: e.get("event") == "ready", self.load_timeout, "ready line")
+            except RuntimeError as e:
+                raise PhaseError("load", str(e)) from None
+            self.ready.append(ev)
+        self._phase_done("load", t)
 
         t = time.monotonic()
         want = 1 + self.num_stages

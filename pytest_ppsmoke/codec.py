@@ -617,6 +617,41 @@ class Ok(Message):
     pass
 
 
+# --- stage introspection (what the harness checks) ---------------------------------------------
+
+
+@message(40)
+@dataclass(frozen=True)
+class KvInfoQuery(Message):
+    pass
+
+
+@message(41)
+@dataclass(frozen=True)
+class KvInfo(Message):
+    """Which blocks of a stage hold a KV cache, and how many positions its last call filled."""
+
+    stage: U32
+    first_block: U32
+    end_block: U32  # exclusive
+    blocks_cached: tuple[U32, ...]
+    filled: U32
+
+
+@message(42)
+@dataclass(frozen=True)
+class StageStatsQuery(Message):
+    pass
+
+
+@message(43)
+@dataclass(frozen=True)
+class StageStats(Message):
+    """A stage's figures for its last request as JSON (activations in, hops out, compute times)."""
+
+    json: str
+
+
 # --- frames ------------------------------------------------------------------------------------
 
 _ENVELOPE = _Struct(Envelope)

@@ -1,0 +1,328 @@
+"""``pp-gpu-node``: one pipeline stage as a cluster member, configured by its environment.
+
+Environment (design.md): ``STAGE``, ``NUM_STAGES``, ``SEED_ADDR``, ``MODEL``, the cluster keys
+(``PP_NODE_KEY``, ``PP_ALLOWED_IDS``), plus ``PP_WIRE_DTYPE`` (bf16), ``PP_JIT`` (1),
+``PP_MAX_CONTEXT`` (1024), ``PP_WORKER_READY_TIMEOUT`` (600 s), ``PP_WORKER`` (the worker script).
+
+The node joins the cluster first (so the orchestrator sees it boot), starts the tinygrad worker,
+and registers its names only once the worker is ready: resolving ``pp-entry`` then means the
+stage can serve. The flow, for stage i of N:
+
+- stage 0, on ``InferenceRequest``: tokenize, prefill, ``StageActivation`` to ``pp-stage-1``;
+- middle stages, on ``StageActivation``: forward, ``StageActivation`` to ``pp-stage-{i+1}``;
+- the last stage: forward and sample; ``NextToken`` to ``pp-stage-0``; on an end id or
+  ``max_tokens``, ``InferenceResponse`` to ``reply_to`` (which rides on the prefill activation);
+- stage 0, on ``NextToken``: the decode step, ``StageActivation`` with ``seq_len`` 1.
+
+One request at a time: a second ``InferenceRequest`` while one runs is refused with a "busy"
+error and touches no cache. Any failure on a stage (a worker error or death, an unreachable next
+stage) is sent to ``reply_to`` as an ``InferenceResponse`` whose ``error`` names the stage.
+stdout carries JSON lines: ``{"event": "joined"}``, then ``{"event": "ready", ...}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import itertools
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .bridge import WorkerBridge, WorkerDied, WorkerError
+from .cluster import stage_names
+from .codec import (
+    ActorAddress,
+    Hidden,
+    InferenceRequest,
+    InferenceResponse,
+    KvInfo,
+    KvInfoQuery,
+    NextToken,
+    Ok,
+    StageActivation,
+    StageStats,
+    StageStatsQuery,
+    WireDtype,
+)
+from .node import Context, Node, NodeConfig
+
+log = logging.getLogger(__name__)
+
+STAGE_ACTOR = "stage"
+HOP_TIMEOUT = 30.0  # a send to the next stage
+NAME_TIMEOUT = 60.0  # the spec's deadline for a name
+COMPUTE_TIMEOUT = 600.0  # one worker call (a cold prefill compiles kernels)
+
+
+class Busy(RuntimeError):
+    pass
+
+
+def default_worker_path() -> Path:
+    return Path(__file__).resolve().parent.parent / "worker" / "pp_tinygrad_worker.py"
+
+
+class StageActor:
+    def __init__(self, node: Node, bridge: WorkerBridge, stage: int, num_stages: int, wire: WireDtype) -> None:
+        assert bridge.ready is not None
+        self.node, self.bridge = node, bridge
+        self.stage, self.num_stages, self.wire = stage, num_stages, wire
+        self.first, self.last = stage == 0, stage == num_stages - 1
+        self.dim: int = bridge.ready["dim"]
+        self.end_ids = set(bridge.ready["end_ids"])
+        self.max_context: int = bridge.ready["max_context"]
+        self.name = f"pp-stage-{stage}"
+        self._ids = itertools.count(int(time.time() * 1000) % 1_000_000 * 1000)
+        self.busy: int | None = None
+        self.reply_to: ActorAddress | None = None
+        self.max_tokens = 0
+        self.tokens: list[int] = []
+        self.stats: dict[str, Any] = {}
+        self._addr_cache: dict[str, ActorAddress] = {}
+        bridge.on_death = self._worker_died
+
+    # --- helpers -----------------------------------------------------------------------------
+
+    async def _addr(self, name: str) -> ActorAddress:
+        # Names can move (a restarted stage); resolve once per request, from the registry.
+        if name not in self._addr_cache:
+            self._addr_cache[name] = await self.node.resolve(name, NAME_TIMEOUT)
+        return self._addr_cache[name]
+
+    def _hidden(self, reply: dict[str, Any]) -> Hidden:
+        return Hidden(int(self.wire), (reply["seq_len"], self.dim), base64.b64decode(reply["hidden_b64"]))
+
+    async def _send_activation(self, act: StageActivation) -> None:
+        nxt = await self._addr(f"pp-stage-{self.stage + 1}")
+        started = time.time()
+        await self.node.send(nxt, act, sender=STAGE_ACTOR, timeout=HOP_TIMEOUT)
+        self.stats["hops_out"].append(
+            {
+                "to": f"pp-stage-{self.stage + 1}",
+                "position": act.position,
+                "seq_len": act.seq_len,
+                "bytes": len(act.hidden.data),
+                "sent_at": started,
+                "send_s": round(time.time() - started, 6),
+            }
+        )
+
+    def _new_request(self, request_id: int, reply_to: ActorAddress | None, max_tokens: int) -> None:
+        self.busy, self.reply_to, self.max_tokens, self.tokens = request_id, reply_to, max_tokens, []
+        self._addr_cache.clear()
+        self.stats = {
+            "stage": self.stage,
+            "request_id": request_id,
+            "activations_in": [],
+            "hops_out": [],
+            "compute": [],
+        }
+
+    async def _compute(self, op: str, **fields: Any) -> dict[str, Any]:
+        started = time.time()
+        reply = await self.bridge.call(op, COMPUTE_TIMEOUT, **fields)
+        self.stats.setdefault("compute", []).append(
+            {"op": op, "position": fields.get("position"), "at": started, "s": round(time.time() - started, 6)}
+        )
+        return reply
+
+    async def _fail(self, request_id: int, error: BaseException | str) -> None:
+        text = f"{self.name}: {error}"
+        log.error("request %d failed: %s", request_id, text)
+        reply_to, self.busy = self.reply_to, None
+        if reply_to is not None:
+            with contextlib.suppress(Exception):
+                await self.node.send(
+                    reply_to, InferenceResponse(request_id, "", tuple(self.tokens), text), timeout=HOP_TIMEOUT
+                )
+        if not self.first:  # free stage 0 for the next request
+            with contextlib.suppress(Exception):
+                await self.node.send(
+                    await self._addr("pp-stage-0"), NextToken(request_id, 0, 0, True), timeout=HOP_TIMEOUT
+                )
+
+    def _worker_died(self, err: WorkerDied) -> None:
+        if self.busy is not None:
+            self.node.spawn(self._fail(self.busy, err))
+
+    # --- stage 0 -----------------------------------------------------------------------------
+
+    async def on_inference_request(self, msg: InferenceRequest, ctx: Context) -> Ok:
+        if not self.first:
+            raise ValueError(f"{self.name} is not the entry stage; send InferenceRequest to pp-entry")
+        if self.busy is not None:
+            raise Busy(f"busy: {self.name} is serving request {self.busy}; one request at a time")
+        if msg.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {msg.max_tokens}")
+        rid = next(self._ids)
+        self._new_request(rid, msg.reply_to, msg.max_tokens)
+        self.stats["accepted_at"] = time.time()
+        self.node.spawn(self._prefill(rid, msg.prompt))
+        return Ok()
+
+    async def _prefill(self, rid: int, prompt: str) -> None:
+        try:
+            ids = (await self._compute("tokenize", prompt=prompt))["token_ids"]
+            if len(ids) + self.max_tokens > self.max_context:
+                raise ValueError(
+                    f"prompt of {len(ids)} tokens + max_tokens {self.max_tokens} "
+                    f"exceed the context of {self.max_context}"
+                )
+            self.stats["prompt_token_ids"] = ids
+            reply = await self._compute("embed_and_forward", tokens=ids, position=0)
+            act = StageActivation(rid, 0, len(ids), True, self._hidden(reply), self.reply_to, self.max_tokens)
+            await self._send_activation(act)
+        except Exception as e:
+            await self._fail(rid, e)
+
+    async def on_next_token(self, msg: NextToken, ctx: Context) -> None:
+        if msg.request_id != self.busy:
+            log.info("NextToken for request %d, which is not in flight (%s)", msg.request_id, self.busy)
+            return
+        if msg.done:
+            self.busy = None
+            return
+        try:
+            reply = await self._compute("decode_step", token_id=msg.token_id, position=msg.position)
+            await self._send_activation(StageActivation(msg.request_id, msg.position, 1, False, self._hidden(reply)))
+        except Exception as e:
+            await self._fail(msg.request_id, e)
+
+    # --- later stages ------------------------------------------------------------------------
+
+    async def on_stage_activation(self, msg: StageActivation, ctx: Context) -> None:
+        if self.first:
+            raise ValueError("stage 0 does not take activations")
+        if msg.is_prefill:
+            self._new_request(msg.request_id, msg.reply_to, msg.max_tokens)
+        elif msg.request_id != self.busy:
+            raise ValueError(f"activation for request {msg.request_id}, but {self.name} serves {self.busy}")
+        h = msg.hidden
+        self.stats["activations_in"].append(
+            {"position": msg.position, "seq_len": msg.seq_len, "bytes": len(h.data), "received_at": time.time()}
+        )
+        try:
+            if h.wire_dtype is not self.wire or tuple(h.shape) != (msg.seq_len, self.dim):
+                raise ValueError(
+                    f"activation of shape {tuple(h.shape)} in {h.wire_dtype.name}; "
+                    f"expected ({msg.seq_len}, {self.dim}) in {self.wire.name}"
+                )
+            if not msg.is_prefill and msg.seq_len != 1:
+                raise ValueError(f"decode activation with seq_len {msg.seq_len}; decode carries one position")
+            fields = {"hidden_b64": base64.b64encode(h.data).decode(), "position": msg.position, "seq_len": msg.seq_len}
+            if not self.last:
+                reply = await self._compute("forward", dtype=self.wire.name, **fields)
+                await self._send_activation(
+                    StageActivation(
+                        msg.request_id,
+                        msg.position,
+                        msg.seq_len,
+                        msg.is_prefill,
+                        self._hidden(reply),
+                        msg.reply_to,
+                        msg.max_tokens,
+                    )
+                )
+                return
+            token = (await self._compute("forward_and_sample", dtype=self.wire.name, **fields))["token_id"]
+            self.tokens.append(token)
+            position = msg.position + msg.seq_len  # where the new token goes
+            done = token in self.end_ids or len(self.tokens) >= self.max_tokens or position >= self.max_context
+            entry = await self._addr("pp-stage-0")
+            if done:
+                text = (await self._compute("detokenize", token_ids=self.tokens))["text"]
+                assert self.reply_to is not None
+                await self.node.send(
+                    self.reply_to, InferenceResponse(msg.request_id, text, tuple(self.tokens)), timeout=HOP_TIMEOUT
+                )
+                self.busy = None
+            await self.node.send(
+                entry, NextToken(msg.request_id, token, position, done), sender=STAGE_ACTOR, timeout=HOP_TIMEOUT
+            )
+        except Exception as e:
+            await self._fail(msg.request_id, e)
+
+    # --- introspection -----------------------------------------------------------------------
+
+    async def on_kv_info_query(self, msg: KvInfoQuery, ctx: Context) -> KvInfo:
+        info = await self.bridge.call("kv_info", 30)
+        lo, hi = info["range"]
+        return KvInfo(self.stage, lo, hi, tuple(info["blocks_cached"]), info["filled"])
+
+    def on_stage_stats_query(self, msg: StageStatsQuery, ctx: Context) -> StageStats:
+        return StageStats(json.dumps(self.stats))
+
+
+def _emit(obj: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+async def run() -> None:
+    config = NodeConfig.from_env()
+    stage = int(os.environ.get("STAGE", "0"))
+    num_stages = int(os.environ.get("NUM_STAGES", "2"))
+    stage_names(stage, num_stages)  # validates both
+    wire = WireDtype.parse(os.environ.get("PP_WIRE_DTYPE", "bf16"))
+    worker = Path(os.environ.get("PP_WORKER") or default_worker_path())
+    if not os.path.isfile(worker):
+        raise ValueError(f"worker script {worker} not found; set PP_WORKER to pp_tinygrad_worker.py")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    node = Node(config)
+    bridge = WorkerBridge(
+        [sys.executable, str(worker)], {**os.environ, "PP_WIRE_DTYPE": wire.name}, f"pp-stage-{stage}"
+    )
+    try:
+        await node.start()
+        _emit({"event": "joined", "id": node.id, "stage": stage})
+        ready_timeout = float(os.environ.get("PP_WORKER_READY_TIMEOUT", "600"))
+        starting = asyncio.ensure_future(bridge.start(ready_timeout))
+        stopping = asyncio.ensure_future(stop.wait())
+        await asyncio.wait([starting, stopping], return_when=asyncio.FIRST_COMPLETED)
+        if stop.is_set():
+            starting.cancel()
+            return
+        stopping.cancel()
+        ready = starting.result()
+        actor = StageActor(node, bridge, stage, num_stages, wire)
+        node.add_actor(STAGE_ACTOR, actor)
+        for name in stage_names(stage, num_stages):
+            node.register(name, STAGE_ACTOR)
+        _emit(
+            {
+                "event": "ready",
+                "id": node.id,
+                **{k: v for k, v in ready.items() if k != "status"},
+                "worker_pid": ready["pid"],
+            }
+        )
+        await stop.wait()
+    finally:
+        await bridge.close()
+        await node.close()
+
+
+def main() -> None:
+    logging.basicConfig(
+        level=os.environ.get("PP_LOG_LEVEL", "WARNING"),
+        format="%(asctime)s pp-gpu-node %(name)s %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        asyncio.run(run())
+    except (ValueError, TimeoutError, WorkerDied, WorkerError) as e:
+        sys.exit(f"pp-gpu-node: {e}")
+
+
+if __name__ == "__main__":
+    main()

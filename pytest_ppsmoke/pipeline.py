@@ -1,0 +1,141 @@
+"""The orchestrator's side of one inference: send the request, await the answer, collect figures.
+
+    async with LocalCluster(num_stages=2, node_module="pytest_ppsmoke.gpu_node",
+                            extra_env={"MODEL": "smollm2:135m"}) as cluster:
+        result = await run_inference(cluster.seed, cluster.num_stages, "Say hello", 64, timeout=240)
+
+The seed hosts an ``orchestrator`` actor that receives the ``InferenceResponse``. While waiting,
+it watches membership: a stage declared dead fails the run at once with its name, instead of
+waiting for the deadline. Figures come from each stage's ``StageStats`` (wall-clock timestamps,
+comparable on one machine) and ``KvInfo``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .cluster import PhaseError
+from .codec import InferenceRequest, InferenceResponse, KvInfo, KvInfoQuery, StageStats, StageStatsQuery
+from .errors import RemoteError
+from .node import Context, Node
+from .swim import MemberEvent
+
+ORCHESTRATOR_ACTOR = "orchestrator"
+
+
+@dataclass
+class InferenceResult:
+    text: str
+    token_ids: list[int]
+    prompt_token_ids: list[int]
+    timings: dict[str, float]
+    hops: dict[str, Any]
+    kv: list[KvInfo]
+    stages: list[dict[str, Any]] = field(repr=False)
+
+
+class _Orchestrator:
+    def __init__(self) -> None:
+        self.response: asyncio.Future[InferenceResponse] = asyncio.get_running_loop().create_future()
+
+    def on_inference_response(self, msg: InferenceResponse, ctx: Context) -> None:
+        if not self.response.done():
+            self.response.set_result(msg)
+
+
+async def run_inference(seed: Node, num_stages: int, prompt: str, max_tokens: int, timeout: float) -> InferenceResult:
+    orch = _Orchestrator()
+    seed.actors.pop(ORCHESTRATOR_ACTOR, None)
+    seed.add_actor(ORCHESTRATOR_ACTOR, orch)
+    stage_ids = {}
+    for i in range(num_stages):
+        addr = seed.registry.lookup(f"pp-stage-{i}")
+        if addr is None:
+            raise PhaseError("resolve", f"pp-stage-{i} is not registered")
+        stage_ids[addr.node] = i
+
+    def on_member(ev: MemberEvent) -> None:
+        if ev.kind == "dead" and ev.member.id in stage_ids and not orch.response.done():
+            i = stage_ids[ev.member.id]
+            orch.response.set_exception(
+                PhaseError("decode", f"pp-stage-{i} ({ev.member.id[:10]}) dropped out of the cluster mid-request")
+            )
+
+    seed.membership.add_listener(on_member)
+    entry = await seed.resolve("pp-entry", 60)
+    started = time.time()
+    try:
+        await seed.request(entry, InferenceRequest(seed.address(ORCHESTRATOR_ACTOR), prompt, max_tokens), timeout=30)
+    except (RemoteError, TimeoutError, ConnectionError) as e:
+        raise PhaseError("request", str(e)) from None
+    try:
+        response = await asyncio.wait_for(orch.response, timeout)
+    except TimeoutError:
+        raise PhaseError("decode", f"no InferenceResponse within {timeout:.0f} s") from None
+    finally:
+        seed.membership._listeners.remove(on_member)
+    finished = time.time()
+    if response.error:
+        raise PhaseError("inference", response.error)
+    if not response.text.strip():
+        raise PhaseError(
+            "inference", f"the last stage reported done with no text (token ids {list(response.token_ids)})"
+        )
+
+    stages, kv = [], []
+    for i in range(num_stages):
+        addr = seed.registry.lookup(f"pp-stage-{i}")
+        assert addr is not None
+        st = await seed.request(addr, StageStatsQuery(), timeout=30)
+        info = await seed.request(addr, KvInfoQuery(), timeout=30)
+        assert isinstance(st, StageStats) and isinstance(info, KvInfo)
+        stages.append(json.loads(st.json))
+        kv.append(info)
+    return _figures(response, stages, kv, started, finished)
+
+
+def _figures(
+    response: InferenceResponse, stages: list[dict[str, Any]], kv: list[KvInfo], started: float, finished: float
+) -> InferenceResult:
+    last = stages[-1]
+    samples = [c for c in last["compute"] if c["op"] == "forward_and_sample"]
+    first_token_at = samples[0]["at"] + samples[0]["s"]
+    generated = len(response.token_ids)
+    decode_s = finished - first_token_at
+    timings = {
+        "prefill": round(first_token_at - started, 4),
+        "decode": round(decode_s, 4),
+        "decode_tokens_per_s": round((generated - 1) / decode_s, 3) if generated > 1 and decode_s > 0 else 0.0,
+        "inference": round(finished - started, 4),
+    }
+    hops: dict[str, Any] = {}
+    for i, st in enumerate(stages[:-1]):
+        nxt = stages[i + 1]["activations_in"]
+        received = {(a["position"], a["seq_len"]): a["received_at"] for a in nxt}
+        for phase, want_prefill in (("prefill", True), ("decode", False)):
+            out = [h for h in st["hops_out"] if (h["position"] == 0) == want_prefill]
+            lat = [
+                received[(h["position"], h["seq_len"])] - h["sent_at"]
+                for h in out
+                if (h["position"], h["seq_len"]) in received
+            ]
+            hops.setdefault(f"pp-stage-{i}->pp-stage-{i + 1}", {})[phase] = {
+                "count": len(out),
+                "bytes_each": sorted({h["bytes"] for h in out}),
+                "bytes_total": sum(h["bytes"] for h in out),
+                "median_s": round(statistics.median(lat), 6) if lat else None,
+            }
+    return InferenceResult(
+        response.text,
+        list(response.token_ids),
+        stages[0].get("prompt_token_ids", []),
+        timings,
+        hops,
+        kv,
+        stages,
+    )

