@@ -32,6 +32,7 @@ import os
 import signal
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -265,15 +266,42 @@ def _emit(obj: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-async def run() -> None:
-    config = NodeConfig.from_env()
-    stage = int(os.environ.get("STAGE", "0"))
-    num_stages = int(os.environ.get("NUM_STAGES", "2"))
-    stage_names(stage, num_stages)  # validates both
-    wire = WireDtype.parse(os.environ.get("PP_WIRE_DTYPE", "bf16"))
-    worker = Path(os.environ.get("PP_WORKER") or default_worker_path())
-    if not os.path.isfile(worker):
-        raise ValueError(f"worker script {worker} not found; set PP_WORKER to pp_tinygrad_worker.py")
+@dataclass(frozen=True)
+class Settings:
+    config: NodeConfig = field(repr=False)
+    stage: int
+    num_stages: int
+    wire: WireDtype
+    worker: Path
+    ready_timeout: float
+
+    @classmethod
+    def from_env(cls) -> Settings:
+        """Everything the node reads from its environment, checked before anything starts."""
+        stage = int(os.environ.get("STAGE", "0"))
+        num_stages = int(os.environ.get("NUM_STAGES", "2"))
+        stage_names(stage, num_stages)  # validates both
+        worker = Path(os.environ.get("PP_WORKER") or default_worker_path())
+        if not worker.is_file():
+            raise ValueError(f"worker script {worker} not found; set PP_WORKER to pp_tinygrad_worker.py")
+        return cls(
+            NodeConfig.from_env(),
+            stage,
+            num_stages,
+            WireDtype.parse(os.environ.get("PP_WIRE_DTYPE", "bf16")),
+            worker,
+            float(os.environ.get("PP_WORKER_READY_TIMEOUT", "600")),
+        )
+
+
+async def run(settings: Settings) -> None:
+    config, stage, num_stages, wire, worker = (
+        settings.config,
+        settings.stage,
+        settings.num_stages,
+        settings.wire,
+        settings.worker,
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -285,8 +313,7 @@ async def run() -> None:
     try:
         await node.start()
         _emit({"event": "joined", "id": node.id, "stage": stage})
-        ready_timeout = float(os.environ.get("PP_WORKER_READY_TIMEOUT", "600"))
-        starting = asyncio.ensure_future(bridge.start(ready_timeout))
+        starting = asyncio.ensure_future(bridge.start(settings.ready_timeout))
         stopping = asyncio.ensure_future(stop.wait())
         await asyncio.wait([starting, stopping], return_when=asyncio.FIRST_COMPLETED)
         if stop.is_set():
@@ -319,7 +346,8 @@ def main() -> None:
         stream=sys.stderr,
     )
     try:
-        asyncio.run(run())
+        settings = Settings.from_env()
+        asyncio.run(run(settings))
     except (ValueError, TimeoutError, WorkerDied, WorkerError) as e:
         sys.exit(f"pp-gpu-node: {e}")
 

@@ -1,0 +1,126 @@
+"""worker/pp_tinygrad_worker.py over its stdin/stdout JSON protocol, with the real SmolLM2 weights."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pytest_ppsmoke.codec import Hidden, WireDtype
+
+pytestmark = pytest.mark.local
+
+WORKER = Path(__file__).resolve().parent.parent / "worker" / "pp_tinygrad_worker.py"
+
+
+class Worker:
+    def __init__(self, **env: str) -> None:
+        full = {**os.environ, "MODEL": "smollm2:135m", "PP_MAX_CONTEXT": "128", **env}
+        self.proc = subprocess.Popen(
+            [sys.executable, str(WORKER)], env=full, text=True,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )  # fmt: skip
+
+    def line(self) -> dict:
+        assert self.proc.stdout is not None
+        out = self.proc.stdout.readline()
+        assert out, f"worker closed stdout; stderr:\n{self.proc.stderr.read() if self.proc.stderr else ''}"
+        return json.loads(out)
+
+    def ask(self, req: dict | str) -> dict:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write((req if isinstance(req, str) else json.dumps(req)) + "\n")
+        self.proc.stdin.flush()
+        return self.line()
+
+
+@pytest.fixture(scope="module")
+def last_stage() -> Iterator[tuple[Worker, dict]]:
+    w = Worker(STAGE="1", NUM_STAGES="2", PP_WIRE_DTYPE="bf16")
+    ready = w.line()
+    yield w, ready
+    w.proc.kill()
+    w.proc.wait()
+
+
+def test_ready_line_comes_first_and_describes_the_stage(last_stage: tuple[Worker, dict]) -> None:
+    _, ready = last_stage
+    assert ready["status"] == "ready" and isinstance(ready["pid"], int)
+    assert (ready["stage"], ready["num_stages"], ready["range"], ready["num_blocks"]) == (1, 2, [15, 30], 30)
+    assert (ready["dim"], ready["wire_dtype"], ready["jit"]) == (576, "bf16", True)
+    assert 2 in ready["end_ids"]  # <|im_end|>
+
+
+def test_bad_requests_get_errors_that_name_the_value_and_the_worker_goes_on(last_stage: tuple[Worker, dict]) -> None:
+    w, _ = last_stage
+    good = base64.b64encode(Hidden.from_array(np.zeros((2, 576), np.float32), "bf16").data).decode()
+    cases = [
+        ({"op": "fly", "request_id": 1}, "unknown op 'fly'; expected one of embed_and_forward"),
+        ({"op": "forward_and_sample", "request_id": 2, "hidden_b64": "!!!", "position": 0, "seq_len": 2},
+         "hidden_b64 is not valid base64"),
+        ({"op": "forward_and_sample", "request_id": 3, "hidden_b64": good, "position": 0, "seq_len": 3},
+         "hidden state of shape (3, 576) in bf16 needs 3456 bytes, got 2304"),
+        ({"op": "forward_and_sample", "request_id": 4, "hidden_b64": good, "position": 0, "seq_len": 2, "dtype": "f32"},
+         "hidden dtype 'f32' differs from this worker's wire dtype bf16"),
+        ({"op": "forward_and_sample", "request_id": 5, "hidden_b64": good, "position": 127, "seq_len": 2},
+         "positions 127..128 do not fit the context of 128"),
+        ({"op": "forward_and_sample", "request_id": 6, "hidden_b64": good, "position": -1, "seq_len": 2},
+         "position must be a non-negative integer, got -1"),
+        ({"op": "embed_and_forward", "request_id": 7, "tokens": [1, 2], "position": 0},
+         "stage 1 has no embedding: embed_and_forward runs on stage 0"),
+        ({"op": "detokenize", "request_id": 8, "token_ids": [10**9]}, "outside the vocabulary of 49152"),
+    ]  # fmt: skip
+    for req, message in cases:
+        reply = w.ask(req)
+        assert reply["request_id"] == req["request_id"] and reply["op"] == req["op"]
+        assert message in reply["error"], reply
+    assert "bad request line" in w.ask("{not json")["error"]
+    assert "must be a JSON object, got list" in w.ask("[1, 2]")["error"]
+    # still serving, and a real forward pass works after all that
+    reply = w.ask({"op": "forward_and_sample", "request_id": 9, "hidden_b64": good, "position": 0, "seq_len": 2})
+    assert reply["request_id"] == 9 and 0 <= reply["token_id"] < 49152
+    info = w.ask({"op": "kv_info", "request_id": 10})
+    assert info["blocks_cached"] == list(range(15, 30)) and info["filled"] == 2
+    assert w.ask({"op": "detokenize", "request_id": 11, "token_ids": [57, 5248, 2]})["text"] == "I'm"
+
+
+def test_shutdown_answers_and_exits_cleanly() -> None:
+    w = Worker(STAGE="0", NUM_STAGES="2", PP_WIRE_DTYPE="f32")
+    assert w.line()["status"] == "ready"
+    ids = w.ask({"op": "tokenize", "request_id": 1, "prompt": "Say hello"})["token_ids"]
+    assert ids[:1] == [1] and ids[-4:] == [1, 520, 9531, 198]  # ends with "<|im_start|>assistant\n"
+    out = w.ask({"op": "embed_and_forward", "request_id": 2, "tokens": ids, "position": 0})
+    h = Hidden(int(WireDtype.f32), (out["seq_len"], 576), base64.b64decode(out["hidden_b64"])).to_array()
+    assert out["seq_len"] == len(ids) and np.isfinite(h).all() and h.std() > 0
+    assert w.ask({"op": "shutdown", "request_id": 3}) == {"request_id": 3, "status": "bye"}
+    assert w.proc.wait(timeout=30) == 0
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"MODEL": "gpt5:1t"}, "unknown model 'gpt5:1t'; expected one of smollm2:135m, llama3.2:1b"),
+        ({"MODEL": "/nonexistent/model.gguf"}, "model file '/nonexistent/model.gguf' does not exist"),
+        ({"STAGE": "2", "NUM_STAGES": "2"}, "stage 2 of 2 is not a valid stage"),
+        ({"PP_WIRE_DTYPE": "fp8"}, "unknown wire dtype 'fp8'"),
+    ],
+)
+def test_bad_configuration_exits_with_a_clear_message(env: dict[str, str], message: str) -> None:
+    w = Worker(**env)
+    assert w.proc.wait(timeout=120) == 2
+    assert w.proc.stderr is not None and message in w.proc.stderr.read()
+
+
+def test_a_broken_model_file_is_named(tmp_path: Path) -> None:
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + os.urandom(64))
+    w = Worker(MODEL=str(bad))
+    assert w.proc.wait(timeout=120) == 2
+    assert w.proc.stderr is not None and f"({bad}) is not a loadable llama GGUF" in w.proc.stderr.read()
