@@ -16,7 +16,6 @@ import contextlib
 import itertools
 import json
 import logging
-import os
 import signal
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -67,7 +66,8 @@ class WorkerBridge:
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             limit=_LINE_LIMIT,
-            start_new_session=True,
+            # the worker stays in the node's process group, so whoever kills the node's group
+            # kills it too; and it reads EOF on stdin (and exits) if the node dies some other way
         )
         self._ready_fut = asyncio.get_running_loop().create_future()
         self._tasks = [asyncio.ensure_future(self._read_stdout()), asyncio.ensure_future(self._read_stderr())]
@@ -156,7 +156,7 @@ class WorkerBridge:
                 await asyncio.wait_for(self.proc.wait(), timeout)
             except TimeoutError:
                 with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
+                    self.proc.send_signal(signal.SIGKILL)
                 await self.proc.wait()
         for t in self._tasks:
             t.cancel()

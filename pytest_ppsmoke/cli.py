@@ -1,14 +1,13 @@
 """``pp-smoke-run``: the one command that proves a pipeline-parallel deployment works.
 
-What runs today (``--local``): the cluster layer of the spec's lifecycle on this machine. A seed
-node in this process and one member process per stage boot, join over iroh on loopback, converge
-under SWIM, resolve ``pp-entry``, ``pp-exit`` and every ``pp-stage-i``, carry an activation-sized
-hidden state to each stage and back bit-identical, and are torn down. Each phase prints a line
-with its time; ``--report`` writes them as JSON.
+``--local`` runs the spec's lifecycle on this machine: a seed node in this process and one
+``pp-gpu-node`` process per stage (each with its tinygrad worker, on the CPU) boot, join over
+iroh on loopback, load their layer ranges, converge under SWIM, resolve their names, run "Say
+hello" through the chain (prefill, then decode with the token fed back from the last stage), and
+are torn down. Each phase prints a line with its time; ``--report`` writes the JSON report.
 
-Not yet built, and said so in the output and the report: renting through vast.ai (or its
-emulator), loading the model, prefill and decode. Those phases come with the stage workers and the
-lifecycle issues.
+Not built yet, and said so in the output and the report: renting instances (vast.ai, or its
+emulator for ``--local``), which comes with the lifecycle issue. Local nodes are started directly.
 """
 
 from __future__ import annotations
@@ -23,48 +22,59 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from .cluster import LocalCluster, PhaseError
-from .codec import Echo, Hidden, WireDtype
+from .codec import WireDtype
+from .pipeline import run_inference
 
-NOT_BUILT = ["rent", "load", "prefill", "decode"]
-HIDDEN_DIM = 576  # SmolLM2-135M, the offline model
-PROMPT_LEN = 32
+NOT_BUILT = ["rent"]
 
 
 def _progress(phase: str, seconds: float, started: float) -> None:
-    print(f"[{time.monotonic() - started:7.2f}s] {phase:<9} {seconds:7.3f}s", flush=True)
+    print(f"[{time.monotonic() - started:7.2f}s] {phase:<9} {seconds:8.3f}s", flush=True)
 
 
 async def run_local(args: argparse.Namespace, report: dict[str, Any]) -> None:
     started = time.monotonic()
-    wire = WireDtype.parse(args.wire_dtype)
-    cluster = LocalCluster(num_stages=args.num_stages, on_phase=lambda p, s: _progress(p, s, started))
+    env = {"MODEL": args.model, "PP_WIRE_DTYPE": args.wire_dtype}
+    cluster = LocalCluster(
+        num_stages=args.num_stages,
+        node_module="pytest_ppsmoke.gpu_node",
+        extra_env=env,
+        on_phase=lambda p, s: _progress(p, s, started),
+    )
     try:
         async with cluster:
-            assert cluster.seed is not None
+            assert cluster.seed is not None and cluster.keys is not None
+            report["split"] = [{"stage": r["stage"], "blocks": r["range"]} for r in cluster.ready]
             report["instances"] = [
-                {"stage": i, "endpoint_id": cluster.keys.ids[1 + i], "pid": m.pid}  # type: ignore[union-attr]
+                {
+                    "stage": i,
+                    "endpoint_id": cluster.keys.ids[1 + i],
+                    "pid": m.pid,
+                    "worker_pid": cluster.ready[i].get("worker_pid"),
+                }
                 for i, m in enumerate(cluster.members)
             ]
-            rng = np.random.default_rng(0)
-            hidden = Hidden.from_array(rng.standard_normal((PROMPT_LEN, HIDDEN_DIM), dtype=np.float32), wire)
-            t = time.monotonic()
-            hops = []
-            for i in range(args.num_stages):
-                addr = cluster.names[f"pp-stage-{i}"]
-                t_hop = time.perf_counter()
-                reply = await cluster.seed.request(addr, Echo(hidden.data), timeout=30)
-                elapsed = time.perf_counter() - t_hop
-                if not isinstance(reply, Echo) or reply.payload != hidden.data:
-                    raise PhaseError("hop", f"the hidden state came back from pp-stage-{i} changed")
-                hops.append({"to": f"pp-stage-{i}", "bytes": len(hidden.data), "round_trip_s": round(elapsed, 6)})
-            cluster._phase_done("hop", t)
-            report["hops"] = {"shape": list(hidden.shape), "wire_dtype": wire.name, "round_trips": hops}
-            report["names"] = {n: {"node": a.node, "actor": a.actor} for n, a in cluster.names.items()}
+            result = await run_inference(cluster.seed, args.num_stages, args.prompt, args.max_tokens, args.budget)
+            for phase in ("prefill", "decode"):
+                _progress(phase, result.timings[phase], started)
+            report.update(
+                text=result.text,
+                prompt_token_ids=result.prompt_token_ids,
+                token_ids=result.token_ids,
+                hops=result.hops,
+                kv=[
+                    {"stage": k.stage, "blocks_cached": [k.first_block, k.end_block], "filled": k.filled}
+                    for k in result.kv
+                ],
+            )
+            report["timings"] = dict(result.timings)
     finally:
-        report["timings"] = {**cluster.timings, "total": round(time.monotonic() - started, 4)}
+        timings = report.setdefault("timings", {})
+        timings.update(cluster.timings)
+        timings["total"] = round(time.monotonic() - started, 4)
+        for inst, m in zip(report.get("instances", []), cluster.members, strict=False):
+            inst["exit_status"] = m.proc.returncode if m.proc else None  # None: still running
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -74,20 +84,31 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--local", action="store_true", help="run on this machine over loopback (the only mode built so far)"
     )
+    p.add_argument("--model", default="smollm2:135m", help="a model name or a GGUF path (default smollm2:135m)")
+    p.add_argument("--prompt", default="Say hello")
+    p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--num-stages", type=int, default=2, help="pipeline stages, at least 2 (default 2)")
     p.add_argument(
-        "--wire-dtype", default="bf16", choices=[d.name for d in WireDtype], help="hidden-state dtype on the wire"
+        "--wire-dtype", default="bf16", choices=[d.name for d in WireDtype], help="hidden states on the wire"
     )
     p.add_argument("--budget", type=float, default=300.0, help="seconds for the whole run (default 300)")
     p.add_argument("--report", type=Path, help="write the JSON report here")
-    p.add_argument("-v", "--verbose", action="store_true", help="log membership events to stderr")
+    p.add_argument("-v", "--verbose", action="store_true", help="log membership and stage events to stderr")
     args = p.parse_args(argv)
     if not args.local:
         p.error("only --local is built so far; renting on vast.ai comes with the lifecycle")
     if args.num_stages < 2:
         p.error(f"--num-stages must be at least 2, got {args.num_stages}")
+    if args.max_tokens < 1:
+        p.error(f"--max-tokens must be at least 1, got {args.max_tokens}")
     if args.budget <= 0:
         p.error(f"--budget must be a positive number of seconds, got {args.budget}")
+    from .stages import ModelError, resolve_model  # imports tinygrad: only once arguments are fine
+
+    try:
+        resolve_model(args.model)
+    except ModelError as e:
+        p.error(str(e))
     return args
 
 
@@ -111,15 +132,21 @@ def main(argv: list[str] | None = None) -> int:
         "exit_code": 1,
         "error": None,
         "mode": "local",
+        "model": args.model,
+        "prompt": args.prompt,
+        "max_tokens": args.max_tokens,
         "num_stages": args.num_stages,
         "wire_dtype": args.wire_dtype,
-        "not_built": NOT_BUILT,
         "text": None,
+        "prompt_token_ids": [],
+        "token_ids": [],
+        "cost_usd": 0.0,  # nothing rented in local mode
+        "not_built": NOT_BUILT,
     }
     try:
         asyncio.run(_main(args, report))
         report.update(ok=True, exit_code=0)
-        print("cluster ok: boot, converge, resolve, hop and teardown passed; not built yet: " + ", ".join(NOT_BUILT))
+        print(report["text"])
     except PhaseError as e:
         report["error"] = str(e)
         print(f"pp-smoke-run: failed at {e}", file=sys.stderr)

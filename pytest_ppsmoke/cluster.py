@@ -20,6 +20,7 @@ error, not just the first.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import sys
@@ -154,13 +155,12 @@ class LocalCluster:
     async def close(self) -> None:
         t = time.monotonic()
         errors: list[str] = []
-        for proc in reversed(self.members):
-            try:
-                status = await proc.stop()
-                if status not in (0, None):
-                    log.info("%s exited with status %s", proc.name, status)
-            except Exception as e:
-                errors.append(f"{proc.name}: {e}")
+        results = await asyncio.gather(*(proc.stop() for proc in reversed(self.members)), return_exceptions=True)
+        for proc, result in zip(reversed(self.members), results, strict=True):
+            if isinstance(result, BaseException):
+                errors.append(f"{proc.name}: {result}")
+            elif result not in (0, None):
+                log.info("%s exited with status %s", proc.name, result)
         if self.seed is not None:
             with contextlib.suppress(Exception):
                 await self.seed.close()

@@ -101,20 +101,20 @@ class ChildProcess:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, sig)
 
-    async def stop(self, grace: float = 3.0) -> int | None:
-        """SIGTERM the process group, SIGKILL after ``grace`` seconds; reap; return the status."""
+    async def stop(self, grace: float = 5.0) -> int | None:
+        """SIGTERM the child, SIGKILL its process group after ``grace`` seconds; reap; return its status."""
         if self.proc is None:
             return None
         if self.proc.returncode is None:
             self.signal(signal.SIGCONT)  # a stopped child cannot handle SIGTERM
-            self.signal(signal.SIGTERM)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, signal.SIGTERM)  # the leader only: it stops its own children
             try:
                 await asyncio.wait_for(self.proc.wait(), grace)
             except TimeoutError:
                 self.signal(signal.SIGKILL)
                 await self.proc.wait()
-        else:
-            self.signal(signal.SIGKILL)  # anything left in its group
+        self.signal(signal.SIGKILL)  # anything left in its group (a worker of a killed node)
         for t in self._readers:
             t.cancel()
             with contextlib.suppress(asyncio.CancelledError):
