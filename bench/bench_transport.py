@@ -58,20 +58,10 @@ async def client_tcp(port: str, n_small: int, n_big: int) -> dict[str, Any]:
 
 async def client_iroh(ticket: str, n_small: int, n_big: int, stock: bool) -> dict[str, Any]:
     import iroh
+    from echo_peers import ALPN, loopback_endpoint_options
 
-    if not stock:
-        from pytest_ppsmoke import _irohpatch
-
-        _irohpatch.apply()
-    opts = iroh.EndpointOptions(
-        preset=iroh.preset_minimal(),
-        relay_mode=iroh.RelayMode.disabled(),
-        bind_addr="127.0.0.1:0",
-        secret_key=os.urandom(32),
-        alpns=[b"ppsmoke-bench/1"],
-    )
-    ep = await iroh.Endpoint.bind(opts)
-    conn = await ep.connect(iroh.EndpointTicket.from_string(ticket).endpoint_addr(), b"ppsmoke-bench/1")
+    ep = await iroh.Endpoint.bind(loopback_endpoint_options(stock))
+    conn = await ep.connect(iroh.EndpointTicket.from_string(ticket).endpoint_addr(), ALPN)
     bi = await conn.open_bi()
     send, recv = bi.send(), bi.recv()
 

@@ -13,6 +13,7 @@ import asyncio
 import os
 import struct
 import sys
+from typing import Any
 
 ALPN = b"ppsmoke-bench/1"
 
@@ -34,21 +35,29 @@ async def tcp() -> None:
     await asyncio.Event().wait()
 
 
-async def iroh_echo(stock: bool) -> None:
+def loopback_endpoint_options(stock: bool) -> Any:
+    """Options for a loopback endpoint with no relays; applies our binding fix unless ``stock``.
+
+    The stock carrier must not import pytest_ppsmoke.transport, which patches at import."""
     import iroh
 
     if not stock:
         from pytest_ppsmoke import _irohpatch
 
         _irohpatch.apply()
-    opts = iroh.EndpointOptions(
+    return iroh.EndpointOptions(
         preset=iroh.preset_minimal(),
         relay_mode=iroh.RelayMode.disabled(),
         bind_addr="127.0.0.1:0",
         secret_key=os.urandom(32),
         alpns=[ALPN],
     )
-    ep = await iroh.Endpoint.bind(opts)
+
+
+async def iroh_echo(stock: bool) -> None:
+    import iroh
+
+    ep = await iroh.Endpoint.bind(loopback_endpoint_options(stock))
     print(str(iroh.EndpointTicket.from_addr(ep.addr())), flush=True)
 
     async def serve(incoming: iroh.Incoming) -> None:

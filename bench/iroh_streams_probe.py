@@ -22,6 +22,7 @@ from pathlib import Path
 import iroh
 
 from pytest_ppsmoke import _irohpatch
+from pytest_ppsmoke.transport import endpoint_options
 
 ALPN = b"ppsmoke-probe/1"
 TOTAL = 4 << 20
@@ -29,13 +30,7 @@ ROUNDS = 20
 
 
 def opts() -> iroh.EndpointOptions:
-    return iroh.EndpointOptions(
-        preset=iroh.preset_minimal(),
-        relay_mode=iroh.RelayMode.disabled(),
-        bind_addr="127.0.0.1:0",
-        secret_key=os.urandom(32),
-        alpns=[ALPN],
-    )
+    return endpoint_options(os.urandom(32), local=True, bind_addr="127.0.0.1:0", alpn=ALPN)
 
 
 async def receiver(k: int, conns: int) -> None:

@@ -72,6 +72,17 @@ class PeerAddr:
             ) from None
 
 
+def endpoint_options(secret_key: bytes, local: bool, bind_addr: str, alpn: bytes = ALPN) -> iroh.EndpointOptions:
+    """Local: no relays, no discovery, nothing leaves loopback. WAN: the n0 preset with its relays."""
+    if local:
+        preset, relay = iroh.preset_minimal(), iroh.RelayMode.disabled()
+    else:
+        preset, relay = iroh.preset_n0(), iroh.RelayMode.default_mode()
+    return iroh.EndpointOptions(
+        preset=preset, relay_mode=relay, bind_addr=bind_addr, secret_key=secret_key, alpns=[alpn]
+    )
+
+
 def endpoint_id(secret_key: bytes) -> str:
     """The endpoint id that a 32-byte secret key gives."""
     return str(iroh.SecretKey.from_bytes(secret_key).public())
@@ -149,14 +160,7 @@ class Transport:
     # --- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
-        if self.local:  # no relays, no discovery: nothing leaves loopback
-            preset, relay = iroh.preset_minimal(), iroh.RelayMode.disabled()
-        else:
-            preset, relay = iroh.preset_n0(), iroh.RelayMode.default_mode()
-        opts = iroh.EndpointOptions(
-            preset=preset, relay_mode=relay, bind_addr=self.bind_addr, secret_key=self._secret_key, alpns=[ALPN]
-        )
-        self._endpoint = await iroh.Endpoint.bind(opts)
+        self._endpoint = await iroh.Endpoint.bind(endpoint_options(self._secret_key, self.local, self.bind_addr))
         self._spawn(self._accept_loop())
         log.debug("transport %s bound on %s", self.id[:10], self.addr().addrs)
 

@@ -55,20 +55,28 @@ async def start_cluster(swim: SwimConfig = SWIM, swim_env: str = SWIM_ENV) -> tu
     return cluster, keys
 
 
+async def boot(c: Cluster) -> None:
+    for m in c.members:
+        await m.start()
+    for m in c.members:
+        await m.wait_event(lambda e: e["event"] == "ready", 30, "ready line")
+    await c.seed.membership.wait_until(lambda: len(c.seed.membership.alive()) == 3, 10, "3 alive members")
+
+
+async def shut(c: Cluster) -> None:
+    for m in c.members:
+        await m.stop()
+    await c.seed.close()
+
+
 @pytest_asyncio.fixture
 async def cluster() -> AsyncIterator[Cluster]:
     c, _ = await start_cluster()
     try:
-        for m in c.members:
-            await m.start()
-        for m in c.members:
-            await m.wait_event(lambda e: e["event"] == "ready", 30, "ready line")
-        await c.seed.membership.wait_until(lambda: len(c.seed.membership.alive()) == 3, 10, "3 alive members")
+        await boot(c)
         yield c
     finally:
-        for m in c.members:
-            await m.stop()
-        await c.seed.close()
+        await shut(c)
 
 
 async def test_seed_and_two_members_converge_to_the_same_view(cluster: Cluster) -> None:
@@ -134,11 +142,7 @@ async def test_a_stopped_member_resumed_within_the_suspicion_time_refutes_and_st
     suspicion = 4.0
     c, _ = await start_cluster(SwimConfig(suspicion_timeout=suspicion), f"suspicion_timeout={suspicion}")
     try:
-        for m in c.members:
-            await m.start()
-        for m in c.members:
-            await m.wait_event(lambda e: e["event"] == "ready", 30, "ready line")
-        await c.seed.membership.wait_until(lambda: len(c.seed.membership.alive()) == 3, 10, "3 alive members")
+        await boot(c)
         victim = c.ids[1]
         before = c.seed.membership.members[victim].incarnation
         c.members[1].signal(signal.SIGSTOP)
@@ -154,9 +158,7 @@ async def test_a_stopped_member_resumed_within_the_suspicion_time_refutes_and_st
         assert c.seed.registry.lookup("pp-exit") is not None
         assert c.members[0].find(lambda e: e["event"] == "dead") is None
     finally:
-        for m in c.members:
-            await m.stop()
-        await c.seed.close()
+        await shut(c)
 
 
 async def test_a_process_whose_key_is_not_allowed_cannot_join() -> None:

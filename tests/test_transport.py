@@ -13,7 +13,7 @@ import pytest
 from pytest_ppsmoke import _irohpatch, codec
 from pytest_ppsmoke.codec import Echo, Envelope, ErrorReply, NextToken
 from pytest_ppsmoke.node import Node, NodeConfig, RemoteError
-from pytest_ppsmoke.transport import ALPN, PeerAddr, Transport, TransportError, endpoint_id
+from pytest_ppsmoke.transport import ALPN, PeerAddr, Transport, TransportError, endpoint_id, endpoint_options
 
 from .conftest import cluster_configs
 
@@ -104,14 +104,7 @@ class RawClient:
         self.key = key
 
     async def __aenter__(self) -> RawClient:
-        opts = iroh.EndpointOptions(
-            preset=iroh.preset_minimal(),
-            relay_mode=iroh.RelayMode.disabled(),
-            bind_addr="127.0.0.1:0",
-            secret_key=self.key,
-            alpns=[ALPN],
-        )
-        self.ep = await iroh.Endpoint.bind(opts)
+        self.ep = await iroh.Endpoint.bind(endpoint_options(self.key, local=True, bind_addr="127.0.0.1:0"))
         return self
 
     async def __aexit__(self, *exc: object) -> None:
