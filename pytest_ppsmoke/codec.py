@@ -30,6 +30,7 @@ VERSION = 1
 HEADER = struct.Struct(">2sBBI")
 HEADER_SIZE = HEADER.size
 DEFAULT_MAX_FRAME = 64 << 20  # room for a long prefill of a 1B model in f32 (prompt_len * 8 KiB)
+MAX_DIMS = 8  # of a hidden state; bounds the work a crafted shape can cause
 
 
 class FrameError(ValueError):
@@ -371,6 +372,8 @@ class Hidden:
 
     def __post_init__(self) -> None:
         dt = WireDtype.parse(self.dtype)
+        if len(self.shape) > MAX_DIMS:
+            raise ValueError(f"hidden state has {len(self.shape)} dimensions; at most {MAX_DIMS} are accepted")
         n = 1
         for d in self.shape:
             n *= d

@@ -14,7 +14,7 @@ import signal
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from .transport import endpoint_id, new_secret_key
@@ -48,6 +48,7 @@ class ChildProcess:
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,  # its own process group: stop() takes everything it started
+            limit=16 << 20,  # a long log line must not kill the reader (and then block the child)
         )
         assert self.proc.stdout is not None and self.proc.stderr is not None
         self._readers = [
@@ -56,7 +57,13 @@ class ChildProcess:
         ]
 
     async def _read_stdout(self, stream: asyncio.StreamReader) -> None:
-        async for line in stream:
+        try:
+            await self._read_lines(stream)
+        finally:
+            self._new.set()
+
+    async def _read_lines(self, stream: asyncio.StreamReader) -> None:
+        async for line in _lines(stream):
             try:
                 obj = json.loads(line)
             except ValueError:
@@ -65,10 +72,9 @@ class ChildProcess:
             if isinstance(obj, dict):
                 self.events.append(obj)
                 self._new.set()
-        self._new.set()
 
     async def _read_stderr(self, stream: asyncio.StreamReader) -> None:
-        async for line in stream:
+        async for line in _lines(stream):
             self._stderr.append(line.decode(errors="replace").rstrip())
 
     def stderr_tail(self) -> str:
@@ -102,24 +108,41 @@ class ChildProcess:
             os.killpg(self.proc.pid, sig)
 
     async def stop(self, grace: float = 5.0) -> int | None:
-        """SIGTERM the child, SIGKILL its process group after ``grace`` seconds; reap; return its status."""
+        """SIGTERM the child, SIGKILL its process group after ``grace`` seconds; reap; return its status.
+
+        Cancelling this (a timeout, Ctrl-C) still kills the group: nothing is left running."""
         if self.proc is None:
             return None
-        if self.proc.returncode is None:
-            self.signal(signal.SIGCONT)  # a stopped child cannot handle SIGTERM
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.proc.pid, signal.SIGTERM)  # the leader only: it stops its own children
-            try:
-                await asyncio.wait_for(self.proc.wait(), grace)
-            except TimeoutError:
-                self.signal(signal.SIGKILL)
-                await self.proc.wait()
-        self.signal(signal.SIGKILL)  # anything left in its group (a worker of a killed node)
+        try:
+            if self.proc.returncode is None:
+                self.signal(signal.SIGCONT)  # a stopped child cannot handle SIGTERM
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.proc.pid, signal.SIGTERM)  # the leader only: it stops its own children
+                try:
+                    await asyncio.wait_for(self.proc.wait(), grace)
+                except TimeoutError:
+                    self.signal(signal.SIGKILL)
+                    await self.proc.wait()
+        finally:
+            self.signal(signal.SIGKILL)  # anything left in its group (a worker of a killed node)
         for t in self._readers:
             t.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         return self.proc.returncode
+
+
+async def _lines(stream: asyncio.StreamReader) -> AsyncIterator[bytes]:
+    """Lines of a child's output; one over the reader's limit is cut, not fatal."""
+    while True:
+        try:
+            line = await stream.readline()
+        except ValueError:  # longer than the limit: asyncio drops it (or its first part)
+            yield b"(a line over the reader's limit was dropped)"
+            continue
+        if not line:
+            return
+        yield line
 
 
 def member_env(

@@ -141,7 +141,11 @@ class Node:
         return f"Node(id={self.id[:10]})"
 
     async def __aenter__(self) -> Node:
-        await self.start()
+        try:
+            await self.start()
+        except BaseException:
+            await self.close()  # a half-started node (bound, probing) cleans up before re-raising
+            raise
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -314,12 +318,17 @@ class Node:
         reply = Envelope(env.from_actor, env.to_actor, env.corr, True)
         if peer == self.id:
             self._dispatch(peer, reply, msg)
-        else:
-            self.spawn(self._send_reply(peer, reply, msg))
-
-    async def _send_reply(self, peer: str, env: Envelope, msg: Message) -> None:
+            return
         try:
-            await self.transport.send_frame(peer, codec.encode_frame(env, msg), self.config.request_timeout)
+            frame = codec.encode_frame(reply, msg)
+        except codec.FrameError as e:  # a handler returned something that cannot go on the wire
+            log.error("actor %r returned a reply that cannot be encoded: %s", env.to_actor, e)
+            frame = codec.encode_frame(reply, ErrorReply("bad_reply", f"the reply could not be encoded: {e}"))
+        self.spawn(self._send_reply(peer, frame))
+
+    async def _send_reply(self, peer: str, frame: bytearray) -> None:
+        try:
+            await self.transport.send_frame(peer, frame, self.config.request_timeout)
         except ConnectionError as e:
             log.debug("reply to %s failed: %s", peer[:10], e)
 
@@ -331,7 +340,8 @@ class _NodeActor:
         return MembersView(tuple(ctx.node.membership.members.values()))
 
     async def on_resolve_query(self, msg: ResolveQuery, ctx: Context) -> Resolved:
-        return Resolved(await ctx.node.resolve(msg.name, msg.timeout_ms / 1000))
+        # the asker chooses the wait, within this node's own request deadline
+        return Resolved(await ctx.node.resolve(msg.name, min(msg.timeout_ms / 1000, ctx.node.config.request_timeout)))
 
     def on_register(self, msg: Register, ctx: Context) -> Ok:
         ctx.node.register(msg.name, msg.actor)

@@ -141,6 +141,7 @@ class Membership:
         self._changed = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._leaving = False
+        self._stopped = False
 
     # --- public view -------------------------------------------------------------------------
 
@@ -196,6 +197,7 @@ class Membership:
                 log.info("leave message not delivered: %s", r)
 
     async def stop(self) -> None:
+        self._stopped = True
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
@@ -203,6 +205,7 @@ class Membership:
                 await t
         for h in self._suspect_timers.values():
             h.cancel()
+        self._suspect_timers.clear()
 
     async def join(self, seed_id: str, timeout: float) -> None:
         """Join through the seed, retrying until ``timeout``; merge its full state."""
@@ -272,7 +275,14 @@ class Membership:
 
     def _apply(self, u: MemberState) -> None:
         if u.id == self.me.id:
-            if u.status != ALIVE and u.incarnation >= self.me.incarnation and not self._leaving:
+            if self._leaving or u.incarnation < self.me.incarnation:
+                return
+            stale_alive = u.status == ALIVE and (
+                u.incarnation > self.me.incarnation or (u.addrs, u.names) != (self.me.addrs, self.me.names)
+            )
+            if u.status != ALIVE or stale_alive:
+                # suspected, declared dead, or an older life of ours (a restart with the same key)
+                # still circulating: outbid it so that our current state wins everywhere
                 log.info("refuting %s about myself at incarnation %d", MemberStatus(u.status).name, u.incarnation)
                 self._set_me(replace(self.me, incarnation=u.incarnation + 1))
             return
@@ -333,6 +343,8 @@ class Membership:
 
     def _start_suspicion(self, m: MemberState) -> None:
         self._cancel_suspicion(m.id)
+        if self._stopped:
+            return
         loop = asyncio.get_running_loop()
         self._suspect_timers[m.id] = loop.call_later(
             self.config.suspicion_timeout, self._suspicion_expired, m.id, m.incarnation

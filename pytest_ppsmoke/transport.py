@@ -73,7 +73,9 @@ class PeerAddr:
 
 
 def endpoint_options(secret_key: bytes, local: bool, bind_addr: str, alpn: bytes = ALPN) -> iroh.EndpointOptions:
-    """Local: no relays, no discovery, nothing leaves loopback. WAN: the n0 preset with its relays."""
+    """Local: no relays, no discovery, nothing leaves loopback. WAN: the n0 preset with its relays.
+
+    Never log or format the result: the binding's ``str()`` of it prints the secret key."""
     if local:
         preset, relay = iroh.preset_minimal(), iroh.RelayMode.disabled()
     else:
@@ -196,8 +198,8 @@ class Transport:
     def forget(self, peer_id: str) -> None:
         """Drop the outbound connection to a peer (for example one declared dead)."""
         out = self._out.pop(peer_id, None)
-        if out is not None and out.conn is not None:
-            _close(out.conn, CLOSE_SHUTDOWN, b"forgotten")
+        if out is not None:
+            self._drop(out)
 
     # --- sending -----------------------------------------------------------------------------
 
@@ -234,7 +236,8 @@ class Transport:
                                 raise TransportError(f"{step} to peer {peer_id[:10]} failed: {e}") from None
                             self.stats.reconnects += 1
         except TimeoutError:
-            self._drop(out)
+            if step != "waiting for the send lock":  # else another sender owns the connection
+                self._drop(out)
             raise TransportError(f"{step} to peer {peer_id[:10]} timed out after {timeout:.3g} s") from None
         except asyncio.CancelledError:
             if step == "writing":  # part of the frame may be on the stream: the next frame would be garbage
@@ -247,8 +250,12 @@ class Transport:
         if not peer.addrs and not peer.relay and self.local:
             raise TransportError(f"no address known for peer {peer_id[:10]} (local mode has no discovery)")
         conn = await asyncio.wait_for(self._endpoint.connect(peer.to_iroh(), ALPN), self.connect_timeout)
-        out.conn = conn
-        out.stream = await conn.open_uni()
+        try:
+            stream = await conn.open_uni()
+        except BaseException:
+            _close(conn, CLOSE_SHUTDOWN, b"open failed")
+            raise
+        out.conn, out.stream = conn, stream
         self.stats.connects += 1
 
     def _drop(self, out: _Outbound) -> None:

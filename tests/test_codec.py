@@ -214,3 +214,8 @@ def test_message_dataclasses_are_frozen() -> None:
     msg = codec.NextToken(1, 2, 3, False)
     with pytest.raises(dataclasses.FrozenInstanceError):
         msg.token_id = 5  # type: ignore[misc]
+
+
+def test_a_hidden_state_with_too_many_dimensions_is_refused_cheaply() -> None:
+    with pytest.raises(ValueError, match="hidden state has 9 dimensions; at most 8 are accepted"):
+        Hidden(int(WireDtype.f32), (1,) * 9, b"\0\0\0\0")

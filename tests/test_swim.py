@@ -91,3 +91,22 @@ def test_stage_names_follow_the_design() -> None:
     assert stage_names(1, 3) == ["pp-stage-1"]
     with pytest.raises(ValueError, match=r"stage 2 is outside 0..1"):
         stage_names(2, 2)
+
+
+async def test_a_member_restarted_with_the_same_key_republishes_its_state(nodes) -> None:
+    seed_cfg, a_cfg = cluster_configs(2)
+    seed = await nodes(seed_cfg)
+    a_cfg.seed = seed.ticket()
+    old = await nodes(a_cfg)
+    old.register("pp-exit", "node")
+    await seed.resolve("pp-exit", 5)
+    # the process dies without leaving: its alive state (names, address) stays at the seed
+    await old.membership.stop()
+    await old.transport.close()
+    new = await nodes(a_cfg)
+    new.register("pp-stage-1", "node")
+    await seed.resolve("pp-stage-1", 5)
+    state = seed.membership.get(new.id)
+    assert state is not None and state.names == {"pp-stage-1": "node"}
+    assert state.addrs == new.transport.addr().addrs
+    assert new.membership.me.incarnation > 1  # it outbid its previous life

@@ -210,3 +210,34 @@ def test_error_reply_and_secret_key_stay_out_of_reprs() -> None:
     assert cfg.secret_key.hex() not in repr(cfg)
     assert "secret_key" not in repr(cfg)
     assert ErrorReply("k", "m") == ErrorReply("k", "m")
+
+
+async def test_a_sender_that_gives_up_waiting_does_not_break_the_frame_in_flight(nodes) -> None:
+    a_cfg, b_cfg = cluster_configs(2)
+    a = await nodes(a_cfg)
+    b_cfg.seed = a.ticket()
+    b = await nodes(b_cfg)
+    to = b.address("node", a.id)
+    big = asyncio.ensure_future(b.send(to, Echo(os.urandom(24 << 20)), timeout=60))
+    await asyncio.sleep(0.01)  # the big frame holds the stream
+    with pytest.raises(TransportError, match="waiting for the send lock to peer .* timed out"):
+        await b.send(to, Echo(b"small"), timeout=0.01)
+    await big
+    assert await b.request(to, Echo(b"after"), timeout=30) == Echo(b"after")
+    assert a.transport.stats.frames_rejected == 0 and b.transport.stats.reconnects == 0
+
+
+async def test_a_reply_that_cannot_be_encoded_comes_back_as_an_error(nodes) -> None:
+    a_cfg, b_cfg = cluster_configs(2)
+    a = await nodes(a_cfg)
+    b_cfg.seed = a.ticket()
+    b = await nodes(b_cfg)
+
+    class Sloppy:
+        def on_echo(self, msg: Echo, ctx: object) -> str:
+            return "not a message"
+
+    a.add_actor("sloppy", Sloppy())
+    with pytest.raises(RemoteError, match=r"str is not a registered message type") as info:
+        await b.request(b.address("sloppy", a.id), Echo(b""), timeout=5)
+    assert info.value.kind == "bad_reply"
