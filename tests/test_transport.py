@@ -220,7 +220,7 @@ async def test_a_sender_that_gives_up_waiting_does_not_break_the_frame_in_flight
     to = b.address("node", a.id)
     big = asyncio.ensure_future(b.send(to, Echo(os.urandom(24 << 20)), timeout=60))
     await asyncio.sleep(0.01)  # the big frame holds the stream
-    with pytest.raises(TransportError, match="waiting for the send lock to peer .* timed out"):
+    with pytest.raises(TransportError, match=r"waiting for the send lock to peer .* timed out"):
         await b.send(to, Echo(b"small"), timeout=0.01)
     await big
     assert await b.request(to, Echo(b"after"), timeout=30) == Echo(b"after")
