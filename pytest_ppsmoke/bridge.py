@@ -92,10 +92,11 @@ class WorkerBridge:
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[rid] = fut
         try:
-            async with self._lock:
-                self.proc.stdin.write((json.dumps({"op": op, "request_id": rid, **fields}) + "\n").encode())
-                await self.proc.stdin.drain()
-            reply = await asyncio.wait_for(fut, timeout)
+            async with asyncio.timeout(timeout):  # the lock, the write and the answer: one deadline
+                async with self._lock:
+                    self.proc.stdin.write((json.dumps({"op": op, "request_id": rid, **fields}) + "\n").encode())
+                    await self.proc.stdin.drain()
+                reply = await fut
         except TimeoutError:
             raise TimeoutError(f"{self.name} worker did not answer {op} within {timeout:.3g} s") from None
         except (BrokenPipeError, ConnectionResetError):
@@ -113,20 +114,25 @@ class WorkerBridge:
             async for line in self.proc.stdout:
                 try:
                     msg = json.loads(line)
-                except ValueError:
+                except (ValueError, RecursionError):
+                    msg = None
+                if not isinstance(msg, dict):
                     self._stderr.append("stdout: " + line.decode(errors="replace")[:200].rstrip())
                     continue
                 if self._ready_fut is not None and not self._ready_fut.done():
                     if msg.get("status") == "ready":
                         self._ready_fut.set_result(msg)
                     continue
-                fut = self._pending.get(msg.get("request_id"))
+                rid = msg.get("request_id")
+                fut = self._pending.get(rid) if isinstance(rid, int) else None
                 if fut is not None and not fut.done():
                     fut.set_result(msg)
                 elif msg.get("error"):
                     log.warning("%s worker: %s", self.name, msg["error"])
-        except ValueError as e:  # a line over the limit
-            self._stderr.append(f"bridge: {e}")
+        except ValueError as e:  # a line over the limit: the protocol is broken, stop the worker
+            self._stderr.append(f"bridge: a reply line exceeded {_LINE_LIMIT} bytes ({e}); killing the worker")
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
         status = await self.proc.wait()
         await asyncio.sleep(0.05)  # the last stderr lines
         self.died = WorkerDied(self.name, status, self.stderr_tail())
@@ -160,6 +166,6 @@ class WorkerBridge:
                 await self.proc.wait()
         for t in self._tasks:
             t.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         return self.proc.returncode

@@ -43,38 +43,47 @@ async def run_local(args: argparse.Namespace, report: dict[str, Any]) -> None:
         on_phase=lambda p, s: _progress(p, s, started),
     )
     try:
-        async with cluster:
-            assert cluster.seed is not None and cluster.keys is not None
-            report["split"] = [{"stage": r["stage"], "blocks": r["range"]} for r in cluster.ready]
-            report["instances"] = [
-                {
-                    "stage": i,
-                    "endpoint_id": cluster.keys.ids[1 + i],
-                    "pid": m.pid,
-                    "worker_pid": cluster.ready[i].get("worker_pid"),
-                }
-                for i, m in enumerate(cluster.members)
-            ]
-            result = await run_inference(cluster.seed, args.num_stages, args.prompt, args.max_tokens, args.budget)
-            for phase in ("prefill", "decode"):
-                _progress(phase, result.timings[phase], started)
-            report.update(
-                text=result.text,
-                prompt_token_ids=result.prompt_token_ids,
-                token_ids=result.token_ids,
-                hops=result.hops,
-                kv=[
-                    {"stage": k.stage, "blocks_cached": [k.first_block, k.end_block], "filled": k.filled}
-                    for k in result.kv
-                ],
-            )
-            report["timings"] = dict(result.timings)
+        async with asyncio.timeout(args.budget) as budget:  # teardown runs after, outside the budget
+            await _start_and_infer(args, report, cluster, started)
+    except TimeoutError:
+        if budget.expired():
+            raise PhaseError("budget", f"the run did not finish within {args.budget:.0f} s") from None
+        raise
     finally:
+        await cluster.close()
         timings = report.setdefault("timings", {})
         timings.update(cluster.timings)
         timings["total"] = round(time.monotonic() - started, 4)
-        for inst, m in zip(report.get("instances", []), cluster.members, strict=False):
-            inst["exit_status"] = m.proc.returncode if m.proc else None  # None: still running
+        ids = cluster.keys.ids[1:] if cluster.keys else []
+        report["instances"] = [
+            {
+                "stage": i,
+                "endpoint_id": ids[i],
+                "pid": m.proc.pid if m.proc else None,
+                "worker_pid": cluster.ready[i].get("worker_pid") if i < len(cluster.ready) else None,
+                "exit_status": m.proc.returncode if m.proc else None,  # None: never started or still running
+            }
+            for i, m in enumerate(cluster.members)
+        ]
+
+
+async def _start_and_infer(
+    args: argparse.Namespace, report: dict[str, Any], cluster: LocalCluster, started: float
+) -> None:
+    await cluster.start()
+    assert cluster.seed is not None
+    report["split"] = [{"stage": r["stage"], "blocks": r["range"]} for r in cluster.ready]
+    result = await run_inference(cluster.seed, args.num_stages, args.prompt, args.max_tokens, args.budget)
+    for phase in ("prefill", "decode"):
+        _progress(phase, result.timings[phase], started)
+    report.update(
+        text=result.text,
+        prompt_token_ids=result.prompt_token_ids,
+        token_ids=result.token_ids,
+        hops=result.hops,
+        kv=[{"stage": k.stage, "blocks_cached": [k.first_block, k.end_block], "filled": k.filled} for k in result.kv],
+    )
+    report["timings"] = dict(result.timings)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -116,12 +125,17 @@ async def _main(args: argparse.Namespace, report: dict[str, Any]) -> None:
     task = asyncio.current_task()
     assert task is not None
     loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, task.cancel)  # teardown runs in the finally blocks
-    try:
-        async with asyncio.timeout(args.budget):
-            await run_local(args, report)
-    except TimeoutError:
-        raise PhaseError("budget", f"the run did not finish within {args.budget:.0f} s") from None
+
+    def stop(sig: signal.Signals) -> None:
+        print(f"pp-smoke-run: {sig.name}: stopping everything that was started", file=sys.stderr, flush=True)
+        report["error"] = f"interrupted by {sig.name}"
+        for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # repeats must not cut the teardown
+            loop.add_signal_handler(s, lambda: None)
+        task.cancel()  # the teardown runs in run_local's finally
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        loop.add_signal_handler(sig, stop, sig)
+    await run_local(args, report)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -151,8 +165,11 @@ def main(argv: list[str] | None = None) -> int:
         report["error"] = str(e)
         print(f"pp-smoke-run: failed at {e}", file=sys.stderr)
     except (KeyboardInterrupt, asyncio.CancelledError):
-        report["error"] = "interrupted"
+        report["error"] = report["error"] or "interrupted"
         print("pp-smoke-run: interrupted; everything started was stopped", file=sys.stderr)
+    except Exception as e:  # a bug or an unexpected failure: still a clear line and a report
+        report["error"] = f"{type(e).__name__}: {e}"
+        print(f"pp-smoke-run: failed: {report['error']}", file=sys.stderr)
     if args.report:
         args.report.write_text(json.dumps(report, indent=2) + "\n")
     return int(report["exit_code"])

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -110,7 +111,12 @@ class LocalCluster:
                 self.seed.ticket(),
                 stage_names(stage, self.num_stages),
                 swim_env,
-                {"STAGE": str(stage), "NUM_STAGES": str(self.num_stages), **(self.extra_env or {})},
+                {
+                    "STAGE": str(stage),
+                    "NUM_STAGES": str(self.num_stages),
+                    "PP_EXIT_ON_STDIN_EOF": "1",  # the node goes when this process does, however it dies
+                    **(self.extra_env or {}),
+                },
             )
             proc = ChildProcess(f"pp-stage-{stage}", [sys.executable, "-m", self.node_module], env)
             self.members.append(proc)
@@ -153,17 +159,24 @@ class LocalCluster:
         self._phase_done("resolve", t)
 
     async def close(self) -> None:
+        """Stop every node (gracefully, in parallel), then the seed. Even if this is cancelled
+        half way (a second Ctrl-C, a budget), no node process group is left running."""
         t = time.monotonic()
         errors: list[str] = []
-        results = await asyncio.gather(*(proc.stop() for proc in reversed(self.members)), return_exceptions=True)
-        for proc, result in zip(reversed(self.members), results, strict=True):
-            if isinstance(result, BaseException):
-                errors.append(f"{proc.name}: {result}")
-            elif result not in (0, None):
-                log.info("%s exited with status %s", proc.name, result)
-        if self.seed is not None:
-            with contextlib.suppress(Exception):
-                await self.seed.close()
+        try:
+            results = await asyncio.gather(*(proc.stop() for proc in reversed(self.members)), return_exceptions=True)
+            for proc, result in zip(reversed(self.members), results, strict=True):
+                if isinstance(result, BaseException):
+                    errors.append(f"{proc.name}: {result}")
+                elif result not in (0, None):
+                    log.info("%s exited with status %s", proc.name, result)
+        finally:
+            for proc in self.members:
+                if proc.proc is not None:
+                    proc.signal(signal.SIGKILL)  # synchronous: runs even when the gather was cancelled
+            if self.seed is not None:
+                with contextlib.suppress(Exception):
+                    await self.seed.close()
         self._phase_done("teardown", t)
         if errors:
             raise PhaseError("teardown", "; ".join(errors))

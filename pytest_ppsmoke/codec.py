@@ -620,6 +620,14 @@ class Ok(Message):
     pass
 
 
+@message(44)
+@dataclass(frozen=True)
+class Accepted(Message):
+    """Stage 0 took an InferenceRequest; its InferenceResponse will carry this ``request_id``."""
+
+    request_id: U64
+
+
 # --- stage introspection (what the harness checks) ---------------------------------------------
 
 

@@ -39,6 +39,7 @@ from typing import Any
 from .bridge import WorkerBridge, WorkerDied, WorkerError
 from .cluster import stage_names
 from .codec import (
+    Accepted,
     ActorAddress,
     Hidden,
     InferenceRequest,
@@ -46,13 +47,14 @@ from .codec import (
     KvInfo,
     KvInfoQuery,
     NextToken,
-    Ok,
     StageActivation,
     StageStats,
     StageStatsQuery,
     WireDtype,
 )
+from .localproc import watch_parent
 from .node import Context, Node, NodeConfig
+from .swim import MemberEvent
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +89,12 @@ class StageActor:
         self.tokens: list[int] = []
         self.stats: dict[str, Any] = {}
         self._addr_cache: dict[str, ActorAddress] = {}
+        self._failed: set[int] = set()
+        self._progress_at = time.monotonic()
         bridge.on_death = self._worker_died
+        if self.first:
+            node.membership.add_listener(self._member_event)
+            node.spawn(self._watchdog())
 
     # --- helpers -----------------------------------------------------------------------------
 
@@ -117,6 +124,7 @@ class StageActor:
 
     def _new_request(self, request_id: int, reply_to: ActorAddress | None, max_tokens: int) -> None:
         self.busy, self.reply_to, self.max_tokens, self.tokens = request_id, reply_to, max_tokens, []
+        self._progress_at = time.monotonic()
         self._addr_cache.clear()
         self.stats = {
             "stage": self.stage,
@@ -135,6 +143,9 @@ class StageActor:
         return reply
 
     async def _fail(self, request_id: int, error: BaseException | str) -> None:
+        if request_id in self._failed:  # a worker death is seen by the call and by the bridge
+            return
+        self._failed.add(request_id)
         text = f"{self.name}: {error}"
         log.error("request %d failed: %s", request_id, text)
         reply_to, self.busy = self.reply_to, None
@@ -150,12 +161,32 @@ class StageActor:
                 )
 
     def _worker_died(self, err: WorkerDied) -> None:
-        if self.busy is not None:
+        # stage 0 and the last stage know when a request ends; a middle stage learns of the death
+        # from its next call, which fails at once
+        if self.busy is not None and (self.first or self.last):
             self.node.spawn(self._fail(self.busy, err))
+
+    def _member_event(self, ev: MemberEvent) -> None:
+        """Stage 0: a downstream stage that leaves or dies ends the request in flight."""
+        if self.busy is not None and ev.kind == "dead" and ev.member.id in self._addr_ids():
+            self.node.spawn(self._fail(self.busy, f"a downstream stage ({ev.member.id[:10]}) left the cluster"))
+
+    def _addr_ids(self) -> set[str]:
+        return {a.node for a in self._addr_cache.values()} | {
+            a.node for a in (self.node.registry.lookup(f"pp-stage-{i}") for i in range(1, self.num_stages)) if a
+        }
+
+    async def _watchdog(self) -> None:
+        """Stage 0: no progress for a whole step's deadline frees it, whatever was lost."""
+        limit = COMPUTE_TIMEOUT + 2 * HOP_TIMEOUT
+        while True:
+            await asyncio.sleep(min(5.0, limit / 10))
+            if self.busy is not None and time.monotonic() - self._progress_at > limit:
+                await self._fail(self.busy, f"no progress for {limit:.0f} s")
 
     # --- stage 0 -----------------------------------------------------------------------------
 
-    async def on_inference_request(self, msg: InferenceRequest, ctx: Context) -> Ok:
+    async def on_inference_request(self, msg: InferenceRequest, ctx: Context) -> Accepted:
         if not self.first:
             raise ValueError(f"{self.name} is not the entry stage; send InferenceRequest to pp-entry")
         if self.busy is not None:
@@ -166,12 +197,12 @@ class StageActor:
         self._new_request(rid, msg.reply_to, msg.max_tokens)
         self.stats["accepted_at"] = time.time()
         self.node.spawn(self._prefill(rid, msg.prompt))
-        return Ok()
+        return Accepted(rid)
 
     async def _prefill(self, rid: int, prompt: str) -> None:
         try:
             ids = (await self._compute("tokenize", prompt=prompt))["token_ids"]
-            if len(ids) + self.max_tokens > self.max_context:
+            if len(ids) + self.max_tokens - 1 > self.max_context:  # the last token is never fed back
                 raise ValueError(
                     f"prompt of {len(ids)} tokens + max_tokens {self.max_tokens} "
                     f"exceed the context of {self.max_context}"
@@ -180,21 +211,28 @@ class StageActor:
             reply = await self._compute("embed_and_forward", tokens=ids, position=0)
             act = StageActivation(rid, 0, len(ids), True, self._hidden(reply), self.reply_to, self.max_tokens)
             await self._send_activation(act)
-        except Exception as e:
-            await self._fail(rid, e)
+        except (Exception, asyncio.CancelledError) as e:
+            await asyncio.shield(self._fail(rid, e if not isinstance(e, asyncio.CancelledError) else "node stopping"))
+            if isinstance(e, asyncio.CancelledError):
+                raise
 
     async def on_next_token(self, msg: NextToken, ctx: Context) -> None:
         if msg.request_id != self.busy:
             log.info("NextToken for request %d, which is not in flight (%s)", msg.request_id, self.busy)
             return
+        self._progress_at = time.monotonic()
         if msg.done:
             self.busy = None
             return
         try:
             reply = await self._compute("decode_step", token_id=msg.token_id, position=msg.position)
             await self._send_activation(StageActivation(msg.request_id, msg.position, 1, False, self._hidden(reply)))
-        except Exception as e:
-            await self._fail(msg.request_id, e)
+        except (Exception, asyncio.CancelledError) as e:
+            await asyncio.shield(
+                self._fail(msg.request_id, e if not isinstance(e, asyncio.CancelledError) else "node stopping")
+            )
+            if isinstance(e, asyncio.CancelledError):
+                raise
 
     # --- later stages ------------------------------------------------------------------------
 
@@ -247,8 +285,12 @@ class StageActor:
             await self.node.send(
                 entry, NextToken(msg.request_id, token, position, done), sender=STAGE_ACTOR, timeout=HOP_TIMEOUT
             )
-        except Exception as e:
-            await self._fail(msg.request_id, e)
+        except (Exception, asyncio.CancelledError) as e:
+            await asyncio.shield(
+                self._fail(msg.request_id, e if not isinstance(e, asyncio.CancelledError) else "node stopping")
+            )
+            if isinstance(e, asyncio.CancelledError):
+                raise
 
     # --- introspection -----------------------------------------------------------------------
 
@@ -306,6 +348,7 @@ async def run(settings: Settings) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    parent = watch_parent(stop)
     node = Node(config)
     bridge = WorkerBridge(
         [sys.executable, str(worker)], {**os.environ, "PP_WIRE_DTYPE": wire.name}, f"pp-stage-{stage}"
@@ -335,6 +378,8 @@ async def run(settings: Settings) -> None:
         )
         await stop.wait()
     finally:
+        if parent is not None:
+            parent.cancel()
         await bridge.close()
         await node.close()
 

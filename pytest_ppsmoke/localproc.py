@@ -44,7 +44,7 @@ class ChildProcess:
         self.proc = await asyncio.create_subprocess_exec(
             *self.argv,
             env=self.env,
-            stdin=asyncio.subprocess.DEVNULL,
+            stdin=asyncio.subprocess.PIPE,  # never written: its EOF tells the child we are gone
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,  # its own process group: stop() takes everything it started
@@ -145,6 +145,23 @@ async def _lines(stream: asyncio.StreamReader) -> AsyncIterator[bytes]:
         yield line
 
 
+async def stop_on_stdin_eof(stop: asyncio.Event) -> None:
+    """In a child started by :class:`ChildProcess`: set ``stop`` when stdin reaches EOF, which
+    happens when the parent dies, however it dies (``PP_EXIT_ON_STDIN_EOF=1`` turns this on)."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    while await reader.read(4096):
+        pass
+    stop.set()
+
+
+def watch_parent(stop: asyncio.Event) -> asyncio.Task[None] | None:
+    if os.environ.get("PP_EXIT_ON_STDIN_EOF") != "1":
+        return None
+    return asyncio.ensure_future(stop_on_stdin_eof(stop))
+
+
 def member_env(
     key: bytes,
     allowed: list[str],
@@ -161,6 +178,7 @@ def member_env(
         PP_SWIM=swim,
         PP_NETWORK="local",
         PYTHONUNBUFFERED="1",
+        PP_EXIT_ON_STDIN_EOF="1",
     )
     if seed_ticket:
         env["SEED_ADDR"] = seed_ticket

@@ -21,6 +21,7 @@ import sys
 import time
 
 from .codec import MemberStatus
+from .localproc import watch_parent
 from .node import NODE_ACTOR, Node, NodeConfig
 from .swim import MemberEvent
 
@@ -35,6 +36,7 @@ async def run(config: NodeConfig, names: list[str]) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    parent = watch_parent(stop)
     node = Node(config)
     await node.start(join=False)
     try:
@@ -59,6 +61,8 @@ async def run(config: NodeConfig, names: list[str]) -> None:
         _emit({"event": "ready", "id": node.id, "ticket": node.ticket(), "pid": os.getpid(), "joined_in_s": joined_in})
         await stop.wait()
     finally:
+        if parent is not None:
+            parent.cancel()
         await node.close()
 
 

@@ -14,16 +14,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from .cluster import PhaseError
-from .codec import InferenceRequest, InferenceResponse, KvInfo, KvInfoQuery, StageStats, StageStatsQuery
+from .codec import Accepted, InferenceRequest, InferenceResponse, KvInfo, KvInfoQuery, StageStats, StageStatsQuery
 from .errors import RemoteError
 from .node import Context, Node
 from .swim import MemberEvent
+
+log = logging.getLogger(__name__)
 
 ORCHESTRATOR_ACTOR = "orchestrator"
 
@@ -42,9 +45,12 @@ class InferenceResult:
 class _Orchestrator:
     def __init__(self) -> None:
         self.response: asyncio.Future[InferenceResponse] = asyncio.get_running_loop().create_future()
+        self.request_id: int | None = None
 
     def on_inference_response(self, msg: InferenceResponse, ctx: Context) -> None:
-        if not self.response.done():
+        if msg.request_id != self.request_id:  # a late answer to an earlier run
+            log.info("ignoring an InferenceResponse for request %d", msg.request_id)
+        elif not self.response.done():
             self.response.set_result(msg)
 
 
@@ -67,18 +73,26 @@ async def run_inference(seed: Node, num_stages: int, prompt: str, max_tokens: in
             )
 
     seed.membership.add_listener(on_member)
-    entry = await seed.resolve("pp-entry", 60)
-    started = time.time()
     try:
-        await seed.request(entry, InferenceRequest(seed.address(ORCHESTRATOR_ACTOR), prompt, max_tokens), timeout=30)
-    except (RemoteError, TimeoutError, ConnectionError) as e:
-        raise PhaseError("request", str(e)) from None
-    try:
-        response = await asyncio.wait_for(orch.response, timeout)
-    except TimeoutError:
-        raise PhaseError("decode", f"no InferenceResponse within {timeout:.0f} s") from None
+        try:
+            entry = await seed.resolve("pp-entry", 60)
+        except LookupError as e:
+            raise PhaseError("resolve", str(e)) from None
+        started = time.time()
+        request = InferenceRequest(seed.address(ORCHESTRATOR_ACTOR), prompt, max_tokens)
+        try:
+            accepted = await seed.request(entry, request, timeout=30)
+        except (RemoteError, TimeoutError, ConnectionError) as e:
+            raise PhaseError("request", str(e)) from None
+        if not isinstance(accepted, Accepted):
+            raise PhaseError("request", f"pp-entry answered {type(accepted).__name__}, expected Accepted")
+        orch.request_id = accepted.request_id
+        try:
+            response = await asyncio.wait_for(orch.response, timeout)
+        except TimeoutError:
+            raise PhaseError("decode", f"no InferenceResponse within {timeout:.0f} s") from None
     finally:
-        seed.membership._listeners.remove(on_member)
+        seed.membership.remove_listener(on_member)
     finished = time.time()
     if response.error:
         raise PhaseError("inference", response.error)
@@ -91,8 +105,11 @@ async def run_inference(seed: Node, num_stages: int, prompt: str, max_tokens: in
     for i in range(num_stages):
         addr = seed.registry.lookup(f"pp-stage-{i}")
         assert addr is not None
-        st = await seed.request(addr, StageStatsQuery(), timeout=30)
-        info = await seed.request(addr, KvInfoQuery(), timeout=30)
+        try:
+            st = await seed.request(addr, StageStatsQuery(), timeout=30)
+            info = await seed.request(addr, KvInfoQuery(), timeout=30)
+        except (RemoteError, TimeoutError, ConnectionError) as e:
+            raise PhaseError("report", f"pp-stage-{i} did not report its figures: {e}") from None
         assert isinstance(st, StageStats) and isinstance(info, KvInfo)
         stages.append(json.loads(st.json))
         kv.append(info)

@@ -180,10 +180,12 @@ class StageModel:
 
     def _call(self, fn: Callable[[Tensor, int | UOp], Tensor], jitted: TinyJit, x: Tensor, position: int) -> Tensor:
         self._check_position(position, x.shape[1])
-        self.filled = position + int(x.shape[1])
         if self.jit and x.shape[1] == 1 and position > 0:
-            return jitted(x.realize(), self._start_pos.bind(position))
-        return fn(x, position)
+            out = jitted(x.realize(), self._start_pos.bind(position))
+        else:
+            out = fn(x, position).realize()
+        self.filled = position + int(x.shape[1])  # only once the cache really holds them
+        return out
 
     def _check_position(self, position: int, seq_len: int) -> None:
         if position < 0 or seq_len < 1 or position + seq_len > self.max_context:

@@ -163,6 +163,10 @@ class Membership:
     def add_listener(self, fn: Callable[[MemberEvent], None]) -> None:
         self._listeners.append(fn)
 
+    def remove_listener(self, fn: Callable[[MemberEvent], None]) -> None:
+        if fn in self._listeners:
+            self._listeners.remove(fn)
+
     async def wait_until(self, predicate: Callable[[], bool], timeout: float, what: str) -> None:
         """Wait until ``predicate()`` holds after some membership change, or raise TimeoutError."""
         deadline = time.monotonic() + timeout

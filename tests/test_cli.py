@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -73,3 +75,60 @@ def test_bad_arguments_say_what_was_expected(args: list[str], message: str) -> N
     out = run(*args, timeout=60)
     assert out.returncode == 2
     assert message in out.stderr
+
+
+def _children(pid: int) -> set[int]:
+    """Every descendant of ``pid`` (nodes and their workers)."""
+    parents: dict[int, int] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                parents[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {c for c, p in parents.items() if p in frontier} - found
+        found |= frontier
+    return found
+
+
+def _start(tmp_path: Path) -> tuple[subprocess.Popen[str], Path]:
+    report = tmp_path / "r.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest_ppsmoke.cli", "--local", "--report", str(report)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    for line in proc.stdout:  # the nodes have joined; their workers are loading the model
+        if "] boot" in line:
+            return proc, report
+    pytest.fail(f"no boot line; stderr:\n{proc.stderr.read() if proc.stderr else ''}")
+
+
+def _wait_gone(pids: set[int], seconds: float) -> set[int]:
+    deadline = time.monotonic() + seconds
+    while (left := {p for p in pids if alive(p)}) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+def test_sigterm_while_loading_stops_everything_and_says_so(tmp_path: Path) -> None:
+    proc, report_path = _start(tmp_path)
+    spawned = _children(proc.pid)
+    assert len(spawned) >= 4  # two nodes and their workers
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 1
+    assert not _wait_gone(spawned, 10)
+    report = json.loads(report_path.read_text())
+    assert report["ok"] is False and report["error"] == "interrupted by SIGTERM"
+    assert all(i["exit_status"] is not None for i in report["instances"])
+
+
+def test_nodes_exit_when_the_orchestrator_is_killed_outright(tmp_path: Path) -> None:
+    proc, _ = _start(tmp_path)
+    spawned = _children(proc.pid)
+    assert len(spawned) >= 4
+    proc.kill()  # no teardown at all: the nodes must notice on their own
+    proc.wait()
+    assert not _wait_gone(spawned, 30)

@@ -83,6 +83,8 @@ def test_bad_requests_get_errors_that_name_the_value_and_the_worker_goes_on(last
         assert message in reply["error"], reply
     assert "bad request line" in w.ask("{not json")["error"]
     assert "must be a JSON object, got list" in w.ask("[1, 2]")["error"]
+    assert "bad request line: ValueError" in w.ask('{"op": "kv_info", "x": ' + "9" * 5000 + "}")["error"]
+    assert "bad request line: RecursionError" in w.ask("[" * 100_000 + "]" * 100_000)["error"]
     # still serving, and a real forward pass works after all that
     reply = w.ask({"op": "forward_and_sample", "request_id": 9, "hidden_b64": good, "position": 0, "seq_len": 2})
     assert reply["request_id"] == 9 and 0 <= reply["token_id"] < 49152

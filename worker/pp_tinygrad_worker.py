@@ -165,13 +165,19 @@ def main() -> None:
             req = json.loads(line)
             if not isinstance(req, dict):
                 raise RequestError(f"a request must be a JSON object, got {type(req).__name__}")
-        except (json.JSONDecodeError, RequestError) as e:
-            _reply({"request_id": None, "op": None, "error": f"bad request line: {e}"})
+        except (ValueError, RecursionError) as e:  # JSONDecodeError is a ValueError; so is a huge int
+            _reply({"request_id": None, "op": None, "error": f"bad request line: {type(e).__name__}: {str(e)[:200]}"})
             continue
         try:
             reply = worker.handle(req)
         except (RequestError, ValueError) as e:
             reply = {"request_id": req.get("request_id"), "op": req.get("op"), "error": f"{req.get('op')}: {e}"}
+        except Exception as e:  # tinygrad failed on this input: say so and keep serving
+            reply = {
+                "request_id": req.get("request_id"),
+                "op": req.get("op"),
+                "error": f"{req.get('op')}: {type(e).__name__}: {e}",
+            }
         _reply(reply)
         if req.get("op") == "shutdown":
             return
