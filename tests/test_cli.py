@@ -106,6 +106,14 @@ def _start(tmp_path: Path) -> tuple[subprocess.Popen[str], Path]:
     pytest.fail(f"no boot line; stderr:\n{proc.stderr.read() if proc.stderr else ''}")
 
 
+def _spawned(pid: int, want: int = 4, seconds: float = 30) -> set[int]:
+    """The nodes and their workers, once all of them exist (a node starts its worker after joining)."""
+    deadline = time.monotonic() + seconds
+    while len(found := _children(pid)) < want and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return found
+
+
 def _wait_gone(pids: set[int], seconds: float) -> set[int]:
     deadline = time.monotonic() + seconds
     while (left := {p for p in pids if alive(p)}) and time.monotonic() < deadline:
@@ -115,7 +123,7 @@ def _wait_gone(pids: set[int], seconds: float) -> set[int]:
 
 def test_sigterm_while_loading_stops_everything_and_says_so(tmp_path: Path) -> None:
     proc, report_path = _start(tmp_path)
-    spawned = _children(proc.pid)
+    spawned = _spawned(proc.pid)
     assert len(spawned) >= 4  # two nodes and their workers
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 1
@@ -127,7 +135,7 @@ def test_sigterm_while_loading_stops_everything_and_says_so(tmp_path: Path) -> N
 
 def test_nodes_exit_when_the_orchestrator_is_killed_outright(tmp_path: Path) -> None:
     proc, _ = _start(tmp_path)
-    spawned = _children(proc.pid)
+    spawned = _spawned(proc.pid)
     assert len(spawned) >= 4
     proc.kill()  # no teardown at all: the nodes must notice on their own
     proc.wait()
