@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -48,6 +50,7 @@ def baseline(model_name: str, max_tokens: int) -> dict[str, Any]:
         "decode_s": round(decode_s, 4),
         "decode_tokens_per_s": round((len(out) - 1) / decode_s, 3),
         "steady_tokens_per_s": steady_rate(stamps),
+        "per_token_ms": round(statistics.median(b - a for a, b in itertools.pairwise(stamps[SKIP:])) * 1e3, 2),
         "token_ids": out,
     }
 
@@ -80,9 +83,35 @@ async def pipeline(model_name: str, max_tokens: int, jit: bool, warm: bool) -> d
             [c["at"] + c["s"] for c in r.stages[-1]["compute"] if c["op"] == "forward_and_sample"]
         ),
         "hops": r.hops,
+        "per_token_ms": breakdown(r.stages),
         "load_s": load,
         "token_ids": r.token_ids,
     }
+
+
+def breakdown(stages: list[dict[str, Any]]) -> dict[str, float]:
+    """Medians over decode steps (after the first SKIP) of where one token's time goes (2 stages)."""
+    med = statistics.median
+
+    def calls(stage: dict[str, Any], op: str) -> list[dict[str, Any]]:
+        return [c for c in stage["compute"] if c["op"] == op and (c["position"] or 0) > 0][SKIP:]
+
+    s0, s1 = calls(stages[0], "decode_step"), calls(stages[-1], "forward_and_sample")
+    ends = [c["at"] + c["s"] for c in s1]
+    received = {a["position"]: a["received_at"] for a in stages[-1]["activations_in"]}
+    hops = [
+        received[h["position"]] - h["sent_at"] for h in stages[0]["hops_out"][1 + SKIP :] if h["position"] in received
+    ]
+    out = {
+        "period": med(b - a for a, b in itertools.pairwise(ends)),
+        "stage0_call": med(c["s"] for c in s0),
+        "stage0_in_worker": med(c["worker_s"] for c in s0),
+        "stage1_call": med(c["s"] for c in s1),
+        "stage1_in_worker": med(c["worker_s"] for c in s1),
+        "activation_hop": med(hops),
+    }
+    out["rest"] = out["period"] - out["stage0_call"] - out["stage1_call"] - out["activation_hop"]
+    return {k: round(v * 1e3, 2) for k, v in out.items()}
 
 
 def main() -> None:

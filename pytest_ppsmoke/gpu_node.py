@@ -138,7 +138,13 @@ class StageActor:
         started = time.time()
         reply = await self.bridge.call(op, COMPUTE_TIMEOUT, **fields)
         self.stats.setdefault("compute", []).append(
-            {"op": op, "position": fields.get("position"), "at": started, "s": round(time.time() - started, 6)}
+            {
+                "op": op,
+                "position": fields.get("position"),
+                "at": started,
+                "s": round(time.time() - started, 6),  # as the node sees it: bridge included
+                "worker_s": reply.get("worker_s"),  # inside the worker: tinygrad and base64
+            }
         )
         return reply
 

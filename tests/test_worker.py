@@ -101,7 +101,8 @@ def test_shutdown_answers_and_exits_cleanly() -> None:
     out = w.ask({"op": "embed_and_forward", "request_id": 2, "tokens": ids, "position": 0})
     h = Hidden(int(WireDtype.f32), (out["seq_len"], 576), base64.b64decode(out["hidden_b64"])).to_array()
     assert out["seq_len"] == len(ids) and np.isfinite(h).all() and h.std() > 0
-    assert w.ask({"op": "shutdown", "request_id": 3}) == {"request_id": 3, "status": "bye"}
+    bye = w.ask({"op": "shutdown", "request_id": 3})
+    assert (bye["request_id"], bye["status"]) == (3, "bye")
     assert w.proc.wait(timeout=30) == 0
 
 

@@ -169,7 +169,9 @@ def main() -> None:
             _reply({"request_id": None, "op": None, "error": f"bad request line: {type(e).__name__}: {str(e)[:200]}"})
             continue
         try:
+            started = time.perf_counter()
             reply = worker.handle(req)
+            reply["worker_s"] = round(time.perf_counter() - started, 6)  # for the per-token breakdown
         except (RequestError, ValueError) as e:
             reply = {"request_id": req.get("request_id"), "op": req.get("op"), "error": f"{req.get('op')}: {e}"}
         except Exception as e:  # tinygrad failed on this input: say so and keep serving
