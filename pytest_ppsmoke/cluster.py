@@ -121,17 +121,23 @@ class LocalCluster:
             proc = ChildProcess(f"pp-stage-{stage}", [sys.executable, "-m", self.node_module], env)
             self.members.append(proc)
             await proc.start()
+        deadline = t + self.boot_timeout  # one deadline for the phase, not one per node
         for proc in self.members:
             try:
-                await proc.wait_event(lambda e: e.get("event") in ("joined", "ready"), self.boot_timeout, "join")
+                await proc.wait_event(
+                    lambda e: e.get("event") in ("joined", "ready"), max(0.0, deadline - time.monotonic()), "join"
+                )
             except RuntimeError as e:
                 raise PhaseError("boot", str(e)) from None
         self._phase_done("boot", t)
 
         t = time.monotonic()
+        deadline = t + self.load_timeout
         for proc in self.members:
             try:
-                ev = await proc.wait_event(lambda e: e.get("event") == "ready", self.load_timeout, "ready line")
+                ev = await proc.wait_event(
+                    lambda e: e.get("event") == "ready", max(0.0, deadline - time.monotonic()), "ready line"
+                )
             except RuntimeError as e:
                 raise PhaseError("load", str(e)) from None
             self.ready.append(ev)
