@@ -11,7 +11,8 @@ a rented instance gets (``STAGE``, ``NUM_STAGES``, ``SEED_ADDR``, ``PP_NODE_KEY`
 (a bare member that only registers the stage names).
 
 Phases: *boot* until every node has joined, *load* until every node reports ready (its worker
-loaded and its names registered), *converge* until the seed sees all of them alive, *resolve*
+loaded and its names registered), *converge* until every node's own view, and the seed's, hold
+all 1 + N members alive, *resolve*
 until every stage name resolves.
 
 Teardown runs on every path (``finally``), stops members in reverse order and reports every
@@ -30,9 +31,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
 
-from .codec import ActorAddress, MemberStatus
+from .codec import ActorAddress, MembersQuery, MemberStatus, MembersView
 from .localproc import ChildProcess, ClusterKeys, member_env
-from .node import Node, NodeConfig
+from .node import NODE_ACTOR, Node, NodeConfig
 from .swim import SwimConfig
 
 log = logging.getLogger(__name__)
@@ -151,6 +152,7 @@ class LocalCluster:
                 self.converge_timeout,
                 f"{want} alive members",
             )
+            await self._views_agree(deadline=t + self.converge_timeout)
         except TimeoutError as e:
             raise PhaseError("converge", str(e)) from None
         self._phase_done("converge", t)
@@ -163,6 +165,29 @@ class LocalCluster:
             except LookupError as e:
                 raise PhaseError("resolve", str(e)) from None
         self._phase_done("resolve", t)
+
+    async def _views_agree(self, deadline: float) -> None:
+        """Every node's own view (MembersQuery) equals the seed's: 1 + N members, all alive."""
+        assert self.seed is not None and self.keys is not None
+        want = tuple(sorted((i, "alive") for i in self.keys.ids))
+        while True:
+            views: dict[str, object] = {}
+            for node_id in self.keys.ids[1:]:
+                try:
+                    reply = await self.seed.request(self.seed.address(NODE_ACTOR, node_id), MembersQuery(), timeout=5)
+                except (TimeoutError, ConnectionError, RuntimeError) as e:
+                    views[node_id] = f"no answer: {e}"
+                    continue
+                assert isinstance(reply, MembersView)
+                views[node_id] = tuple(
+                    sorted((m.id, MemberStatus(m.status).name) for m in reply.members if m.status != MemberStatus.dead)
+                )
+            if self.seed.membership.view() == want and all(v == want for v in views.values()):
+                return
+            if time.monotonic() > deadline:
+                differing = [f"{i[:10]} sees {v}" for i, v in views.items() if v != want]
+                raise TimeoutError(f"views did not agree on {len(want)} alive members: {'; '.join(differing)}")
+            await asyncio.sleep(0.05)
 
     async def close(self) -> None:
         """Stop every node (gracefully, in parallel), then the seed. Even if this is cancelled
