@@ -29,9 +29,9 @@ import itertools
 import json
 import logging
 import os
-import signal
 import sys
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,7 +52,7 @@ from .codec import (
     StageStatsQuery,
     WireDtype,
 )
-from .localproc import watch_parent
+from .localproc import configure_child_logging, emit, stop_event
 from .node import Context, Node, NodeConfig
 from .swim import MemberEvent
 
@@ -166,6 +166,18 @@ class StageActor:
                     await self._addr("pp-stage-0"), NextToken(request_id, 0, 0, True), timeout=HOP_TIMEOUT
                 )
 
+    @contextlib.asynccontextmanager
+    async def _ends_on_failure(self, request_id: int) -> AsyncIterator[None]:
+        """Any failure inside ends the request with an error naming this stage; so does a
+        cancellation (the node is stopping), which then carries on."""
+        try:
+            yield
+        except asyncio.CancelledError:
+            await asyncio.shield(self._fail(request_id, "node stopping"))
+            raise
+        except Exception as e:
+            await self._fail(request_id, e)
+
     def _worker_died(self, err: WorkerDied) -> None:
         # stage 0 and the last stage know when a request ends; a middle stage learns of the death
         # from its next call, which fails at once
@@ -206,7 +218,7 @@ class StageActor:
         return Accepted(rid)
 
     async def _prefill(self, rid: int, prompt: str) -> None:
-        try:
+        async with self._ends_on_failure(rid):
             ids = (await self._compute("tokenize", prompt=prompt))["token_ids"]
             if len(ids) + self.max_tokens - 1 > self.max_context:  # the last token is never fed back
                 raise ValueError(
@@ -217,10 +229,6 @@ class StageActor:
             reply = await self._compute("embed_and_forward", tokens=ids, position=0)
             act = StageActivation(rid, 0, len(ids), True, self._hidden(reply), self.reply_to, self.max_tokens)
             await self._send_activation(act)
-        except (Exception, asyncio.CancelledError) as e:
-            await asyncio.shield(self._fail(rid, e if not isinstance(e, asyncio.CancelledError) else "node stopping"))
-            if isinstance(e, asyncio.CancelledError):
-                raise
 
     async def on_next_token(self, msg: NextToken, ctx: Context) -> None:
         if msg.request_id != self.busy:
@@ -230,15 +238,9 @@ class StageActor:
         if msg.done:
             self.busy = None
             return
-        try:
+        async with self._ends_on_failure(msg.request_id):
             reply = await self._compute("decode_step", token_id=msg.token_id, position=msg.position)
             await self._send_activation(StageActivation(msg.request_id, msg.position, 1, False, self._hidden(reply)))
-        except (Exception, asyncio.CancelledError) as e:
-            await asyncio.shield(
-                self._fail(msg.request_id, e if not isinstance(e, asyncio.CancelledError) else "node stopping")
-            )
-            if isinstance(e, asyncio.CancelledError):
-                raise
 
     # --- later stages ------------------------------------------------------------------------
 
@@ -253,7 +255,7 @@ class StageActor:
         self.stats["activations_in"].append(
             {"position": msg.position, "seq_len": msg.seq_len, "bytes": len(h.data), "received_at": time.time()}
         )
-        try:
+        async with self._ends_on_failure(msg.request_id):
             if h.wire_dtype is not self.wire or tuple(h.shape) != (msg.seq_len, self.dim):
                 raise ValueError(
                     f"activation of shape {tuple(h.shape)} in {h.wire_dtype.name}; "
@@ -291,12 +293,6 @@ class StageActor:
             await self.node.send(
                 entry, NextToken(msg.request_id, token, position, done), sender=STAGE_ACTOR, timeout=HOP_TIMEOUT
             )
-        except (Exception, asyncio.CancelledError) as e:
-            await asyncio.shield(
-                self._fail(msg.request_id, e if not isinstance(e, asyncio.CancelledError) else "node stopping")
-            )
-            if isinstance(e, asyncio.CancelledError):
-                raise
 
     # --- introspection -----------------------------------------------------------------------
 
@@ -307,11 +303,6 @@ class StageActor:
 
     def on_stage_stats_query(self, msg: StageStatsQuery, ctx: Context) -> StageStats:
         return StageStats(json.dumps(self.stats))
-
-
-def _emit(obj: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(obj) + "\n")
-    sys.stdout.flush()
 
 
 @dataclass(frozen=True)
@@ -343,25 +334,14 @@ class Settings:
 
 
 async def run(settings: Settings) -> None:
-    config, stage, num_stages, wire, worker = (
-        settings.config,
-        settings.stage,
-        settings.num_stages,
-        settings.wire,
-        settings.worker,
-    )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    parent = watch_parent(stop)
-    node = Node(config)
-    bridge = WorkerBridge(
-        [sys.executable, str(worker)], {**os.environ, "PP_WIRE_DTYPE": wire.name}, f"pp-stage-{stage}"
-    )
+    stage, num_stages = settings.stage, settings.num_stages
+    stop, parent = stop_event()
+    node = Node(settings.config)
+    env = {**os.environ, "PP_WIRE_DTYPE": settings.wire.name}
+    bridge = WorkerBridge([sys.executable, str(settings.worker)], env, f"pp-stage-{stage}")
     try:
         await node.start()
-        _emit({"event": "joined", "id": node.id, "stage": stage})
+        emit({"event": "joined", "id": node.id, "stage": stage})
         starting = asyncio.ensure_future(bridge.start(settings.ready_timeout))
         stopping = asyncio.ensure_future(stop.wait())
         await asyncio.wait([starting, stopping], return_when=asyncio.FIRST_COMPLETED)
@@ -370,11 +350,11 @@ async def run(settings: Settings) -> None:
             return
         stopping.cancel()
         ready = starting.result()
-        actor = StageActor(node, bridge, stage, num_stages, wire)
+        actor = StageActor(node, bridge, stage, num_stages, settings.wire)
         node.add_actor(STAGE_ACTOR, actor)
         for name in stage_names(stage, num_stages):
             node.register(name, STAGE_ACTOR)
-        _emit(
+        emit(
             {
                 "event": "ready",
                 "id": node.id,
@@ -391,11 +371,7 @@ async def run(settings: Settings) -> None:
 
 
 def main() -> None:
-    logging.basicConfig(
-        level=os.environ.get("PP_LOG_LEVEL", "WARNING"),
-        format="%(asctime)s pp-gpu-node %(name)s %(levelname)s %(message)s",
-        stream=sys.stderr,
-    )
+    configure_child_logging("pp-gpu-node")
     try:
         settings = Settings.from_env()
         asyncio.run(run(settings))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import signal
 import sys
@@ -160,6 +161,30 @@ def watch_parent(stop: asyncio.Event) -> asyncio.Task[None] | None:
     if os.environ.get("PP_EXIT_ON_STDIN_EOF") != "1":
         return None
     return asyncio.ensure_future(stop_on_stdin_eof(stop))
+
+
+def stop_event() -> tuple[asyncio.Event, asyncio.Task[None] | None]:
+    """In a child process: an event set by SIGTERM, SIGINT or (opt-in) the parent's death; the
+    task watching the parent is returned so that the child can cancel it on the way out."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    return stop, watch_parent(stop)
+
+
+def emit(obj: dict[str, Any]) -> None:
+    """One JSON line on stdout: how a child reports its events to :class:`ChildProcess`."""
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def configure_child_logging(tag: str) -> None:
+    logging.basicConfig(
+        level=os.environ.get("PP_LOG_LEVEL", "WARNING"),
+        format=f"%(asctime)s {tag} %(name)s %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
 
 
 def member_env(

@@ -13,36 +13,24 @@ SIGTERM or SIGINT leaves the cluster cleanly.
 from __future__ import annotations
 
 import asyncio
-import json
-import logging
 import os
-import signal
 import sys
 import time
 
 from .codec import MemberStatus
-from .localproc import watch_parent
+from .localproc import configure_child_logging, emit, stop_event
 from .node import NODE_ACTOR, Node, NodeConfig
 from .swim import MemberEvent
 
 
-def _emit(obj: dict[str, object]) -> None:
-    sys.stdout.write(json.dumps(obj) + "\n")
-    sys.stdout.flush()
-
-
 async def run(config: NodeConfig, names: list[str]) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    parent = watch_parent(stop)
+    stop, parent = stop_event()
     node = Node(config)
     await node.start(join=False)
     try:
 
         def report(ev: MemberEvent) -> None:
-            _emit(
+            emit(
                 {
                     "event": ev.kind,
                     "member": ev.member.id,
@@ -58,7 +46,7 @@ async def run(config: NodeConfig, names: list[str]) -> None:
         joined_in = time.monotonic() - started
         for name in names:
             node.register(name, NODE_ACTOR)
-        _emit({"event": "ready", "id": node.id, "ticket": node.ticket(), "pid": os.getpid(), "joined_in_s": joined_in})
+        emit({"event": "ready", "id": node.id, "ticket": node.ticket(), "pid": os.getpid(), "joined_in_s": joined_in})
         await stop.wait()
     finally:
         if parent is not None:
@@ -67,11 +55,7 @@ async def run(config: NodeConfig, names: list[str]) -> None:
 
 
 def main() -> None:
-    logging.basicConfig(
-        level=os.environ.get("PP_LOG_LEVEL", "WARNING"),
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-        stream=sys.stderr,
-    )
+    configure_child_logging("member")
     try:
         config = NodeConfig.from_env()
     except ValueError as e:
