@@ -59,6 +59,69 @@ class PhaseError(RuntimeError):
         self.phase = phase
 
 
+async def converge(
+    seed: Node, ids: list[str], timeout: float, explain: Callable[[set[str]], str] | None = None
+) -> None:
+    """Wait until the seed sees every id in ``ids`` alive, and every member's own view
+    (``MembersQuery``) agrees: the spec's SWIM deadline. ``explain`` adds detail on missing ids."""
+    deadline = time.monotonic() + timeout
+    want = set(ids)
+
+    def alive() -> set[str]:
+        return {m.id for m in seed.membership.alive() if m.status == MemberStatus.alive}
+
+    try:
+        await seed.membership.wait_until(lambda: alive() >= want, timeout, f"{len(want)} alive members")
+    except TimeoutError:
+        missing = want - alive()
+        detail = explain(missing) if explain else ", ".join(sorted(i[:10] for i in missing))
+        alive_n = len(want) - len(missing)
+        raise PhaseError(
+            "converge", f"{alive_n} of {len(want)} members alive after {timeout:.0f} s; missing: {detail}"
+        ) from None
+    try:
+        await _views_agree(seed, ids, deadline)
+    except TimeoutError as e:
+        raise PhaseError("converge", str(e)) from None
+
+
+async def _views_agree(seed: Node, ids: list[str], deadline: float) -> None:
+    """Every node's own view (MembersQuery) equals the seed's: all members, all alive."""
+    want = tuple(sorted((i, "alive") for i in ids))
+    while True:
+        views: dict[str, object] = {}
+        for node_id in ids:
+            if node_id == seed.id:
+                continue
+            try:
+                reply = await seed.request(seed.address(NODE_ACTOR, node_id), MembersQuery(), timeout=5)
+            except (TimeoutError, ConnectionError, RuntimeError) as e:
+                views[node_id] = f"no answer: {e}"
+                continue
+            assert isinstance(reply, MembersView)
+            views[node_id] = tuple(
+                sorted((m.id, MemberStatus(m.status).name) for m in reply.members if m.status != MemberStatus.dead)
+            )
+        if seed.membership.view() == want and all(v == want for v in views.values()):
+            return
+        if time.monotonic() > deadline:
+            differing = [f"{i[:10]} sees {v}" for i, v in views.items() if v != want]
+            raise TimeoutError(f"views did not agree on {len(want)} alive members: {'; '.join(differing)}")
+        await asyncio.sleep(0.05)
+
+
+async def resolve_names(seed: Node, num_stages: int, timeout: float) -> dict[str, ActorAddress]:
+    """Resolve ``pp-entry``, ``pp-exit`` and every ``pp-stage-i``: one deadline for all (the spec's minute)."""
+    deadline = time.monotonic() + timeout
+    names = {}
+    for name in ["pp-entry", "pp-exit", *(f"pp-stage-{i}" for i in range(num_stages))]:
+        try:
+            names[name] = await seed.resolve(name, max(0.0, deadline - time.monotonic()))
+        except LookupError as e:
+            raise PhaseError("resolve", str(e)) from None
+    return names
+
+
 @dataclass
 class LocalCluster:
     num_stages: int = 2
@@ -137,57 +200,22 @@ class LocalCluster:
         for proc in self.members:
             try:
                 ev = await proc.wait_event(
-                    lambda e: e.get("event") == "ready", max(0.0, deadline - time.monotonic()), "ready line"
+                    lambda e: e.get("event") in ("ready", "failed"), max(0.0, deadline - time.monotonic()), "ready line"
                 )
             except RuntimeError as e:
                 raise PhaseError("load", str(e)) from None
+            if ev["event"] == "failed":
+                raise PhaseError("load", f"{proc.name}: {ev.get('error')}")
             self.ready.append(ev)
         self._phase_done("load", t)
 
         t = time.monotonic()
-        want = 1 + self.num_stages
-        try:
-            await self.seed.membership.wait_until(
-                lambda: sum(m.status == MemberStatus.alive for m in self.seed.membership.alive()) == want,  # type: ignore[union-attr]
-                self.converge_timeout,
-                f"{want} alive members",
-            )
-            await self._views_agree(deadline=t + self.converge_timeout)
-        except TimeoutError as e:
-            raise PhaseError("converge", str(e)) from None
+        await converge(self.seed, self.keys.ids, self.converge_timeout)
         self._phase_done("converge", t)
 
         t = time.monotonic()
-        wanted = ["pp-entry", "pp-exit", *(f"pp-stage-{i}" for i in range(self.num_stages))]
-        for name in wanted:
-            try:
-                self.names[name] = await self.seed.resolve(name, self.resolve_timeout)
-            except LookupError as e:
-                raise PhaseError("resolve", str(e)) from None
+        self.names = await resolve_names(self.seed, self.num_stages, self.resolve_timeout)
         self._phase_done("resolve", t)
-
-    async def _views_agree(self, deadline: float) -> None:
-        """Every node's own view (MembersQuery) equals the seed's: 1 + N members, all alive."""
-        assert self.seed is not None and self.keys is not None
-        want = tuple(sorted((i, "alive") for i in self.keys.ids))
-        while True:
-            views: dict[str, object] = {}
-            for node_id in self.keys.ids[1:]:
-                try:
-                    reply = await self.seed.request(self.seed.address(NODE_ACTOR, node_id), MembersQuery(), timeout=5)
-                except (TimeoutError, ConnectionError, RuntimeError) as e:
-                    views[node_id] = f"no answer: {e}"
-                    continue
-                assert isinstance(reply, MembersView)
-                views[node_id] = tuple(
-                    sorted((m.id, MemberStatus(m.status).name) for m in reply.members if m.status != MemberStatus.dead)
-                )
-            if self.seed.membership.view() == want and all(v == want for v in views.values()):
-                return
-            if time.monotonic() > deadline:
-                differing = [f"{i[:10]} sees {v}" for i, v in views.items() if v != want]
-                raise TimeoutError(f"views did not agree on {len(want)} alive members: {'; '.join(differing)}")
-            await asyncio.sleep(0.05)
 
     async def close(self) -> None:
         """Stop every node (gracefully, in parallel), then the seed. Even if this is cancelled

@@ -663,6 +663,24 @@ class StageStats(Message):
     json: str
 
 
+@message(45)
+@dataclass(frozen=True)
+class NodeStatusQuery(Message):
+    pass
+
+
+@message(46)
+@dataclass(frozen=True)
+class NodeStatus(Message):
+    """Where a stage node is: ``loading`` (its worker is starting), ``ready`` (names registered),
+    or ``failed`` (``detail`` says why, e.g. the worker's exit status and stderr)."""
+
+    stage: U32
+    state: str
+    detail: str
+    seconds: U32  # in this state so far
+
+
 # --- frames ------------------------------------------------------------------------------------
 
 _ENVELOPE = _Struct(Envelope)

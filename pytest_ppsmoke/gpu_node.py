@@ -46,7 +46,10 @@ from .codec import (
     InferenceResponse,
     KvInfo,
     KvInfoQuery,
+    MemberStatus,
     NextToken,
+    NodeStatus,
+    NodeStatusQuery,
     StageActivation,
     StageStats,
     StageStatsQuery,
@@ -55,10 +58,14 @@ from .codec import (
 from .localproc import configure_child_logging, emit, stop_event
 from .node import Context, Node, NodeConfig
 from .swim import MemberEvent
+from .transport import PeerAddr
+from .vast import DEFAULT_URL, VastClient, VastError
 
 log = logging.getLogger(__name__)
 
 STAGE_ACTOR = "stage"
+STATUS_ACTOR = "status"
+FAULTS = ("no-names", "empty-text")  # PP_FAULT: symptoms the emulator's fault knobs ask a node to show
 HOP_TIMEOUT = 30.0  # a send to the next stage
 NAME_TIMEOUT = 60.0  # the spec's deadline for a name
 COMPUTE_TIMEOUT = 600.0  # one worker call (a cold prefill compiles kernels)
@@ -73,8 +80,17 @@ def default_worker_path() -> Path:
 
 
 class StageActor:
-    def __init__(self, node: Node, bridge: WorkerBridge, stage: int, num_stages: int, wire: WireDtype) -> None:
+    def __init__(
+        self,
+        node: Node,
+        bridge: WorkerBridge,
+        stage: int,
+        num_stages: int,
+        wire: WireDtype,
+        faults: frozenset[str] = frozenset(),
+    ) -> None:
         assert bridge.ready is not None
+        self.faults = faults
         self.node, self.bridge = node, bridge
         self.stage, self.num_stages, self.wire = stage, num_stages, wire
         self.first, self.last = stage == 0, stage == num_stages - 1
@@ -280,11 +296,14 @@ class StageActor:
                 return
             token = (await self._compute("forward_and_sample", dtype=self.wire.name, **fields))["token_id"]
             self.tokens.append(token)
+            emit({"event": "token", "request_id": msg.request_id, "n": len(self.tokens)})
             position = msg.position + msg.seq_len  # where the new token goes
             done = token in self.end_ids or len(self.tokens) >= self.max_tokens or position >= self.max_context
             entry = await self._addr("pp-stage-0")
             if done:
                 text = (await self._compute("detokenize", token_ids=self.tokens))["text"]
+                if "empty-text" in self.faults:
+                    text = ""
                 assert self.reply_to is not None
                 await self.node.send(
                     self.reply_to, InferenceResponse(msg.request_id, text, tuple(self.tokens)), timeout=HOP_TIMEOUT
@@ -305,6 +324,22 @@ class StageActor:
         return StageStats(json.dumps(self.stats))
 
 
+class StatusActor:
+    """Answers ``NodeStatusQuery`` from the moment the node joins: how the orchestrator learns,
+    across machines, that a worker is loading, ready, or failed and why."""
+
+    def __init__(self, stage: int) -> None:
+        self.stage = stage
+        self.state, self.detail = "loading", ""
+        self.since = time.monotonic()
+
+    def set(self, state: str, detail: str = "") -> None:
+        self.state, self.detail, self.since = state, detail, time.monotonic()
+
+    def on_node_status_query(self, msg: NodeStatusQuery, ctx: Context) -> NodeStatus:
+        return NodeStatus(self.stage, self.state, self.detail, int(time.monotonic() - self.since))
+
+
 @dataclass(frozen=True)
 class Settings:
     config: NodeConfig = field(repr=False)
@@ -313,6 +348,9 @@ class Settings:
     wire: WireDtype
     worker: Path
     ready_timeout: float
+    ttl: float  # a hard limit on the node's life
+    orphan_grace: float  # how long the node lives on once it has lost the orchestrator (the seed)
+    faults: frozenset[str] = frozenset()
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -323,25 +361,85 @@ class Settings:
         worker = Path(os.environ.get("PP_WORKER") or default_worker_path())
         if not worker.is_file():
             raise ValueError(f"worker script {worker} not found; set PP_WORKER to pp_tinygrad_worker.py")
+        faults = frozenset(f for f in os.environ.get("PP_FAULT", "").split(",") if f)
+        if faults - set(FAULTS):
+            raise ValueError(f"PP_FAULT {sorted(faults - set(FAULTS))[0]!r} is unknown; expected {', '.join(FAULTS)}")
         return cls(
             NodeConfig.from_env(),
             stage,
             num_stages,
             WireDtype.parse(os.environ.get("PP_WIRE_DTYPE", "bf16")),
             worker,
-            float(os.environ.get("PP_WORKER_READY_TIMEOUT", "600")),
+            _seconds("PP_WORKER_READY_TIMEOUT", 600),
+            _seconds("PP_TTL", 1800),
+            _seconds("PP_ORPHAN_GRACE", 60),
+            faults,
         )
+
+
+def _seconds(name: str, default: float) -> float:
+    raw = os.environ.get(name, "")
+    try:
+        value = float(raw) if raw else default
+    except ValueError:
+        value = -1
+    if value <= 0:
+        raise ValueError(f"{name} must be a positive number of seconds, got {raw!r}")
+    return value
+
+
+async def guard_lifetime(node: Node, settings: Settings, stop: asyncio.Event) -> None:
+    """The node's own time-to-live: it removes itself when it has lost the orchestrator for
+    ``orphan_grace`` seconds, or when ``ttl`` has passed, so that no rented GPU outlives a run
+    whose orchestrator died. On vast.ai it destroys its own instance (``CONTAINER_ID`` and
+    ``CONTAINER_API_KEY``, set by vast.ai's host agent); anywhere it then exits."""
+    seed = settings.config.seed
+    seed_id = PeerAddr.parse(seed).id if seed else None
+    started = seen = time.monotonic()
+    while True:
+        await asyncio.sleep(min(1.0, settings.orphan_grace / 4))
+        now = time.monotonic()
+        member = node.membership.members.get(seed_id) if seed_id else None
+        if member is not None and member.status in (MemberStatus.alive, MemberStatus.suspect):
+            seen = now
+        if now - started > settings.ttl:
+            reason = f"its time-to-live of {settings.ttl:.0f} s has passed"
+        elif seed_id and now - seen > settings.orphan_grace:
+            reason = f"it lost the orchestrator ({seed_id[:10]}) {settings.orphan_grace:.0f} s ago"
+        else:
+            continue
+        log.warning("removing itself: %s", reason)
+        emit({"event": "expired", "reason": reason})
+        await destroy_own_instance()
+        stop.set()
+        return
+
+
+async def destroy_own_instance() -> None:
+    instance, key = os.environ.get("CONTAINER_ID"), os.environ.get("CONTAINER_API_KEY")
+    if not instance or not key:
+        return  # not on vast.ai (or its emulator): exiting is all there is to do
+    try:
+        async with VastClient(key, os.environ.get("VAST_URL") or DEFAULT_URL, timeout=10, attempts=4) as vast:
+            gone = await vast.destroy_instance(int(instance))
+        log.warning("destroyed own instance %s%s", instance, "" if gone else " (it was already gone)")
+    except (VastError, ValueError) as e:
+        log.error("could not destroy own instance %s: %s; exiting anyway", instance, e)
 
 
 async def run(settings: Settings) -> None:
     stage, num_stages = settings.stage, settings.num_stages
     stop, parent = stop_event()
     node = Node(settings.config)
+    status = StatusActor(stage)
+    node.add_actor(STATUS_ACTOR, status)  # answers as soon as the node has joined
     env = {**os.environ, "PP_WIRE_DTYPE": settings.wire.name}
     bridge = WorkerBridge([sys.executable, str(settings.worker)], env, f"pp-stage-{stage}")
+    guard: asyncio.Task[None] | None = None
     try:
         await node.start()
         emit({"event": "joined", "id": node.id, "stage": stage})
+        guard = asyncio.ensure_future(guard_lifetime(node, settings, stop))
         starting = asyncio.ensure_future(bridge.start(settings.ready_timeout))
         stopping = asyncio.ensure_future(stop.wait())
         await asyncio.wait([starting, stopping], return_when=asyncio.FIRST_COMPLETED)
@@ -349,11 +447,22 @@ async def run(settings: Settings) -> None:
             starting.cancel()
             return
         stopping.cancel()
-        ready = starting.result()
-        actor = StageActor(node, bridge, stage, num_stages, settings.wire)
+        try:
+            ready = starting.result()
+        except (TimeoutError, WorkerDied, WorkerError) as e:
+            # stay in the cluster, failed, so that the orchestrator can ask why; the lifetime
+            # guard (or the orchestrator's teardown) ends the node
+            status.set("failed", str(e))
+            emit({"event": "failed", "error": str(e)})
+            log.error("the worker did not start: %s", e)
+            await stop.wait()
+            raise
+        actor = StageActor(node, bridge, stage, num_stages, settings.wire, settings.faults)
         node.add_actor(STAGE_ACTOR, actor)
-        for name in stage_names(stage, num_stages):
-            node.register(name, STAGE_ACTOR)
+        if "no-names" not in settings.faults:
+            for name in stage_names(stage, num_stages):
+                node.register(name, STAGE_ACTOR)
+        status.set("ready")
         emit(
             {
                 "event": "ready",
@@ -364,8 +473,9 @@ async def run(settings: Settings) -> None:
         )
         await stop.wait()
     finally:
-        if parent is not None:
-            parent.cancel()
+        for task in (guard, parent):
+            if task is not None:
+                task.cancel()
         await bridge.close()
         await node.close()
 

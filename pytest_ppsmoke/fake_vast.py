@@ -1,0 +1,748 @@
+"""``pp-fake-vast``: an emulator of vast.ai's REST API whose instances are local node processes.
+
+    async with FakeVast(faults=Faults(reject_create={2})) as vast:   # vast.url, vast.api_key
+        ...  # a VastClient, pp-smoke-run --vast-url, or the official vastai CLI
+
+It serves the paths, methods, JSON fields, status values and error codes that vast.ai serves
+(facts.md): ``POST /api/v0/bundles/`` (offers from a catalogue, filtered by the query's
+``{field: {op: value}}`` and ordered), ``PUT /api/v0/asks/{id}/`` (create), ``GET``/``PUT``/
+``DELETE /api/v0/instances/{id}/`` (show, label, destroy), ``GET /api/v0/instances/`` and the
+paginated ``GET /api/v1/instances/``. Every call needs ``Authorization: Bearer <key>``.
+
+An instance is a ``pp-gpu-node`` process started with the create call's ``env`` plus what
+vast.ai's host agent gives a container (``CONTAINER_ID``, ``CONTAINER_API_KEY``, which may act on
+that instance only) and ``VAST_URL``. Its ``actual_status`` goes null -> ``loading`` ->
+``running`` (process started) -> ``exited`` (process gone). Destroy kills its process group and
+frees the offer. Closing the emulator kills whatever is left, and the nodes also exit when the
+emulator's process dies (stdin EOF), so nothing outlives it.
+
+Fault knobs (:class:`Faults`) reproduce each row of the spec's error table; instances are picked
+by their ``STAGE`` env, create calls by their number (1-based).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import secrets
+import shlex
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from aiohttp import web
+
+from .localproc import ChildProcess
+from .transport import PeerAddr
+
+log = logging.getLogger(__name__)
+
+UNREACHABLE = "127.0.0.1:9"  # discard port: nothing answers QUIC there
+
+
+@dataclass
+class Faults:
+    """What goes wrong, and where. Empty means nothing does."""
+
+    offers: int | None = None  # serve only the first n matching offers ("fewer than 2 offers")
+    reject_create: set[int] = field(default_factory=set)  # create calls (1-based) answered with an error
+    never_running: set[int] = field(default_factory=set)  # stages whose instance stays "loading"
+    boot_delay: float = 0.2  # seconds an instance spends "loading" before its process starts
+    no_join: set[int] = field(default_factory=set)  # stages whose node cannot reach the seed
+    stall_worker: set[int] = field(default_factory=set)  # stages whose worker never reports ready
+    no_names: set[int] = field(default_factory=set)  # stages that never register their names
+    empty_text: set[int] = field(default_factory=set)  # stages that report done with no text
+    kill_stage: int | None = None  # this stage's instance is SIGKILLed ...
+    kill_after_tokens: int = 1  # ... once this many tokens have been sampled
+    destroy_fails: dict[int, int] = field(default_factory=dict)  # stage -> how many destroys fail (HTTP 500)
+    burst_429: int = 0  # of every `throttle_every` API calls, the first `burst_429` get HTTP 429
+    throttle_every: int = 8
+
+    @classmethod
+    def from_json(cls, text: str) -> Faults:
+        """``{"reject_create": [2], "destroy_fails": {"1": 6}, ...}``; unknown keys are an error."""
+        try:
+            raw = json.loads(text) if text.strip() else {}
+        except ValueError as e:
+            raise ValueError(f"faults must be a JSON object, got {text[:100]!r}: {e}") from None
+        if not isinstance(raw, dict):
+            raise ValueError(f"faults must be a JSON object, got {type(raw).__name__}")
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(raw) - set(known))
+        if unknown:
+            raise ValueError(f"unknown fault {unknown[0]!r}; expected one of {', '.join(known)}")
+        kw: dict[str, Any] = {}
+        for k, v in raw.items():
+            default = getattr(cls(), k)
+            try:
+                if isinstance(default, set):
+                    kw[k] = {int(x) for x in v}
+                elif isinstance(default, dict):
+                    kw[k] = {int(a): int(b) for a, b in dict(v).items()}
+                elif k == "boot_delay":
+                    kw[k] = float(v)
+                else:
+                    kw[k] = None if v is None else int(v)
+            except (TypeError, ValueError):
+                raise ValueError(f"fault {k!r} has a bad value {v!r}") from None
+        return cls(**kw)
+
+
+def default_catalogue() -> list[dict[str, Any]]:
+    """Offers shaped like vast.ai's: single-GPU machines of a few kinds, and some that a careful
+    query must skip (unverified, unreliable, two GPUs, an old CUDA)."""
+    kinds = [
+        # gpu_name, gpu_ram MB, dph_total, reliability, cuda, verified, num_gpus, geolocation
+        ("RTX 3090", 24576, 0.21, 0.995, 12.4, True, 1, "Poland, PL"),
+        ("RTX 4090", 24564, 0.34, 0.998, 12.6, True, 1, "Sweden, SE"),
+        ("RTX 4090", 24564, 0.36, 0.991, 12.6, True, 1, "Texas, US"),
+        ("A100 SXM4", 81920, 1.05, 0.997, 12.4, True, 1, "Oregon, US"),
+        ("H100 SXM", 81559, 2.19, 0.999, 12.8, True, 1, "Quebec, CA"),
+        ("RTX 3090", 24576, 0.12, 0.97, 12.2, False, 1, "Vietnam, VN"),
+        ("RTX 3080", 10240, 0.09, 0.81, 12.0, True, 1, "Ohio, US"),
+        ("RTX 4090", 24564, 0.68, 0.996, 12.6, True, 2, "Norway, NO"),
+        ("GTX 1080 Ti", 11264, 0.07, 0.99, 11.4, True, 1, "Brazil, BR"),
+    ]
+    offers = []
+    for i, (gpu, ram, dph, rel, cuda, verified, n, geo) in enumerate(kinds):
+        oid = 4_100_000 + 17 * i
+        offers.append(
+            {
+                "id": oid,
+                "ask_contract_id": oid,
+                "bundle_id": 900_000 + i,
+                "machine_id": 31_000 + i,
+                "host_id": 7_000 + i,
+                "gpu_name": gpu,
+                "num_gpus": n,
+                "gpu_ram": ram,
+                "gpu_total_ram": ram * n,
+                "gpu_frac": 1.0,
+                "gpu_arch": "nvidia",
+                "compute_cap": 860,
+                "cpu_name": "AMD EPYC 7543 32-Core Processor",
+                "cpu_cores": 32,
+                "cpu_cores_effective": 8.0 * n,
+                "cpu_ram": 64_000 * n,
+                "disk_space": 200.0,
+                "disk_bw": 2000.0,
+                "disk_name": "nvme",
+                "dph_base": round(dph * 0.9, 4),
+                "dph_total": dph,
+                "storage_cost": 0.1,
+                "inet_up": 800.0,
+                "inet_down": 900.0,
+                "inet_up_cost": 0.0,
+                "inet_down_cost": 0.0,
+                "reliability": rel,
+                "reliability2": rel,
+                "cuda_max_good": cuda,
+                "driver_version": "550.54.14",
+                "verification": "verified" if verified else "unverified",
+                "verified": verified,
+                "rentable": True,
+                "rented": False,
+                "external": False,
+                "geolocation": geo,
+                "dlperf": 40.0 * n,
+                "dlperf_per_dphtotal": round(40.0 * n / dph, 2),
+                "total_flops": 80.0 * n,
+                "pcie_bw": 24.0,
+                "direct_port_count": 50,
+                "duration": 2_592_000.0,
+                "min_bid": round(dph * 0.5, 4),
+                "is_bid": False,
+                "start_date": 1.7e9,
+                "end_date": 1.8e9,
+                "static_ip": True,
+                "hosting_type": 0,
+                "public_ipaddr": "127.0.0.1",
+                "score": 100.0 - i,
+            }
+        )
+    return offers
+
+
+OPS: dict[str, Callable[[Any, Any], bool]] = {
+    "eq": lambda a, b: a == b,
+    "neq": lambda a, b: a != b,
+    "gt": lambda a, b: a > b,
+    "gte": lambda a, b: a >= b,
+    "lt": lambda a, b: a < b,
+    "lte": lambda a, b: a <= b,
+    "in": lambda a, b: a in b,
+    "notin": lambda a, b: a not in b,
+    "nin": lambda a, b: a not in b,
+}
+QUERY_META = {"order", "type", "limit", "allocated_storage", "disable_bundling", "extra_ids"}
+
+
+def _coerce(have: Any, want: Any) -> Any:
+    """The CLI sends some numbers and booleans as strings ("1", "0.99", "true")."""
+    if isinstance(want, list):
+        return [_coerce(have, w) for w in want]
+    if isinstance(have, bool) and isinstance(want, str):
+        return want.lower() == "true"
+    if isinstance(have, (int, float)) and not isinstance(have, bool) and isinstance(want, str):
+        try:
+            return float(want)
+        except ValueError:
+            return want
+    return want
+
+
+def match_offer(offer: Mapping[str, Any], query: Mapping[str, Any]) -> bool:
+    for fld, cond in query.items():
+        if fld in QUERY_META or not isinstance(cond, dict):
+            continue
+        if fld not in offer:
+            continue  # vast.ai ignores fields it does not know as filters
+        for op, want in cond.items():
+            if op not in OPS:
+                raise ValueError(f"unknown operator {op!r} for {fld}; expected one of {', '.join(OPS)}")
+            have = offer[fld]
+            try:
+                if not OPS[op](have, _coerce(have, want)):
+                    return False
+            except TypeError:
+                return False
+    return True
+
+
+@dataclass
+class Instance:
+    id: int
+    number: int  # create order, 1-based
+    offer: dict[str, Any]
+    image: str
+    env: dict[str, str] = field(repr=False)
+    label: str | None
+    disk: float
+    onstart: str | None
+    args: list[str]
+    container_key: str = field(repr=False)
+    created_at: float = field(default_factory=time.time)
+    actual_status: str | None = None
+    status_msg: str = ""
+    destroyed_at: float | None = None
+    proc: ChildProcess | None = None
+    boot: asyncio.Task[None] | None = None
+    destroy_attempts: int = 0
+
+    @property
+    def stage(self) -> int | None:
+        try:
+            return int(self.env["STAGE"])
+        except (KeyError, ValueError):
+            return None
+
+    def record(self) -> dict[str, Any]:
+        """The instance as vast.ai shows it."""
+        o = self.offer
+        running = self.actual_status == "running"
+        return {
+            "id": self.id,
+            "machine_id": o["machine_id"],
+            "host_id": o["host_id"],
+            "bundle_id": o["bundle_id"],
+            "actual_status": self.actual_status,
+            "intended_status": "running",
+            "cur_state": "running",
+            "next_state": "running",
+            "status_msg": self.status_msg,
+            "label": self.label,
+            "image_uuid": self.image,
+            "image_runtype": "args",
+            "image_args": self.args,
+            "onstart": self.onstart,
+            "extra_env": [[k, v] for k, v in self.env.items()],
+            "template_id": None,
+            "template_name": None,
+            "volume_info": [],
+            "gpu_name": o["gpu_name"],
+            "num_gpus": o["num_gpus"],
+            "gpu_ram": o["gpu_ram"],
+            "gpu_totalram": o["gpu_total_ram"],
+            "gpu_util": 0.0 if running else None,
+            "gpu_temp": 40.0 if running else None,
+            "gpu_arch": o["gpu_arch"],
+            "cpu_name": o["cpu_name"],
+            "cpu_cores": o["cpu_cores"],
+            "cpu_cores_effective": o["cpu_cores_effective"],
+            "cpu_ram": o["cpu_ram"],
+            "cpu_util": 0.0,
+            "mem_usage": 0.0,
+            "mem_limit": o["cpu_ram"],
+            "disk_space": self.disk,
+            "disk_usage": 0.0,
+            "disk_util": 0.0,
+            "dph_base": o["dph_base"],
+            "dph_total": o["dph_total"],
+            "storage_cost": o["storage_cost"],
+            "inet_up": o["inet_up"],
+            "inet_down": o["inet_down"],
+            "inet_up_cost": o["inet_up_cost"],
+            "inet_down_cost": o["inet_down_cost"],
+            "reliability2": o["reliability2"],
+            "cuda_max_good": o["cuda_max_good"],
+            "driver_version": o["driver_version"],
+            "compute_cap": o["compute_cap"],
+            "geolocation": o["geolocation"],
+            "verification": o["verification"],
+            "public_ipaddr": "127.0.0.1",
+            "local_ipaddrs": "127.0.0.1",
+            "ports": {},
+            "ssh_host": "127.0.0.1",
+            "ssh_port": None,
+            "ssh_idx": None,
+            "direct_port_start": -1,
+            "direct_port_end": -1,
+            "direct_port_count": o["direct_port_count"],
+            "machine_dir_ssh_port": None,
+            "start_date": self.created_at,
+            "end_date": o["end_date"],
+            "duration": o["duration"],
+            "is_bid": False,
+            "min_bid": o["min_bid"],
+            "time_remaining": "",
+            "time_remaining_isbid": "",
+            "client_run_time": 0.0,
+            "host_run_time": 0.0,
+            "dlperf": o["dlperf"],
+            "dlperf_per_dphtotal": o["dlperf_per_dphtotal"],
+            "total_flops": o["total_flops"],
+            "pcie_bw": o["pcie_bw"],
+            "disk_bw": o["disk_bw"],
+            "logo": "/static/logos/nvidia.png",
+            "webpage": None,
+            "jupyter_token": None,
+        }
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    # exactly "application/json": the official CLI rejects the offers answer otherwise, and
+    # aiohttp's json_response would add "; charset=utf-8"
+    return web.Response(body=json.dumps(data).encode(), status=status, headers={"Content-Type": "application/json"})
+
+
+def _error(status: int, error: str, msg: str) -> web.Response:
+    return _json({"success": False, "error": error, "msg": msg}, status)
+
+
+class FakeVast:
+    def __init__(
+        self,
+        *,
+        api_key: str | None = None,
+        catalogue: Iterable[Mapping[str, Any]] | None = None,
+        faults: Faults | None = None,
+        node_argv: list[str] | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
+        self.api_key = api_key or "fake-" + secrets.token_hex(16)
+        self.catalogue = [dict(o) for o in (catalogue if catalogue is not None else default_catalogue())]
+        self.faults = faults or Faults()
+        self.node_argv = node_argv or [sys.executable, "-m", "pytest_ppsmoke.gpu_node"]
+        self.host, self.port = host, port
+        self.instances: dict[int, Instance] = {}
+        self.destroyed: list[Instance] = []
+        self.requests: list[tuple[str, str, int]] = []  # method, path, status
+        self._creates = 0
+        self._next_id = 12_400_000
+        self._runner: web.AppRunner | None = None
+        self._tmp = tempfile.TemporaryDirectory(prefix="pp-fake-vast-")
+        self._watch: asyncio.Task[None] | None = None
+        self._stopping: set[asyncio.Future[None]] = set()
+        self.url = ""
+
+    def __repr__(self) -> str:
+        return f"FakeVast({self.url or 'not started'}, {len(self.instances)} live)"
+
+    async def __aenter__(self) -> FakeVast:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    # --- server ------------------------------------------------------------------------------
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._gate])
+        r = app.router
+        r.add_get("/api/v0/gpu_names/unique/", self.gpu_names)  # the CLI asks at start, with no key
+        r.add_get("/api/v0/users/current", self.current_user)
+        r.add_get("/api/v0/instances/filters/", self.instance_filters)
+        r.add_post("/api/v0/bundles/", self.search_offers)
+        r.add_delete("/api/v0/instances/", self.destroy_instances)
+        r.add_put("/api/v0/asks/{id}/", self.create_instance)
+        r.add_get("/api/v0/instances/", self.list_v0)
+        r.add_get("/api/v1/instances/", self.list_v1)
+        r.add_get("/api/v0/instances/{id}/", self.show_instance)
+        r.add_put("/api/v0/instances/{id}/", self.update_instance)
+        r.add_delete("/api/v0/instances/{id}/", self.destroy_instance)
+        return app
+
+    async def start(self) -> str:
+        self._runner = web.AppRunner(self.app(), access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        port = self._runner.addresses[0][1]  # the real port when asked for 0
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        self.url = f"http://{host}:{port}"
+        if self.faults.kill_stage is not None:
+            self._watch = asyncio.ensure_future(self._kill_after_tokens())
+        return self.url
+
+    async def close(self) -> None:
+        """Stop the server and every instance still running; nothing outlives the emulator."""
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
+        await asyncio.gather(
+            *(self._stop(i) for i in list(self.instances.values())), *self._stopping, return_exceptions=True
+        )
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        self._tmp.cleanup()
+
+    def live(self) -> list[Instance]:
+        return list(self.instances.values())
+
+    @web.middleware
+    async def _gate(self, request: web.Request, handler: Callable[[web.Request], Any]) -> web.StreamResponse:
+        n = len(self.requests)
+        f = self.faults
+        if f.burst_429 and n % max(f.throttle_every, f.burst_429 + 1) < f.burst_429:
+            self.requests.append((request.method, request.path, 429))
+            return web.Response(status=429, text="Too Many Requests")  # plain text, no Retry-After
+        resp = await self._authorized(request, handler)
+        self.requests.append((request.method, request.path, resp.status))
+        return resp
+
+    async def _authorized(self, request: web.Request, handler: Callable[[web.Request], Any]) -> web.StreamResponse:
+        if request.path == "/api/v0/gpu_names/unique/":
+            public: web.StreamResponse = await handler(request)  # public on vast.ai too
+            return public
+        auth = request.headers.get("Authorization", "")
+        key = auth[7:].strip() if auth.startswith("Bearer ") else request.query.get("api_key", "")
+        if not key:
+            return _error(401, "auth_error", "authentication required: send Authorization: Bearer <api key>")
+        if not secrets.compare_digest(key, self.api_key):
+            own = next((i for i in self.instances.values() if secrets.compare_digest(key, i.container_key)), None)
+            if own is None or request.path != f"/api/v0/instances/{own.id}/":
+                return _error(401, "auth_error", "invalid api key")
+        try:
+            resp: web.StreamResponse = await handler(request)
+        except json.JSONDecodeError as e:
+            return _error(400, "invalid_args", f"the body is not JSON: {e}")
+        return resp
+
+    # --- account and catalogue ---------------------------------------------------------------
+
+    async def gpu_names(self, request: web.Request) -> web.Response:
+        return _json({"gpu_names": sorted({o["gpu_name"] for o in self.catalogue})})
+
+    async def current_user(self, request: web.Request) -> web.Response:
+        return _json({"id": 1, "username": "ppsmoke", "email": "ppsmoke@localhost", "host_agreement_accepted": False})
+
+    async def instance_filters(self, request: web.Request) -> web.Response:
+        records = [i.record() for i in self.instances.values()]
+        keys = ("actual_status", "verification", "gpu_name")
+        return _json({"filters": [{k: r[k] for k in keys} for r in records]})
+
+    # --- offers ------------------------------------------------------------------------------
+
+    async def search_offers(self, request: web.Request) -> web.Response:
+        query = await request.json() if request.can_read_body else {}
+        if not isinstance(query, dict):
+            return _error(400, "invalid_args", f"the query must be an object, got {type(query).__name__}")
+        if isinstance(query.get("q"), dict):  # some clients wrap the query
+            query = query["q"]
+        try:
+            found = [o for o in self.catalogue if match_offer(o, query)]
+        except ValueError as e:
+            return _error(400, "invalid_args", str(e))
+        for key, direction in _order(query.get("order")):
+            found.sort(key=_sort_key(key), reverse=direction == "desc")
+        try:
+            limit = int(query.get("limit") or 64)
+        except (TypeError, ValueError):
+            return _error(400, "invalid_args", f"limit must be a number, got {query.get('limit')!r}")
+        if self.faults.offers is not None:
+            limit = min(limit, self.faults.offers)
+        return _json({"offers": found[:limit]})
+
+    # --- instances ---------------------------------------------------------------------------
+
+    async def create_instance(self, request: web.Request) -> web.Response:
+        self._creates += 1
+        n = self._creates
+        body = await request.json()
+        if not isinstance(body, dict):
+            return _error(400, "invalid_args", "the body must be a JSON object")
+        if n in self.faults.reject_create:
+            return _error(400, "invalid_args", f"create call {n} rejected (fault knob reject_create)")
+        offer = next((o for o in self.catalogue if str(o["id"]) == request.match_info["id"]), None)
+        if offer is None or not offer["rentable"]:
+            return _error(404, "no_such_ask", f"offer {request.match_info['id']} is not available")
+        image = body.get("image")
+        if not isinstance(image, str) or not image:
+            return _error(400, "invalid_args", "image is required")
+        try:
+            env = _parse_env(body.get("env"))
+            disk = float(body.get("disk") or 10)
+        except (TypeError, ValueError) as e:
+            return _error(400, "invalid_args", str(e))
+        self._next_id += 1
+        inst = Instance(
+            self._next_id,
+            n,
+            offer,
+            image,
+            env,
+            body.get("label") or None,
+            disk,
+            body.get("onstart") or None,
+            [str(a) for a in body.get("args") or []],
+            container_key=secrets.token_hex(32),
+        )
+        offer["rentable"], offer["rented"] = False, True
+        self.instances[inst.id] = inst
+        inst.boot = asyncio.ensure_future(self._boot(inst))
+        log.info("created instance %d from offer %d (%s)", inst.id, offer["id"], inst.label)
+        return _json({"success": True, "new_contract": inst.id, "instance_api_key": inst.container_key})
+
+    def _find(self, request: web.Request) -> Instance | None:
+        try:
+            return self.instances.get(int(request.match_info["id"]))
+        except ValueError:
+            return None
+
+    async def show_instance(self, request: web.Request) -> web.Response:
+        inst = self._find(request)
+        return _json({"instances": inst.record() if inst else None})
+
+    async def update_instance(self, request: web.Request) -> web.Response:
+        inst = self._find(request)
+        if inst is None:
+            return _error(404, "no_such_instance", f"instance {request.match_info['id']} does not exist")
+        body = await request.json()
+        if not isinstance(body, dict) or not ({"label", "state"} & set(body)):
+            return _error(400, "invalid_args", "expected a body with 'label' or 'state'")
+        if "label" in body:
+            inst.label = str(body["label"])
+        if "state" in body:
+            return _error(400, "invalid_args", f"state changes ({body['state']!r}) are not emulated")
+        return _json({"success": True})
+
+    async def destroy_instance(self, request: web.Request) -> web.Response:
+        inst = self._find(request)
+        if inst is None:
+            return _error(404, "no_such_instance", f"instance {request.match_info['id']} does not exist")
+        inst.destroy_attempts += 1
+        if inst.stage is not None and inst.destroy_attempts <= self.faults.destroy_fails.get(inst.stage, 0):
+            return _error(500, "server_error", f"destroy of {inst.id} failed (fault knob destroy_fails)")
+        # vast.ai answers at once and tears the container down behind the answer
+        self._destroy(inst)
+        return _json({"success": True})
+
+    async def destroy_instances(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        ids = body.get("instance_ids") if isinstance(body, dict) else None
+        if not isinstance(ids, list):
+            return _error(400, "invalid_args", "expected {'instance_ids': [...]}")
+        for i in ids:
+            inst = self.instances.get(int(i)) if str(i).isdigit() else None
+            if inst is not None:
+                self._destroy(inst)
+        return _json({"success": True})
+
+    def _destroy(self, inst: Instance) -> None:
+        # vast.ai answers at once and tears the container down behind the answer
+        del self.instances[inst.id]
+        inst.destroyed_at = time.time()
+        inst.offer["rentable"], inst.offer["rented"] = True, False
+        self.destroyed.append(inst)
+        self._stopping.add(asyncio.ensure_future(self._stop(inst)))
+
+    async def list_v0(self, request: web.Request) -> web.Response:
+        return _json({"instances": [i.record() for i in self.instances.values()]})
+
+    async def list_v1(self, request: web.Request) -> web.Response:
+        try:
+            limit = min(int(request.query.get("limit", "25")), 25)
+            after = int(request.query.get("after_token") or 0)
+            filters = json.loads(request.query.get("select_filters") or "{}")
+        except ValueError as e:
+            return _error(400, "invalid_args", f"bad list parameters: {e}")
+        records = [i.record() for i in sorted(self.instances.values(), key=lambda i: i.id) if i.id > after]
+        try:
+            records = [r for r in records if match_offer(r, filters)]
+        except ValueError as e:
+            return _error(400, "invalid_args", str(e))
+        page = records[:limit]
+        token = str(page[-1]["id"]) if len(records) > limit else None
+        labels: dict[str, int] = {}
+        for i in self.instances.values():
+            labels[i.label or ""] = labels.get(i.label or "", 0) + 1
+        return _json(
+            {"instances": page, "next_token": token, "total_instances": len(self.instances), "label_counts": labels}
+        )
+
+    # --- the instance's life -----------------------------------------------------------------
+
+    async def _boot(self, inst: Instance) -> None:
+        await asyncio.sleep(0.05)
+        inst.actual_status, inst.status_msg = "loading", f"Pulling image {inst.image}"
+        if inst.stage in self.faults.never_running:
+            return  # stuck pulling, as a host with a broken registry mirror would be
+        await asyncio.sleep(self.faults.boot_delay)
+        inst.proc = ChildProcess(f"instance-{inst.id}", self.node_argv, self._node_env(inst))
+        await inst.proc.start()
+        inst.actual_status, inst.status_msg = "running", f"success, running {inst.image}"
+        assert inst.proc.proc is not None
+        rc = await inst.proc.proc.wait()
+        how = f"killed by signal {-rc}" if rc < 0 else f"exited with status {rc}"
+        inst.actual_status, inst.status_msg = "exited", f"container {how}"
+        if rc:
+            log.info("instance %d %s; stderr:\n%s", inst.id, how, inst.proc.stderr_tail())
+
+    def _node_env(self, inst: Instance) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PP_", "SEED_ADDR", "VAST_", "CONTAINER_"))}
+        env.update(inst.env)
+        env.update(
+            CONTAINER_ID=str(inst.id),
+            CONTAINER_API_KEY=inst.container_key,
+            VAST_URL=self.url,
+            PYTHONUNBUFFERED="1",
+            PP_EXIT_ON_STDIN_EOF="1",  # a node never outlives the emulator that started it
+        )
+        stage = inst.stage
+        if stage in self.faults.no_join and "SEED_ADDR" in env:
+            try:
+                seed = PeerAddr.parse(env["SEED_ADDR"])
+                env["SEED_ADDR"] = PeerAddr(seed.id, (UNREACHABLE,)).ticket()
+            except ValueError:
+                env["SEED_ADDR"] = "0" * 63  # not even an address
+        if stage in self.faults.stall_worker:
+            stall = Path(self._tmp.name) / "stalled_worker.py"
+            stall.write_text("import time\ntime.sleep(3600)  # never prints the ready line\n")
+            env["PP_WORKER"] = str(stall)
+        hooks = (("no-names", self.faults.no_names), ("empty-text", self.faults.empty_text))
+        chosen = [name for name, stages in hooks if stage in stages]  # symptoms only the node can show
+        if chosen:
+            env["PP_FAULT"] = ",".join(chosen)
+        return env
+
+    async def _stop(self, inst: Instance) -> None:
+        if inst.boot is not None and not inst.boot.done():
+            inst.boot.cancel()
+        if inst.proc is not None:
+            await inst.proc.stop(grace=5.0)
+
+    async def _kill_after_tokens(self) -> None:
+        f = self.faults
+        while True:
+            await asyncio.sleep(0.02)
+            events = [e for i in self.instances.values() if i.proc for e in i.proc.events]
+            sampled = max((e.get("n", 0) for e in events if e.get("event") == "token"), default=0)
+            if sampled >= f.kill_after_tokens:
+                for inst in self.instances.values():
+                    if inst.stage == f.kill_stage and inst.proc is not None:
+                        log.warning("killing instance %d (stage %s) after %d tokens", inst.id, inst.stage, sampled)
+                        inst.proc.signal(signal.SIGKILL)
+                return
+
+
+def _sort_key(key: str) -> Callable[[Mapping[str, Any]], tuple[bool, Any]]:
+    return lambda o: (o.get(key) is None, o.get(key) or 0)
+
+
+def _order(order: Any) -> list[tuple[str, str]]:
+    if not isinstance(order, list):
+        return []
+    out = []
+    for item in order:
+        if isinstance(item, (list, tuple)) and item:
+            out.append((str(item[0]), str(item[1]) if len(item) > 1 else "asc"))
+    return list(reversed(out))  # stable sorts, the most significant key last
+
+
+def _parse_env(env: Any) -> dict[str, str]:
+    """vast.ai takes ``env`` as an object, or as docker flags (``-e K=V -p 8080:8080``)."""
+    if env is None:
+        return {}
+    if isinstance(env, dict):  # the CLI turns "-p 8080:8080" into {"-p 8080:8080": "1"}: not variables
+        return {str(k): str(v) for k, v in env.items() if not str(k).startswith("-")}
+    if isinstance(env, str):
+        out: dict[str, str] = {}
+        words = shlex.split(env)
+        for i, w in enumerate(words):
+            if w == "-e" and i + 1 < len(words) and "=" in words[i + 1]:
+                k, v = words[i + 1].split("=", 1)
+                out[k] = v
+        return out
+    raise TypeError(f"env must be an object or a string of docker flags, got {type(env).__name__}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="pp-fake-vast", description=__doc__.split("\n\n")[0])
+    p.add_argument("--host", default="127.0.0.1", help="an IP literal on loopback (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=0, help="0 picks a free port (default)")
+    p.add_argument("--faults", default="", help="fault knobs as JSON, e.g. '{\"reject_create\": [2]}'")
+    p.add_argument("--catalogue", type=Path, help="a JSON file with a list of offers (default: a built-in set)")
+    p.add_argument("--node-command", default="", help="what an instance runs (default: pp-gpu-node in this Python)")
+    args = p.parse_args(argv)
+    if args.host not in ("127.0.0.1", "::1", "localhost"):
+        p.error(f"--host must be loopback (127.0.0.1 or ::1), got {args.host!r}: the emulator runs local processes")
+    try:
+        faults = Faults.from_json(args.faults)
+        catalogue = json.loads(args.catalogue.read_text()) if args.catalogue else None
+    except (ValueError, OSError) as e:
+        p.error(str(e))
+    logging.basicConfig(level=os.environ.get("PP_LOG_LEVEL", "WARNING"), stream=sys.stderr)
+    # the key: from VAST_API_KEY if set (so clients can be pointed at us), else a fresh one
+    api_key = os.environ.get("VAST_API_KEY") or None
+
+    async def serve() -> None:
+        vast = FakeVast(
+            api_key=api_key,
+            catalogue=catalogue,
+            faults=faults,
+            node_argv=shlex.split(args.node_command) or None,
+            host=args.host,
+            port=args.port,
+        )
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        async with vast:
+            print(vast.url, flush=True)
+            if api_key is None:
+                print(f"api key: {vast.api_key}", flush=True)
+            await stop.wait()
+
+    asyncio.run(serve())
+
+
+if __name__ == "__main__":
+    main()

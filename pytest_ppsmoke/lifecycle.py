@@ -1,0 +1,399 @@
+"""The spec's lifecycle on rented instances: rent, boot, converge, load, resolve, then teardown.
+
+    async with VastClient(key, url) as vast:
+        async with Deployment(vast, RunConfig(num_stages=2)) as dep:
+            result = await run_inference(dep.seed, 2, "Say hello", 64, timeout=...)
+
+The orchestrator (this process) is the seed member. It generates every member's secret key, so
+it knows each endpoint id before an instance boots and the allowlist admits nobody else. Each
+instance gets ``STAGE``, ``NUM_STAGES``, ``SEED_ADDR``, ``MODEL`` and the cluster settings in its
+create call's ``env``, and a label ``ppsmoke-<run id>-stage<i>`` by which it can be found again.
+
+Phases and their deadlines (the spec's): *rent* (fewer offers than stages, or a rejected create,
+fails at once), *boot* (each instance ``running`` within 60 polls), *converge* (1 + N members
+alive in every member's view within 2 minutes), *load* (every node's worker ready), *resolve*
+(every stage name within 1 minute).
+
+Teardown destroys every instance this run created on every path: success, a failed phase, a
+cancellation (Ctrl-C, a budget) and a create whose answer was lost (found by its label). A
+destroy that fails is reported, not hidden; the nodes' own time-to-live and ``pp-smoke-run
+--reap`` are the next lines of defence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+from .cluster import PhaseError, converge, resolve_names
+from .codec import ActorAddress, NodeStatus, NodeStatusQuery
+from .errors import RemoteError
+from .gpu_node import STATUS_ACTOR
+from .localproc import ClusterKeys
+from .node import Node, NodeConfig
+from .swim import SwimConfig
+from .vast import LABEL_PREFIX, Offer, OfferQuery, VastClient, VastError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_IMAGE = "ghcr.io/pytest-ppsmoke/gpu-node:0.1.0"
+
+
+@dataclass
+class RunConfig:
+    num_stages: int = 2
+    model: str = "smollm2:135m"
+    wire_dtype: str = "bf16"
+    image: str = DEFAULT_IMAGE
+    disk_gb: float = 20.0
+    query: OfferQuery = field(default_factory=OfferQuery)
+    network: str = "local"  # local: loopback, relays off, SEED_ADDR a ticket; wan: ids, n0 discovery and relays
+    polls: int = 60  # the spec's boot polls
+    poll_interval: float = 3.0
+    converge_timeout: float = 120.0  # the spec's SWIM deadline
+    load_timeout: float = 240.0  # the workers' ready deadline
+    resolve_timeout: float = 60.0  # the spec's name deadline
+    node_ttl: float = 900.0  # a node removes itself after this long, whatever happens
+    orphan_grace: float = 60.0  # ... or once it has lost the orchestrator for this long
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.num_stages < 2:
+            raise ValueError(f"num_stages must be at least 2, got {self.num_stages}")
+        if self.network not in ("local", "wan"):
+            raise ValueError(f"network must be 'local' or 'wan', got {self.network!r}")
+        if self.polls < 1:
+            raise ValueError(f"polls must be at least 1, got {self.polls}")
+
+    @property
+    def swim(self) -> SwimConfig:
+        return SwimConfig.loopback() if self.network == "local" else SwimConfig.wan()
+
+
+@dataclass
+class RentedInstance:
+    stage: int
+    offer: Offer
+    label: str
+    id: int | None = None
+    created_at: float | None = None  # wall clock, for the cost
+    ended_at: float | None = None
+    state: str | None = None  # the last actual_status seen; "destroyed" once gone
+    status_msg: str = ""
+    endpoint_id: str = ""
+    destroy_error: str | None = None
+
+    @property
+    def name(self) -> str:
+        return f"instance {self.id} (stage {self.stage})"
+
+    def seconds(self) -> float:
+        if self.created_at is None:
+            return 0.0
+        return (self.ended_at or time.time()) - self.created_at
+
+    def cost_usd(self) -> float:
+        return self.offer.dph_total * self.seconds() / 3600
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "stage": self.stage,
+            "label": self.label,
+            "endpoint_id": self.endpoint_id,
+            "offer": self.offer.summary(),
+            "dph_total": self.offer.dph_total,
+            "seconds": round(self.seconds(), 3),
+            "cost_usd": round(self.cost_usd(), 6),
+            "final_state": self.state,
+            "status_msg": self.status_msg,
+            "destroy_error": self.destroy_error,
+        }
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
+
+
+class Deployment:
+    def __init__(
+        self,
+        vast: VastClient,
+        config: RunConfig,
+        *,
+        run_id: str | None = None,
+        on_phase: Callable[[str, float, str], None] | None = None,
+    ) -> None:
+        self.vast, self.config = vast, config
+        self.run_id = run_id or new_run_id()
+        self.on_phase = on_phase
+        self.instances: list[RentedInstance] = []
+        self.seed: Node | None = None
+        self.keys = ClusterKeys(1 + config.num_stages)
+        self.names: dict[str, ActorAddress] = {}
+        self.statuses: list[NodeStatus] = []
+        self.timings: dict[str, float] = {}
+        self.phase = "rent"  # the phase under way: named when something interrupts it
+
+    def __repr__(self) -> str:
+        return f"Deployment({self.run_id}, {len(self.instances)} instances)"
+
+    async def __aenter__(self) -> Deployment:
+        try:
+            await self.start()
+        except BaseException:
+            await self.close()  # a half-built deployment destroys what it rented before re-raising
+            raise
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    def _begin(self, phase: str) -> float:
+        self.phase = phase
+        return time.monotonic()
+
+    def _done(self, phase: str, started: float, detail: str = "") -> None:
+        self.timings[phase] = round(time.monotonic() - started, 4)
+        if self.on_phase is not None:
+            self.on_phase(phase, self.timings[phase], detail)
+
+    @property
+    def label_prefix(self) -> str:
+        return f"{LABEL_PREFIX}{self.run_id}-"
+
+    async def start(self) -> None:
+        await self.rent()
+        await self.boot()
+        await self.converge()
+        await self.load()
+        await self.resolve()
+
+    # --- phases ------------------------------------------------------------------------------
+
+    async def rent(self) -> None:
+        t = self._begin("rent")
+        c = self.config
+        self.seed = Node(
+            NodeConfig(
+                secret_key=self.keys.keys[0],
+                allowed=frozenset(self.keys.ids),
+                local=c.network == "local",
+                swim=c.swim,
+            )
+        )
+        await self.seed.start()
+        try:
+            offers = await self.vast.search_offers(c.query)
+        except VastError as e:
+            raise PhaseError("rent", f"searching offers failed: {e}") from None
+        if len(offers) < c.num_stages:
+            raise PhaseError(
+                "rent",
+                f"{len(offers)} offer(s) match ({c.query.describe()}); {c.num_stages} are needed. "
+                "Relax --gpu-ram, --max-price or --min-reliability",
+            )
+        for stage, offer in enumerate(offers[: c.num_stages]):
+            inst = RentedInstance(stage, offer, f"{self.label_prefix}stage{stage}")
+            inst.endpoint_id = self.keys.ids[1 + stage]
+            self.instances.append(inst)
+            try:
+                inst.id = await self.vast.create_instance(
+                    offer.id, image=c.image, env=self._env(stage), label=inst.label, disk_gb=c.disk_gb
+                )
+            except VastError as e:
+                raise PhaseError("rent", f"creating stage {stage} on offer {offer.id} was rejected: {e}") from None
+            inst.created_at = time.time()
+        detail = ", ".join(f"{i.id} ({i.offer.gpu_name}, ${i.offer.dph_total}/h)" for i in self.instances)
+        self._done("rent", t, detail)
+
+    def _env(self, stage: int) -> dict[str, str]:
+        c = self.config
+        assert self.seed is not None
+        return {
+            "STAGE": str(stage),
+            "NUM_STAGES": str(c.num_stages),
+            "SEED_ADDR": self.seed.ticket() if c.network == "local" else self.seed.id,
+            "MODEL": c.model,
+            "PP_NODE_KEY": self.keys.keys[1 + stage].hex(),
+            "PP_ALLOWED_IDS": ",".join(self.keys.ids),
+            "PP_NETWORK": c.network,
+            "PP_WIRE_DTYPE": c.wire_dtype,
+            "PP_JOIN_TIMEOUT": str(c.converge_timeout),
+            "PP_WORKER_READY_TIMEOUT": str(c.load_timeout),
+            "PP_TTL": str(c.node_ttl),
+            "PP_ORPHAN_GRACE": str(c.orphan_grace),
+            **c.extra_env,
+        }
+
+    async def boot(self) -> None:
+        t = self._begin("boot")
+        c = self.config
+
+        async def one(inst: RentedInstance) -> None:
+            assert inst.id is not None
+
+            def seen(poll: int, record: dict[str, Any] | None) -> None:
+                if record is not None:
+                    inst.state, inst.status_msg = record.get("actual_status"), str(record.get("status_msg") or "")
+
+            try:
+                await self.vast.wait_running(inst.id, c.polls, c.poll_interval, seen)
+            except (VastError, TimeoutError) as e:
+                raise PhaseError("boot", f"stage {inst.stage}: {e}") from None
+
+        await _all(one(i) for i in self.instances)
+        self._done("boot", t, f"{len(self.instances)} running")
+
+    async def converge(self) -> None:
+        t = self._begin("converge")
+        assert self.seed is not None
+
+        def explain(missing: set[str]) -> str:
+            return ", ".join(
+                f"{i.name}, last seen {i.state or 'null'}" for i in self.instances if i.endpoint_id in missing
+            )
+
+        await converge(self.seed, self.keys.ids, self.config.converge_timeout, explain)
+        self._done("converge", t, f"{len(self.keys.ids)} members")
+
+    async def load(self) -> None:
+        """Every node's worker has loaded its layers (``NodeStatus`` ready), within the deadline."""
+        t = self._begin("load")
+        assert self.seed is not None
+        seed, timeout = self.seed, self.config.load_timeout
+        deadline = t + timeout
+        statuses: dict[int, NodeStatus | str] = {}
+
+        async def one(inst: RentedInstance) -> NodeStatus:
+            while True:
+                try:
+                    st = await seed.request(ActorAddress(inst.endpoint_id, STATUS_ACTOR), NodeStatusQuery(), timeout=10)
+                except (TimeoutError, ConnectionError, RemoteError) as e:
+                    statuses[inst.stage] = f"no answer: {e}"
+                else:
+                    assert isinstance(st, NodeStatus)
+                    statuses[inst.stage] = st
+                    if st.state == "ready":
+                        return st
+                    if st.state == "failed":
+                        raise PhaseError("load", f"pp-stage-{inst.stage} on {inst.name}: {st.detail}")
+                if time.monotonic() > deadline:
+                    last = statuses.get(inst.stage)
+                    seen = f"{last.state} for {last.seconds} s" if isinstance(last, NodeStatus) else last
+                    what = f"pp-stage-{inst.stage} on {inst.name}"
+                    raise PhaseError("load", f"{what}: worker not ready within {timeout:.0f} s ({seen})")
+                await asyncio.sleep(min(1.0, self.config.poll_interval))
+
+        self.statuses = await _all(one(i) for i in self.instances)
+        self._done("load", t, "workers ready")
+
+    async def resolve(self) -> None:
+        t = self._begin("resolve")
+        assert self.seed is not None
+        self.names = await resolve_names(self.seed, self.config.num_stages, self.config.resolve_timeout)
+        self._done("resolve", t, ", ".join(self.names))
+        self.phase = "prefill"  # what the caller does next; the pipeline's figures split it from decode
+
+    # --- teardown ----------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Destroy every instance of this run, then leave the cluster. Raises PhaseError("teardown")
+        naming every instance that could not be destroyed; never stops at the first failure."""
+        t = self._begin("teardown")
+        try:
+            await asyncio.gather(*(self._destroy(i) for i in self.instances if i.id is not None))
+            await self._sweep()
+        finally:
+            if self.seed is not None:
+                with contextlib.suppress(Exception):
+                    await self.seed.close()
+                self.seed = None
+        failed = [i for i in self.instances if i.destroy_error]
+        self._done("teardown", t, f"{len(self.instances) - len(failed)} of {len(self.instances)} destroyed")
+        if failed:
+            raise PhaseError(
+                "teardown",
+                "; ".join(f"{i.name} was NOT destroyed: {i.destroy_error}" for i in failed)
+                + ". It may still be billing: run pp-smoke-run --reap, or destroy it in the vast.ai console",
+            )
+
+    async def _destroy(self, inst: RentedInstance) -> None:
+        assert inst.id is not None
+        if inst.state == "destroyed":
+            return
+        try:
+            await self.vast.destroy_instance(inst.id)
+            record = await self.vast.show_instance(inst.id)
+        except VastError as e:
+            inst.destroy_error = str(e)
+            log.warning("could not destroy %s: %s", inst.name, e)
+            return
+        inst.ended_at = time.time()
+        if record is None or record.get("actual_status") in ("exited", "offline"):
+            inst.state, inst.destroy_error = "destroyed", None
+        else:  # vast.ai answered success, but the instance is still there
+            inst.state = record.get("actual_status")
+            inst.destroy_error = f"still {inst.state} after a successful destroy"
+
+    async def _sweep(self) -> None:
+        """Instances with this run's label that we hold no id for (a create whose answer was lost)."""
+        if not self.instances:
+            return
+        try:
+            listed = await self.vast.list_instances()
+        except VastError as e:
+            log.warning("could not list instances to sweep run %s: %s", self.run_id, e)
+            return
+        known = {i.id for i in self.instances}
+        for record in listed:
+            label = str(record.get("label") or "")
+            if not label.startswith(self.label_prefix) or record.get("id") in known:
+                continue
+            log.warning("destroying instance %s (%s): created by this run, its answer lost", record["id"], label)
+            state = record.get("actual_status")
+            orphan = RentedInstance(-1, self.instances[0].offer, label, int(record["id"]), state=state)
+            self.instances.append(orphan)
+            await self._destroy(orphan)
+
+    def cost_usd(self) -> float:
+        return sum(i.cost_usd() for i in self.instances)
+
+
+async def _all(coros: Any) -> list[Any]:
+    """Run concurrently; the first failure cancels the rest and is raised (as in a TaskGroup,
+    but raising the PhaseError itself rather than an ExceptionGroup)."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def reap(vast: VastClient, run_id: str | None = None) -> list[dict[str, Any]]:
+    """Destroy every instance labelled by this tool (of one run, if ``run_id`` is given)."""
+    prefix = f"{LABEL_PREFIX}{run_id}-" if run_id else LABEL_PREFIX
+    out = []
+    for record in await vast.list_instances():
+        label = str(record.get("label") or "")
+        if not label.startswith(prefix):
+            continue
+        entry = {"id": record.get("id"), "label": label, "status": record.get("actual_status"), "destroyed": False}
+        try:
+            await vast.destroy_instance(int(record["id"]))
+            entry["destroyed"] = True
+        except VastError as e:
+            entry["error"] = str(e)
+        out.append(entry)
+    return out
