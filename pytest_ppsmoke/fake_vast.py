@@ -68,6 +68,7 @@ class Faults:
     destroy_fails: dict[int, int] = field(default_factory=dict)  # stage -> how many destroys fail (HTTP 500)
     burst_429: int = 0  # of every `throttle_every` API calls, the first `burst_429` get HTTP 429
     throttle_every: int = 8
+    api_latency: float = 0.0  # seconds before each answer (after the work is done, as on a slow link)
 
     @classmethod
     def from_json(cls, text: str) -> Faults:
@@ -90,7 +91,7 @@ class Faults:
                     kw[k] = {int(x) for x in v}
                 elif isinstance(default, dict):
                     kw[k] = {int(a): int(b) for a, b in dict(v).items()}
-                elif k == "boot_delay":
+                elif k in ("boot_delay", "api_latency"):
                     kw[k] = float(v)
                 else:
                     kw[k] = None if v is None else int(v)
@@ -435,6 +436,8 @@ class FakeVast:
             return web.Response(status=429, text="Too Many Requests")  # plain text, no Retry-After
         resp = await self._authorized(request, handler)
         self.requests.append((request.method, request.path, resp.status))
+        if f.api_latency:
+            await asyncio.sleep(f.api_latency)
         return resp
 
     async def _authorized(self, request: web.Request, handler: Callable[[web.Request], Any]) -> web.StreamResponse:

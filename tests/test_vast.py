@@ -1,0 +1,300 @@
+"""The vast.ai client against the emulator (a real aiohttp server on port 0), and the official
+``vastai`` CLI against the emulator. Instances here run a small stand-in process, not a node:
+what is under test is the REST API and the instance lifecycle around a process."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from aiohttp import web
+
+from pytest_ppsmoke.fake_vast import FakeVast, Faults, default_catalogue, match_offer
+from pytest_ppsmoke.vast import Offer, OfferQuery, VastClient, VastError
+
+pytestmark = pytest.mark.local
+
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
+KEY = "vk-test-0123456789abcdef-DISTINCT"
+
+
+@pytest_asyncio.fixture
+async def fake(request: pytest.FixtureRequest) -> AsyncIterator[FakeVast]:
+    faults = getattr(request, "param", None) or Faults(boot_delay=0.05)
+    async with FakeVast(api_key=KEY, faults=faults, node_argv=SLEEPER) as vast:
+        yield vast
+    assert not vast.live()
+
+
+def client(fake: FakeVast, **kw: float) -> VastClient:
+    return VastClient(KEY, fake.url, **kw)  # type: ignore[arg-type]
+
+
+async def wait_state(vast: VastClient, iid: int, state: str, seconds: float = 10) -> dict[str, object]:
+    deadline = time.monotonic() + seconds
+    while True:
+        rec = await vast.show_instance(iid)
+        assert rec is not None
+        if rec["actual_status"] == state:
+            return rec
+        assert time.monotonic() < deadline, f"instance {iid} still {rec['actual_status']!r}, wanted {state!r}"
+        await asyncio.sleep(0.02)
+
+
+async def test_offers_match_the_query_cheapest_first(fake: FakeVast) -> None:
+    async with client(fake) as vast:
+        offers = await vast.search_offers(OfferQuery(gpu_ram_gb=16, max_dph=1.5))
+        assert [o.dph_total for o in offers] == [0.21, 0.34, 0.36, 1.05]
+        assert {o.gpu_name for o in offers} == {"RTX 3090", "RTX 4090", "A100 SXM4"}
+        # each filter really filters: the unverified, unreliable, 2-GPU, old-CUDA and small offers stay out
+        cheap = await vast.search_offers(OfferQuery(gpu_ram_gb=8, max_dph=0.2, min_reliability=0, min_cuda=0))
+        assert [(o.gpu_name, o.dph_total) for o in cheap] == [("GTX 1080 Ti", 0.07), ("RTX 3080", 0.09)]
+        assert await vast.search_offers(OfferQuery(gpu_ram_gb=100)) == []
+    ops = {"gpu_ram": {"gte": "24000"}, "geolocation": {"in": ["Sweden, SE", "Texas, US"]}, "num_gpus": {"eq": "1"}}
+    assert sum(match_offer(o, ops) for o in default_catalogue()) == 2
+
+
+@pytest.mark.parametrize("fake", [Faults(offers=1)], indirect=True)
+async def test_too_few_offers_knob(fake: FakeVast) -> None:
+    async with client(fake) as vast:
+        assert len(await vast.search_offers(OfferQuery())) == 1
+
+
+async def test_instance_lifecycle_create_show_label_list_destroy(fake: FakeVast) -> None:
+    async with client(fake) as vast:
+        offer = (await vast.search_offers(OfferQuery()))[0]
+        iid = await vast.create_instance(
+            offer.id, image="img:1", env={"STAGE": "0", "MODEL": "m"}, label="ppsmoke-t-stage0", disk_gb=30
+        )
+        rec = await vast.show_instance(iid)
+        assert rec is not None and rec["actual_status"] in (None, "loading")
+        rec = await wait_state(vast, iid, "running")
+        assert rec["label"] == "ppsmoke-t-stage0" and rec["dph_total"] == offer.dph_total
+        assert ["STAGE", "0"] in rec["extra_env"] and rec["disk_space"] == 30 and rec["image_uuid"] == "img:1"
+        inst = fake.instances[iid]
+        assert inst.proc is not None and inst.proc.proc is not None and inst.proc.proc.returncode is None
+        assert inst.proc.env["CONTAINER_ID"] == str(iid) and inst.proc.env["VAST_URL"] == fake.url
+        # a rented offer is no longer offered; a second create on it is refused as vast.ai does
+        assert offer.id not in [o.id for o in await vast.search_offers(OfferQuery())]
+        with pytest.raises(VastError, match=r"HTTP 404: no_such_ask"):
+            await vast.create_instance(offer.id, image="img:1", env={}, label="x")
+        await vast.label_instance(iid, "renamed")
+        assert [(r["id"], r["label"]) for r in await vast.list_instances()] == [(iid, "renamed")]
+        assert await vast.destroy_instance(iid) is True
+        assert await vast.show_instance(iid) is None
+        assert await vast.destroy_instance(iid) is False  # 404 no_such_instance: already gone
+        await asyncio.wait_for(inst.proc.proc.wait(), 10)  # its process group was killed
+        assert offer.id in [o.id for o in await vast.search_offers(OfferQuery())]
+
+
+async def test_status_goes_to_exited_when_the_process_dies() -> None:
+    argv = [sys.executable, "-c", "import time, sys; time.sleep(0.3); sys.exit(3)"]
+    async with FakeVast(api_key=KEY, faults=Faults(boot_delay=0.05), node_argv=argv) as fake, client(fake) as vast:
+        iid = await vast.create_instance(default_catalogue()[0]["id"], image="i", env={}, label="l")
+        await wait_state(vast, iid, "running")
+        rec = await wait_state(vast, iid, "exited")
+        assert rec["status_msg"] == "container exited with status 3"
+        with pytest.raises(VastError, match=r"is exited \(container exited with status 3\); it will never run"):
+            await vast.wait_running(iid, 60, 0.02)
+        await vast.destroy_instance(iid)
+
+
+@pytest.mark.parametrize("fake", [Faults(never_running={0}, boot_delay=0.05)], indirect=True)
+async def test_never_running_exhausts_the_polls(fake: FakeVast) -> None:
+    async with client(fake) as vast:
+        iid = await vast.create_instance(default_catalogue()[0]["id"], image="i", env={"STAGE": "0"}, label="l")
+        with pytest.raises(
+            TimeoutError, match=r"not running after 5 polls .* \(last status 'loading': Pulling image i\)"
+        ):
+            await vast.wait_running(iid, 5, 0.05)
+        await vast.destroy_instance(iid)
+
+
+async def test_list_follows_next_token_across_pages() -> None:
+    catalogue = [dict(o) for o in default_catalogue() * 4]
+    for i, o in enumerate(catalogue):
+        o["id"] = 100 + i
+    async with FakeVast(api_key=KEY, catalogue=catalogue, node_argv=SLEEPER) as fake, client(fake) as vast:
+        ids = [await vast.create_instance(100 + i, image="i", env={}, label=f"l{i}") for i in range(30)]
+        assert sorted(r["id"] for r in await vast.list_instances()) == ids
+        assert sum(1 for m, p, _ in fake.requests if p == "/api/v1/instances/") == 2  # 25 + 5
+        for iid in ids:
+            await vast.destroy_instance(iid)
+
+
+async def test_bad_key_is_refused_and_never_shown(fake: FakeVast) -> None:
+    secret = "vk-WRONG-KEY-SHOULD-NOT-APPEAR"
+    async with VastClient(secret, fake.url) as vast:
+        with pytest.raises(VastError) as info:
+            await vast.search_offers(OfferQuery())
+    assert "HTTP 401: auth_error: invalid api key" in str(info.value)
+    assert secret not in str(info.value) and secret not in repr(vast)
+    assert info.value.__cause__ is None and info.value.__context__ is None  # no aiohttp error holding headers
+
+
+async def test_a_container_key_acts_on_its_own_instance_only(fake: FakeVast) -> None:
+    async with client(fake) as vast:
+        a, b = [await vast.create_instance(o["id"], image="i", env={}, label="l") for o in default_catalogue()[:2]]
+    key_a = fake.instances[a].container_key
+    async with VastClient(key_a, fake.url) as own:
+        with pytest.raises(VastError, match="HTTP 401"):
+            await own.destroy_instance(b)
+        with pytest.raises(VastError, match="HTTP 401"):
+            await own.search_offers(OfferQuery())
+        assert await own.destroy_instance(a) is True
+    assert list(fake.instances) == [b]
+    async with client(fake) as vast:
+        await vast.destroy_instance(b)
+
+
+@pytest.mark.parametrize("fake", [Faults(burst_429=3, throttle_every=5)], indirect=True)
+async def test_429_bursts_are_retried_with_backoff(fake: FakeVast) -> None:
+    async with client(fake, backoff=0.01) as vast:
+        for _ in range(4):
+            assert len(await vast.search_offers(OfferQuery())) == 4
+        assert vast.retries >= 6 and vast.calls == vast.retries + 4
+    assert sum(s == 429 for _, _, s in fake.requests) == vast.retries
+
+
+async def test_giving_up_names_the_call_and_the_attempts(fake: FakeVast) -> None:
+    fake.faults.burst_429, fake.faults.throttle_every = 1000, 1001
+    async with client(fake, backoff=0.001, attempts=3) as vast:
+        with pytest.raises(VastError, match=r"POST /api/v0/bundles/: HTTP 429: Too Many Requests \(after 3 attempts\)"):
+            await vast.search_offers(OfferQuery())
+
+
+async def test_every_call_has_a_timeout_and_a_dead_server_is_an_error() -> None:
+    async def hang(request: web.Request) -> web.Response:
+        await asyncio.sleep(60)
+        return web.Response()
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", hang)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    port = runner.addresses[0][1]
+    try:
+        async with VastClient(KEY, f"http://127.0.0.1:{port}", timeout=0.2, attempts=2, backoff=0.01) as vast:
+            t = time.monotonic()
+            with pytest.raises(VastError, match=r"no answer: TimeoutError after 0.2 s \(after 2 attempts\)"):
+                await vast.show_instance(1)
+            assert time.monotonic() - t < 5
+    finally:
+        await runner.cleanup()
+    async with VastClient(KEY, f"http://127.0.0.1:{port}", attempts=2, backoff=0.01) as vast:  # nothing listens now
+        with pytest.raises(VastError, match=r"no answer: ClientConnectorError"):
+            await vast.show_instance(1)
+
+
+async def test_a_create_whose_answer_was_lost_is_found_by_its_label(fake: FakeVast) -> None:
+    # the emulator rents the instance, then the answer is a 502 (a proxy dropped it)
+    real = fake.create_instance
+
+    async def lossy(request: web.Request) -> web.Response:
+        await real(request)
+        return web.Response(status=502, text="Bad Gateway")
+
+    fake.create_instance = lossy  # type: ignore[method-assign]
+    runner = web.AppRunner(fake.app())
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        async with VastClient(KEY, f"http://127.0.0.1:{runner.addresses[0][1]}") as vast:
+            iid = await vast.create_instance(default_catalogue()[0]["id"], image="i", env={}, label="ppsmoke-x-stage0")
+            assert list(fake.instances) == [iid]  # one rented, not two
+            await vast.destroy_instance(iid)
+    finally:
+        await runner.cleanup()
+
+
+def test_offer_parsing_names_what_is_missing() -> None:
+    with pytest.raises(VastError, match="an offer without a usable 'dph_total'"):
+        Offer.from_json({"id": 1})
+
+
+def test_fault_knobs_parse_and_reject_unknown_keys() -> None:
+    f = Faults.from_json('{"reject_create": [2], "destroy_fails": {"1": 6}, "boot_delay": 1.5}')
+    assert f.reject_create == {2} and f.destroy_fails == {1: 6} and f.boot_delay == 1.5
+    with pytest.raises(ValueError, match="unknown fault 'explode'; expected one of offers, reject_create"):
+        Faults.from_json('{"explode": 1}')
+    with pytest.raises(ValueError, match="fault 'offers' has a bad value 'many'"):
+        Faults.from_json('{"offers": "many"}')
+
+
+# --- the official vastai CLI -------------------------------------------------------------------
+
+
+def vastai(fake_url: str, home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "VAST_URL": fake_url,  # also where the CLI's start-up GPU-name lookup goes
+        "VAST_API_KEY": KEY,
+        "VASTAI_NO_UPDATE_CHECK": "1",
+        "HOME": str(home),
+        "XDG_CACHE_HOME": str(home / ".cache"),
+        "XDG_CONFIG_HOME": str(home / ".config"),
+    }
+    out = subprocess.run(["vastai", *args], capture_output=True, text=True, env=env, timeout=60)
+    assert "Traceback" not in out.stderr, out.stderr
+    return out
+
+
+def test_the_official_vastai_cli_works_against_the_emulator(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest_ppsmoke.fake_vast", "--node-command", shlex.join(SLEEPER)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "VAST_API_KEY": KEY},
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:")
+
+        out = vastai(
+            url, tmp_path, "search", "offers", "gpu_ram>=16 num_gpus=1 reliability>0.99", "-o", "dph+", "--raw"
+        )
+        offers = json.loads(out.stdout)
+        assert [o["dph_total"] for o in offers] == [0.21, 0.34, 0.36, 1.05, 2.19]
+        table = vastai(url, tmp_path, "search", "offers", "gpu_ram>=16", "-o", "dph+")
+        assert "RTX_3090" in table.stdout and "Poland,_PL" in table.stdout  # the CLI's table shows _ for spaces
+
+        env = "-e STAGE=0 -e MODEL=smollm2:135m -p 8080:8080"
+        out = vastai(url, tmp_path, "create", "instance", str(offers[0]["id"]), "--image", "pp/gpu-node:1",
+                     "--disk", "25", "--label", "cli-made", "--env", env, "--raw")  # fmt: skip
+        created = json.loads(out.stdout)
+        assert created["success"] is True
+        iid = str(created["new_contract"])
+
+        deadline = time.monotonic() + 20
+        while (shown := json.loads(vastai(url, tmp_path, "show", "instance", iid, "--raw").stdout))[
+            "actual_status"
+        ] != "running":
+            assert time.monotonic() < deadline, shown["actual_status"]
+            time.sleep(0.2)
+        assert shown["label"] == "cli-made" and shown["image_uuid"] == "pp/gpu-node:1" and shown["disk_space"] == 25
+        assert dict(shown["extra_env"]) == {"STAGE": "0", "MODEL": "smollm2:135m"}  # -p is a port, not a variable
+
+        out = vastai(url, tmp_path, "label", "instance", iid, "relabelled")
+        assert f"label for {iid} set to relabelled." in out.stdout
+        listed = json.loads(vastai(url, tmp_path, "show", "instances", "--raw").stdout)
+        assert [(str(i["id"]), i["label"]) for i in listed] == [(iid, "relabelled")]
+        assert vastai(url, tmp_path, "show", "instances", "-q").stdout.split() == [iid]
+        assert "Traceback" not in vastai(url, tmp_path, "show", "instances").stderr  # the rich table renders
+
+        out = vastai(url, tmp_path, "destroy", "instance", iid, "-y")
+        assert f"destroying instance {iid}." in out.stdout
+        assert json.loads(vastai(url, tmp_path, "show", "instances", "--raw").stdout) == []
+        out = vastai(url, tmp_path, "show", "instance", iid)
+        assert f"Instance {iid} not found" in out.stdout + out.stderr
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0
