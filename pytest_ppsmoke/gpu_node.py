@@ -251,6 +251,7 @@ class StageActor:
             log.info("NextToken for request %d, which is not in flight (%s)", msg.request_id, self.busy)
             return
         self._progress_at = time.monotonic()
+        self.tokens.append(msg.token_id)  # so that a failure report says how far decode got
         if msg.done:
             self.busy = None
             return
@@ -427,6 +428,20 @@ async def destroy_own_instance() -> None:
         log.error("could not destroy own instance %s: %s; exiting anyway", instance, e)
 
 
+async def _unless_stopped(coro: Any, stop: asyncio.Event) -> asyncio.Task[Any] | None:
+    """Run ``coro`` until it finishes (its task is returned) or ``stop`` is set (None; cancelled)."""
+    task: asyncio.Task[Any] = asyncio.ensure_future(coro)
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait([task, stopping], return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    if task.done():
+        return task
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
+    return None
+
+
 async def run(settings: Settings) -> None:
     stage, num_stages = settings.stage, settings.num_stages
     stop, parent = stop_event()
@@ -437,16 +452,15 @@ async def run(settings: Settings) -> None:
     bridge = WorkerBridge([sys.executable, str(settings.worker)], env, f"pp-stage-{stage}")
     guard: asyncio.Task[None] | None = None
     try:
-        await node.start()
+        joining = await _unless_stopped(node.start(), stop)
+        if joining is None:
+            return
+        joining.result()
         emit({"event": "joined", "id": node.id, "stage": stage})
         guard = asyncio.ensure_future(guard_lifetime(node, settings, stop))
-        starting = asyncio.ensure_future(bridge.start(settings.ready_timeout))
-        stopping = asyncio.ensure_future(stop.wait())
-        await asyncio.wait([starting, stopping], return_when=asyncio.FIRST_COMPLETED)
-        if stop.is_set():
-            starting.cancel()
+        starting = await _unless_stopped(bridge.start(settings.ready_timeout), stop)
+        if starting is None:
             return
-        stopping.cancel()
         try:
             ready = starting.result()
         except (TimeoutError, WorkerDied, WorkerError) as e:

@@ -205,7 +205,6 @@ class Deployment:
         for stage, offer in enumerate(offers[: c.num_stages]):
             inst = RentedInstance(stage, offer, f"{self.label_prefix}stage{stage}")
             inst.endpoint_id = self.keys.ids[1 + stage]
-            self.instances.append(inst)
             try:
                 inst.id = await self.vast.create_instance(
                     offer.id, image=c.image, env=self._env(stage), label=inst.label, disk_gb=c.disk_gb
@@ -213,6 +212,7 @@ class Deployment:
             except VastError as e:
                 raise PhaseError("rent", f"creating stage {stage} on offer {offer.id} was rejected: {e}") from None
             inst.created_at = time.time()
+            self.instances.append(inst)  # one cancelled while its create was in flight is found by the sweep
         detail = ", ".join(f"{i.id} ({i.offer.gpu_name}, ${i.offer.dph_total}/h)" for i in self.instances)
         self._done("rent", t, detail)
 
@@ -271,7 +271,9 @@ class Deployment:
         t = self._begin("load")
         assert self.seed is not None
         seed, timeout = self.seed, self.config.load_timeout
-        deadline = t + timeout
+        # the node has the same deadline for its worker and says why it failed (the worker's stderr);
+        # a few seconds more here let that answer arrive
+        deadline = t + timeout + 5
         statuses: dict[int, NodeStatus | str] = {}
 
         async def one(inst: RentedInstance) -> NodeStatus:
@@ -346,9 +348,10 @@ class Deployment:
             inst.destroy_error = f"still {inst.state} after a successful destroy"
 
     async def _sweep(self) -> None:
-        """Instances with this run's label that we hold no id for (a create whose answer was lost)."""
-        if not self.instances:
-            return
+        """Instances with this run's label that we hold no id for (a create whose answer was lost,
+        or that was cancelled in flight)."""
+        if self.seed is None:
+            return  # nothing was ever asked of vast.ai
         try:
             listed = await self.vast.list_instances()
         except VastError as e:
@@ -361,7 +364,10 @@ class Deployment:
                 continue
             log.warning("destroying instance %s (%s): created by this run, its answer lost", record["id"], label)
             state = record.get("actual_status")
-            orphan = RentedInstance(-1, self.instances[0].offer, label, int(record["id"]), state=state)
+            stage = int(label.rsplit("stage", 1)[1]) if label.rsplit("stage", 1)[-1].isdigit() else -1
+            offer = Offer.from_json({**record, "id": record.get("bundle_id") or 0})
+            orphan = RentedInstance(stage, offer, label, int(record["id"]), time.time(), state=state)
+            orphan.endpoint_id = self.keys.ids[1 + stage] if 0 <= stage < self.config.num_stages else ""
             self.instances.append(orphan)
             await self._destroy(orphan)
 

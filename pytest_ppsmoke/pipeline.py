@@ -94,12 +94,10 @@ async def run_inference(seed: Node, num_stages: int, prompt: str, max_tokens: in
     finally:
         seed.membership.remove_listener(on_member)
     finished = time.time()
-    if response.error:
-        raise PhaseError("inference", response.error)
+    if response.error:  # a failure after the first sampled token is a decode failure
+        raise PhaseError("decode" if response.token_ids else "prefill", response.error)
     if not response.text.strip():
-        raise PhaseError(
-            "inference", f"the last stage reported done with no text (token ids {list(response.token_ids)})"
-        )
+        raise PhaseError("decode", f"the last stage reported done with no text (token ids {list(response.token_ids)})")
 
     stages, kv = [], []
     for i in range(num_stages):

@@ -84,7 +84,7 @@ async def test_seed_and_two_members_converge_to_the_same_view(cluster: Cluster) 
     await cluster.seed.membership.wait_until(lambda: cluster.seed.membership.view() == expected, 5, "all alive")
     for member_id in cluster.ids:
         deadline = time.monotonic() + 5
-        while (view := await cluster.view_of(member_id)) != expected and time.monotonic() < deadline:  # noqa: ASYNC110
+        while (view := await cluster.view_of(member_id)) != expected and time.monotonic() < deadline:
             await asyncio.sleep(0.05)  # polling a remote view: no local event to wait on
         assert view == expected, f"{member_id[:10]} sees {view}"
     for i, m in enumerate(cluster.members):
