@@ -130,10 +130,15 @@ async def _start_and_infer(run: Run, dep: Deployment) -> None:
     assert dep.seed is not None
     run.report["split"] = [{"stage": i, "instance": inst.id} for i, inst in enumerate(dep.instances)]
     remaining = args.budget - (time.monotonic() - run.started)
-    result = await run_inference(dep.seed, args.num_stages, args.prompt, args.max_tokens, max(1.0, remaining))
-    for phase in ("prefill", "decode"):
-        detail = f"{result.timings['decode_tokens_per_s']} tokens/s" if phase == "decode" else ""
-        run.progress(phase, result.timings[phase], detail)
+
+    def prefilled(seconds: float) -> None:
+        dep.phase = "decode"
+        run.progress("prefill", seconds, "first token sampled")
+
+    result = await run_inference(
+        dep.seed, args.num_stages, args.prompt, args.max_tokens, max(1.0, remaining), prefilled
+    )
+    run.progress("decode", result.timings["decode"], f"{result.timings['decode_tokens_per_s']} tokens/s")
     kv = {k.stage: k for k in result.kv}
     run.report["split"] = [
         {"stage": i, "blocks": [kv[i].first_block, kv[i].end_block], "instance": inst.id}
@@ -288,9 +293,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # a bug or an unexpected failure: still a clear line and a report
         run.fail(None, f"{type(e).__name__}: {e}")
     r = run.report
+    if r["text"]:
+        print(r["text"])  # the answer, even when something failed afterwards (a destroy)
     if r["error"] is None and r["text"]:
         r.update(ok=True, exit_code=0)
-        print(r["text"])
     else:
         print(f"pp-smoke-run: failed at {r['error']}", file=sys.stderr)
     gone = [i for i in r["instances"] if i["final_state"] == "destroyed"]

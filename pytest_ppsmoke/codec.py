@@ -681,6 +681,15 @@ class NodeStatus(Message):
     seconds: U32  # in this state so far
 
 
+@message(47)
+@dataclass(frozen=True)
+class FirstToken(Message):
+    """The last stage to ``reply_to``: prefill is done, decode begins (once per request)."""
+
+    request_id: U64
+    token_id: U32
+
+
 # --- frames ------------------------------------------------------------------------------------
 
 _ENVELOPE = _Struct(Envelope)

@@ -41,6 +41,7 @@ from .cluster import stage_names
 from .codec import (
     Accepted,
     ActorAddress,
+    FirstToken,
     Hidden,
     InferenceRequest,
     InferenceResponse,
@@ -298,6 +299,8 @@ class StageActor:
             token = (await self._compute("forward_and_sample", dtype=self.wire.name, **fields))["token_id"]
             self.tokens.append(token)
             emit({"event": "token", "request_id": msg.request_id, "n": len(self.tokens)})
+            if len(self.tokens) == 1 and self.reply_to is not None:  # the orchestrator sees decode begin
+                self.node.send_nowait(self.reply_to, FirstToken(msg.request_id, token), HOP_TIMEOUT, STAGE_ACTOR)
             position = msg.position + msg.seq_len  # where the new token goes
             done = token in self.end_ids or len(self.tokens) >= self.max_tokens or position >= self.max_context
             entry = await self._addr("pp-stage-0")

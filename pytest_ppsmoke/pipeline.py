@@ -17,11 +17,21 @@ import json
 import logging
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from .cluster import PhaseError
-from .codec import Accepted, InferenceRequest, InferenceResponse, KvInfo, KvInfoQuery, StageStats, StageStatsQuery
+from .codec import (
+    Accepted,
+    FirstToken,
+    InferenceRequest,
+    InferenceResponse,
+    KvInfo,
+    KvInfoQuery,
+    StageStats,
+    StageStatsQuery,
+)
 from .errors import RemoteError
 from .node import Context, Node
 from .swim import MemberEvent
@@ -43,9 +53,15 @@ class InferenceResult:
 
 
 class _Orchestrator:
-    def __init__(self) -> None:
+    def __init__(self, on_first_token: Callable[[float], None] | None) -> None:
         self.response: asyncio.Future[InferenceResponse] = asyncio.get_running_loop().create_future()
         self.request_id: int | None = None
+        self.sent_at = time.monotonic()
+        self.first_token_callback = on_first_token
+
+    def on_first_token(self, msg: FirstToken, ctx: Context) -> None:
+        if self.request_id in (None, msg.request_id) and self.first_token_callback is not None:
+            self.first_token_callback(time.monotonic() - self.sent_at)
 
     def on_inference_response(self, msg: InferenceResponse, ctx: Context) -> None:
         if msg.request_id != self.request_id:  # a late answer to an earlier run
@@ -54,8 +70,17 @@ class _Orchestrator:
             self.response.set_result(msg)
 
 
-async def run_inference(seed: Node, num_stages: int, prompt: str, max_tokens: int, timeout: float) -> InferenceResult:
-    orch = _Orchestrator()
+async def run_inference(
+    seed: Node,
+    num_stages: int,
+    prompt: str,
+    max_tokens: int,
+    timeout: float,
+    on_first_token: Callable[[float], None] | None = None,
+) -> InferenceResult:
+    """Send the request to ``pp-entry`` and await the response; ``on_first_token(seconds)`` is
+    called when prefill is done (the last stage sampled its first token)."""
+    orch = _Orchestrator(on_first_token)
     seed.actors.pop(ORCHESTRATOR_ACTOR, None)
     seed.add_actor(ORCHESTRATOR_ACTOR, orch)
     stage_ids = {}
@@ -79,6 +104,7 @@ async def run_inference(seed: Node, num_stages: int, prompt: str, max_tokens: in
         except LookupError as e:
             raise PhaseError("resolve", str(e)) from None
         started = time.time()
+        orch.sent_at = time.monotonic()
         request = InferenceRequest(seed.address(ORCHESTRATOR_ACTOR), prompt, max_tokens)
         try:
             accepted = await seed.request(entry, request, timeout=30)
