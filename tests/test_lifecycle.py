@@ -27,6 +27,8 @@ import pytest_asyncio
 
 from pytest_ppsmoke.fake_vast import FakeVast, Faults
 
+from .procs import node_processes
+
 pytestmark = pytest.mark.local
 
 KEY = "vk-LIFECYCLE-7f3e9a1c55d0-NEVER-PRINT-ME"
@@ -107,25 +109,6 @@ async def emulator(request: pytest.FixtureRequest) -> AsyncIterator[Callable[[Fa
     yield start
     for fake in started:
         await fake.close()
-
-
-NODE_COMMANDS = (b"pytest_ppsmoke.gpu_node", b"pp_tinygrad_worker", b"stalled_worker")
-
-
-def node_processes() -> list[int]:
-    """Node and worker processes started from this test process (through the emulator)."""
-    found = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ")
-            state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z" and any(n in cmd for n in NODE_COMMANDS):
-            found.append(int(d.name))
-    return found
 
 
 async def assert_nothing_left(fake: FakeVast, smoke: Smoke, created: int) -> None:
