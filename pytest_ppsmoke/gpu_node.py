@@ -407,9 +407,9 @@ async def guard_lifetime(node: Node, settings: Settings, stop: asyncio.Event) ->
         if member is not None and member.status in (MemberStatus.alive, MemberStatus.suspect):
             seen = now
         if now - started > settings.ttl:
-            reason = f"its time-to-live of {settings.ttl:.0f} s has passed"
+            reason = f"its time-to-live of {settings.ttl:g} s has passed"
         elif seed_id and now - seen > settings.orphan_grace:
-            reason = f"it lost the orchestrator ({seed_id[:10]}) {settings.orphan_grace:.0f} s ago"
+            reason = f"it lost the orchestrator ({seed_id[:10]}) {settings.orphan_grace:g} s ago"
         else:
             continue
         log.warning("removing itself: %s", reason)

@@ -1,0 +1,85 @@
+"""A node's own time-to-live (``guard_lifetime``): with in-process nodes and the emulator, the
+guard destroys its own instance through the API with the container's key, and only when due."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pytest_ppsmoke.codec import WireDtype
+from pytest_ppsmoke.fake_vast import FakeVast, Faults
+from pytest_ppsmoke.gpu_node import Settings, guard_lifetime
+from pytest_ppsmoke.node import NodeConfig
+from pytest_ppsmoke.vast import OfferQuery, VastClient
+
+from .conftest import cluster_configs
+
+pytestmark = pytest.mark.local
+
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
+
+
+def settings(config: NodeConfig, ttl: float, grace: float) -> Settings:
+    return Settings(config, 1, 2, WireDtype.bf16, Path(__file__), 10, ttl, grace)
+
+
+async def rented(fake: FakeVast, monkeypatch: pytest.MonkeyPatch) -> int:
+    """An instance on the emulator, and this process set up as its container (as vast.ai does)."""
+    async with VastClient(fake.api_key, fake.url) as vast:
+        offer = (await vast.search_offers(OfferQuery()))[0]
+        iid = await vast.create_instance(offer.id, image="i", env={}, label="ppsmoke-ttl-stage1")
+    monkeypatch.setenv("CONTAINER_ID", str(iid))
+    monkeypatch.setenv("CONTAINER_API_KEY", fake.instances[iid].container_key)
+    monkeypatch.setenv("VAST_URL", fake.url)
+    return iid
+
+
+async def test_the_hard_limit_destroys_the_instance_even_with_the_orchestrator_alive(
+    nodes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seed_cfg, cfg = cluster_configs(2)
+    seed = await nodes(seed_cfg)
+    cfg.seed = seed.ticket()
+    node = await nodes(cfg)
+    async with FakeVast(faults=Faults(boot_delay=0.05), node_argv=SLEEPER) as fake:
+        iid = await rented(fake, monkeypatch)
+        stop = asyncio.Event()
+        t = time.monotonic()
+        await asyncio.wait_for(guard_lifetime(node, settings(cfg, ttl=0.6, grace=60), stop), 10)
+        assert stop.is_set() and 0.6 <= time.monotonic() - t < 5
+        assert fake.live() == [] and [i.id for i in fake.destroyed] == [iid]
+        assert ("DELETE", f"/api/v0/instances/{iid}/", 200) in fake.requests
+
+
+async def test_losing_the_orchestrator_destroys_the_instance_after_the_grace_only(
+    nodes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seed_cfg, cfg = cluster_configs(2)
+    seed = await nodes(seed_cfg)
+    cfg.seed = seed.ticket()
+    node = await nodes(cfg)
+    async with FakeVast(faults=Faults(boot_delay=0.05), node_argv=SLEEPER) as fake:
+        iid = await rented(fake, monkeypatch)
+        stop = asyncio.Event()
+        guard = asyncio.ensure_future(guard_lifetime(node, settings(cfg, ttl=600, grace=0.8), stop))
+        await asyncio.sleep(2.0)  # the orchestrator is alive: the guard stays quiet
+        assert not guard.done() and [i.id for i in fake.live()] == [iid]
+        await seed.close()  # a clean leave: the node sees it at once, then waits out the grace
+        left = time.monotonic()
+        await asyncio.wait_for(guard, 10)
+        assert stop.is_set() and time.monotonic() - left >= 0.8 - 0.2  # last seen alive at the check before
+        assert fake.live() == []
+
+
+async def test_without_a_container_the_guard_only_stops_the_node(nodes, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("CONTAINER_ID", "CONTAINER_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    (cfg,) = cluster_configs(1)
+    node = await nodes(cfg)
+    stop = asyncio.Event()
+    await asyncio.wait_for(guard_lifetime(node, settings(cfg, ttl=0.3, grace=60), stop), 5)
+    assert stop.is_set()
