@@ -299,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         r.update(ok=True, exit_code=0)
     else:
         print(f"pp-smoke-run: failed at {r['error']}", file=sys.stderr)
-    gone = [i for i in r["instances"] if i["final_state"] == "destroyed"]
+    gone = [i for i in r["instances"] if i["final_state"] in ("destroyed", "destroying")]
     print(
         f"pp-smoke-run: {len(gone)} of {len(r['instances'])} instance(s) destroyed; cost ${r['cost_usd']:.4f}",
         file=sys.stderr,

@@ -619,7 +619,12 @@ class FakeVast:
             return  # stuck pulling, as a host with a broken registry mirror would be
         await asyncio.sleep(self.faults.boot_delay)
         inst.proc = ChildProcess(f"instance-{inst.id}", self.node_argv, self._node_env(inst))
-        await inst.proc.start()
+        try:
+            await inst.proc.start()
+        except OSError as e:  # a broken image: the container never starts
+            inst.proc = None
+            inst.actual_status, inst.status_msg = "exited", f"container failed to start: {e}"
+            return
         inst.actual_status, inst.status_msg = "running", f"success, running {inst.image}"
         assert inst.proc.proc is not None
         rc = await inst.proc.proc.wait()

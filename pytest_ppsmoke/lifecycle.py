@@ -85,7 +85,7 @@ class RentedInstance:
     id: int | None = None
     created_at: float | None = None  # wall clock, for the cost
     ended_at: float | None = None
-    state: str | None = None  # the last actual_status seen; "destroyed" once gone
+    state: str | None = None  # last actual_status seen; then "destroyed" (gone) or "destroying" (still listed)
     status_msg: str = ""
     endpoint_id: str = ""
     destroy_error: str | None = None
@@ -331,7 +331,7 @@ class Deployment:
 
     async def _destroy(self, inst: RentedInstance) -> None:
         assert inst.id is not None
-        if inst.state == "destroyed":
+        if inst.state in ("destroyed", "destroying"):
             return
         try:
             await self.vast.destroy_instance(inst.id)
@@ -340,12 +340,10 @@ class Deployment:
             inst.destroy_error = str(e)
             log.warning("could not destroy %s: %s", inst.name, e)
             return
-        inst.ended_at = time.time()
-        if record is None or record.get("actual_status") in ("exited", "offline"):
-            inst.state, inst.destroy_error = "destroyed", None
-        else:  # vast.ai answered success, but the instance is still there
-            inst.state = record.get("actual_status")
-            inst.destroy_error = f"still {inst.state} after a successful destroy"
+        inst.ended_at = time.time()  # billing stops with the accepted destroy
+        # gone at once (the emulator), or still listed while vast.ai tears it down
+        inst.state = "destroyed" if record is None else "destroying"
+        inst.destroy_error = None
 
     async def _sweep(self) -> None:
         """Instances with this run's label that we hold no id for (a create whose answer was lost,

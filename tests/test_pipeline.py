@@ -152,10 +152,11 @@ async def test_killing_the_last_workers_process_mid_decode_fails_promptly_naming
     assert seed is not None
     last = bf16_cluster.names["pp-exit"]
     worker_pid = bf16_cluster.ready[-1]["worker_pid"]
+    before = json.loads((await seed.request(last, StageStatsQuery(), timeout=10)).json)  # type: ignore[attr-defined]
     run = asyncio.ensure_future(run_inference(seed, 2, PROMPT, MAX_TOKENS, timeout=280))
-    for _ in range(600):  # wait until decode is under way: a few activations on the last stage
-        stats = await seed.request(last, StageStatsQuery(), timeout=10)
-        if len(json.loads(stats.json).get("activations_in", [])) >= 4:  # type: ignore[attr-defined]
+    for _ in range(600):  # wait until decode is under way: a few activations of this request on the last stage
+        stats = json.loads((await seed.request(last, StageStatsQuery(), timeout=10)).json)  # type: ignore[attr-defined]
+        if stats.get("request_id") != before.get("request_id") and len(stats.get("activations_in", [])) >= 4:
             break
         await asyncio.sleep(0.1)
     else:
