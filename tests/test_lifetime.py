@@ -7,13 +7,14 @@ import asyncio
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from pytest_ppsmoke.codec import WireDtype
 from pytest_ppsmoke.fake_vast import FakeVast, Faults
 from pytest_ppsmoke.gpu_node import Settings, guard_lifetime
-from pytest_ppsmoke.node import NodeConfig
+from pytest_ppsmoke.node import Node, NodeConfig
 from pytest_ppsmoke.vast import OfferQuery, VastClient
 
 from .conftest import cluster_configs
@@ -38,13 +39,18 @@ async def rented(fake: FakeVast, monkeypatch: pytest.MonkeyPatch) -> int:
     return iid
 
 
-async def test_the_hard_limit_destroys_the_instance_even_with_the_orchestrator_alive(
-    nodes, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def seed_and_member(nodes: Any) -> tuple[Node, Node, NodeConfig]:
+    """An orchestrator (the seed) and a member that joined through it, both in this process."""
     seed_cfg, cfg = cluster_configs(2)
     seed = await nodes(seed_cfg)
     cfg.seed = seed.ticket()
-    node = await nodes(cfg)
+    return seed, await nodes(cfg), cfg
+
+
+async def test_the_hard_limit_destroys_the_instance_even_with_the_orchestrator_alive(
+    nodes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _seed, node, cfg = await seed_and_member(nodes)
     async with FakeVast(faults=Faults(boot_delay=0.05), node_argv=SLEEPER) as fake:
         iid = await rented(fake, monkeypatch)
         stop = asyncio.Event()
@@ -58,10 +64,7 @@ async def test_the_hard_limit_destroys_the_instance_even_with_the_orchestrator_a
 async def test_losing_the_orchestrator_destroys_the_instance_after_the_grace_only(
     nodes, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    seed_cfg, cfg = cluster_configs(2)
-    seed = await nodes(seed_cfg)
-    cfg.seed = seed.ticket()
-    node = await nodes(cfg)
+    seed, node, cfg = await seed_and_member(nodes)
     async with FakeVast(faults=Faults(boot_delay=0.05), node_argv=SLEEPER) as fake:
         iid = await rented(fake, monkeypatch)
         stop = asyncio.Event()
