@@ -141,7 +141,7 @@ async def _start_and_infer(run: Run, dep: Deployment) -> None:
     run.progress("decode", result.timings["decode"], f"{result.timings['decode_tokens_per_s']} tokens/s")
     kv = {k.stage: k for k in result.kv}
     run.report["split"] = [
-        {"stage": i, "blocks": [kv[i].first_block, kv[i].end_block], "instance": inst.id}
+        {"stage": i, "blocks": [kv[i].first_block, kv[i].end_block] if i in kv else None, "instance": inst.id}
         for i, inst in enumerate(dep.instances)
     ]
     run.report.update(

@@ -69,6 +69,7 @@ class Faults:
     burst_429: int = 0  # of every `throttle_every` API calls, the first `burst_429` get HTTP 429
     throttle_every: int = 8
     api_latency: float = 0.0  # seconds before each answer (after the work is done, as on a slow link)
+    hold_create: set[int] = field(default_factory=set)  # create calls whose answer waits for release()
 
     @classmethod
     def from_json(cls, text: str) -> Faults:
@@ -366,6 +367,7 @@ class FakeVast:
         self._tmp = tempfile.TemporaryDirectory(prefix="pp-fake-vast-")
         self._watch: asyncio.Task[None] | None = None
         self._stopping: set[asyncio.Future[None]] = set()
+        self._released = asyncio.Event()
         self.url = ""
 
     def __repr__(self) -> str:
@@ -410,8 +412,13 @@ class FakeVast:
             self._watch = asyncio.ensure_future(self._kill_after_tokens())
         return self.url
 
+    def release(self) -> None:
+        """Answer the create calls held by ``Faults.hold_create``."""
+        self._released.set()
+
     async def close(self) -> None:
         """Stop the server and every instance still running; nothing outlives the emulator."""
+        self.release()
         if self._watch is not None:
             self._watch.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -531,6 +538,8 @@ class FakeVast:
         self.instances[inst.id] = inst
         inst.boot = asyncio.ensure_future(self._boot(inst))
         log.info("created instance %d from offer %d (%s)", inst.id, offer["id"], inst.label)
+        if n in self.faults.hold_create:  # rented, but the answer is held (a client that gives up never sees it)
+            await self._released.wait()
         return _json({"success": True, "new_contract": inst.id, "instance_api_key": inst.container_key})
 
     def _find(self, request: web.Request) -> Instance | None:
@@ -584,7 +593,9 @@ class FakeVast:
         inst.destroyed_at = time.time()
         inst.offer["rentable"], inst.offer["rented"] = True, False
         self.destroyed.append(inst)
-        self._stopping.add(asyncio.ensure_future(self._stop(inst)))
+        stopping = asyncio.ensure_future(self._stop(inst))
+        self._stopping.add(stopping)
+        stopping.add_done_callback(self._stopping.discard)
 
     async def list_v0(self, request: web.Request) -> web.Response:
         return _json({"instances": [i.record() for i in self.instances.values()]})
@@ -650,10 +661,10 @@ class FakeVast:
                 env["SEED_ADDR"] = PeerAddr(seed.id, (UNREACHABLE,)).ticket()
             except ValueError:
                 env["SEED_ADDR"] = "0" * 63  # not even an address
-        if stage in self.faults.stall_worker:
+        if stage in self.faults.stall_worker:  # the node gives up on its worker after 3 s
             stall = Path(self._tmp.name) / "stalled_worker.py"
             stall.write_text("import time\ntime.sleep(3600)  # never prints the ready line\n")
-            env["PP_WORKER"] = str(stall)
+            env.update(PP_WORKER=str(stall), PP_WORKER_READY_TIMEOUT="3")
         hooks = (("no-names", self.faults.no_names), ("empty-text", self.faults.empty_text))
         chosen = [name for name, stages in hooks if stage in stages]  # symptoms only the node can show
         if chosen:

@@ -403,7 +403,8 @@ async def guard_lifetime(node: Node, settings: Settings, stop: asyncio.Event) ->
     while True:
         await asyncio.sleep(min(1.0, settings.orphan_grace / 4))
         now = time.monotonic()
-        member = node.membership.members.get(seed_id) if seed_id else None
+        membership = getattr(node, "membership", None)  # None until the node has bound its endpoint
+        member = membership.members.get(seed_id) if membership is not None and seed_id else None
         if member is not None and member.status in (MemberStatus.alive, MemberStatus.suspect):
             seen = now
         if now - started > settings.ttl:
@@ -455,12 +456,14 @@ async def run(settings: Settings) -> None:
     bridge = WorkerBridge([sys.executable, str(settings.worker)], env, f"pp-stage-{stage}")
     guard: asyncio.Task[None] | None = None
     try:
+        # the guard runs from the start: an orchestrator that dies before this node joins leaves
+        # it orphaned too, and the time-to-live counts from the process's start
+        guard = asyncio.ensure_future(guard_lifetime(node, settings, stop))
         joining = await _unless_stopped(node.start(), stop)
         if joining is None:
             return
         joining.result()
         emit({"event": "joined", "id": node.id, "stage": stage})
-        guard = asyncio.ensure_future(guard_lifetime(node, settings, stop))
         starting = await _unless_stopped(bridge.start(settings.ready_timeout), stop)
         if starting is None:
             return
@@ -503,6 +506,8 @@ def main() -> None:
         settings = Settings.from_env()
         asyncio.run(run(settings))
     except (ValueError, TimeoutError, WorkerDied, WorkerError) as e:
+        # a node that cannot serve does not keep a rented GPU: it destroys its own instance
+        asyncio.run(destroy_own_instance())
         sys.exit(f"pp-gpu-node: {e}")
 
 

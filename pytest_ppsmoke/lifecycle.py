@@ -33,7 +33,7 @@ from types import TracebackType
 from typing import Any
 
 from .cluster import PhaseError, converge, resolve_names
-from .codec import ActorAddress, NodeStatus, NodeStatusQuery
+from .codec import ActorAddress, MemberStatus, NodeStatus, NodeStatusQuery
 from .errors import RemoteError
 from .gpu_node import STATUS_ACTOR
 from .localproc import ClusterKeys
@@ -138,9 +138,11 @@ class Deployment:
         self.seed: Node | None = None
         self.keys = ClusterKeys(1 + config.num_stages)
         self.names: dict[str, ActorAddress] = {}
-        self.statuses: list[NodeStatus] = []
         self.timings: dict[str, float] = {}
         self.phase = "rent"  # the phase under way: named when something interrupts it
+        self.teardown_timeout = 120.0
+        self.teardown_errors: list[str] = []
+        self._uncertain_creates = False
 
     def __repr__(self) -> str:
         return f"Deployment({self.run_id}, {len(self.instances)} instances)"
@@ -205,12 +207,15 @@ class Deployment:
         for stage, offer in enumerate(offers[: c.num_stages]):
             inst = RentedInstance(stage, offer, f"{self.label_prefix}stage{stage}")
             inst.endpoint_id = self.keys.ids[1 + stage]
+            self._uncertain_creates = True  # until its answer is in: cancelled now, it may still rent
             try:
                 inst.id = await self.vast.create_instance(
                     offer.id, image=c.image, env=self._env(stage), label=inst.label, disk_gb=c.disk_gb
                 )
             except VastError as e:
+                self._uncertain_creates = e.status == 0  # a definite refusal rented nothing
                 raise PhaseError("rent", f"creating stage {stage} on offer {offer.id} was rejected: {e}") from None
+            self._uncertain_creates = False
             inst.created_at = time.time()
             self.instances.append(inst)  # one cancelled while its create was in flight is found by the sweep
         detail = ", ".join(f"{i.id} ({i.offer.gpu_name}, ${i.offer.dph_total}/h)" for i in self.instances)
@@ -278,6 +283,9 @@ class Deployment:
 
         async def one(inst: RentedInstance) -> NodeStatus:
             while True:
+                member = seed.membership.get(inst.endpoint_id)
+                if member is not None and member.status == MemberStatus.dead:
+                    raise PhaseError("load", f"pp-stage-{inst.stage} on {inst.name} dropped out of the cluster")
                 try:
                     st = await seed.request(ActorAddress(inst.endpoint_id, STATUS_ACTOR), NodeStatusQuery(), timeout=10)
                 except (TimeoutError, ConnectionError, RemoteError) as e:
@@ -296,7 +304,7 @@ class Deployment:
                     raise PhaseError("load", f"{what}: worker not ready within {timeout:.0f} s ({seen})")
                 await asyncio.sleep(min(1.0, self.config.poll_interval))
 
-        self.statuses = await _all(one(i) for i in self.instances)
+        await _all(one(i) for i in self.instances)
         self._done("load", t, "workers ready")
 
     async def resolve(self) -> None:
@@ -310,11 +318,18 @@ class Deployment:
 
     async def close(self) -> None:
         """Destroy every instance of this run, then leave the cluster. Raises PhaseError("teardown")
-        naming every instance that could not be destroyed; never stops at the first failure."""
+        naming every instance that could not be destroyed; never stops at the first failure, and
+        ends within ``teardown_timeout`` even when vast.ai does not answer."""
         t = self._begin("teardown")
         try:
-            await asyncio.gather(*(self._destroy(i) for i in self.instances if i.id is not None))
-            await self._sweep()
+            async with asyncio.timeout(self.teardown_timeout):
+                await asyncio.gather(*(self._destroy(i) for i in self.instances if i.id is not None))
+                await self._sweep()
+        except TimeoutError:
+            for i in self.instances:
+                if i.state not in ("destroyed", "destroying") and not i.destroy_error:
+                    i.destroy_error = f"no answer within the teardown's {self.teardown_timeout:.0f} s"
+            self.teardown_errors.append(f"the teardown did not finish within {self.teardown_timeout:.0f} s")
         finally:
             if self.seed is not None:
                 with contextlib.suppress(Exception):
@@ -322,11 +337,12 @@ class Deployment:
                 self.seed = None
         failed = [i for i in self.instances if i.destroy_error]
         self._done("teardown", t, f"{len(self.instances) - len(failed)} of {len(self.instances)} destroyed")
-        if failed:
+        problems = [f"{i.name} was NOT destroyed: {i.destroy_error}" for i in failed] + self.teardown_errors
+        if problems:
             raise PhaseError(
                 "teardown",
-                "; ".join(f"{i.name} was NOT destroyed: {i.destroy_error}" for i in failed)
-                + ". It may still be billing: run pp-smoke-run --reap, or destroy it in the vast.ai console",
+                "; ".join(problems) + f". Something may still be billing: run pp-smoke-run --reap --run-id "
+                f"{self.run_id}, or check the vast.ai console",
             )
 
     async def _destroy(self, inst: RentedInstance) -> None:
@@ -335,39 +351,63 @@ class Deployment:
             return
         try:
             await self.vast.destroy_instance(inst.id)
-            record = await self.vast.show_instance(inst.id)
-        except VastError as e:
-            inst.destroy_error = str(e)
-            log.warning("could not destroy %s: %s", inst.name, e)
+        except Exception as e:  # any failure is reported against this instance; the others go on
+            inst.destroy_error = str(e) or type(e).__name__
+            log.warning("could not destroy %s: %s", inst.name, inst.destroy_error)
             return
         inst.ended_at = time.time()  # billing stops with the accepted destroy
+        inst.destroy_error = None
+        try:
+            record = await self.vast.show_instance(inst.id)
+        except Exception as e:
+            log.info("destroy of %s accepted; the check afterwards failed: %s", inst.name, e)
+            record = {}
         # gone at once (the emulator), or still listed while vast.ai tears it down
         inst.state = "destroyed" if record is None else "destroying"
-        inst.destroy_error = None
 
     async def _sweep(self) -> None:
-        """Instances with this run's label that we hold no id for (a create whose answer was lost,
-        or that was cancelled in flight)."""
+        """Destroy instances with this run's label that the run holds no id for: a create that
+        was cancelled in flight, or whose answer was lost. Such an instance may be listed only a
+        moment later, so after an uncertain create the list is read a few times."""
         if self.seed is None:
             return  # nothing was ever asked of vast.ai
-        try:
-            listed = await self.vast.list_instances()
-        except VastError as e:
-            log.warning("could not list instances to sweep run %s: %s", self.run_id, e)
-            return
-        known = {i.id for i in self.instances}
-        for record in listed:
-            label = str(record.get("label") or "")
-            if not label.startswith(self.label_prefix) or record.get("id") in known:
-                continue
-            log.warning("destroying instance %s (%s): created by this run, its answer lost", record["id"], label)
-            state = record.get("actual_status")
-            stage = int(label.rsplit("stage", 1)[1]) if label.rsplit("stage", 1)[-1].isdigit() else -1
-            offer = Offer.from_json({**record, "id": record.get("bundle_id") or 0})
-            orphan = RentedInstance(stage, offer, label, int(record["id"]), time.time(), state=state)
-            orphan.endpoint_id = self.keys.ids[1 + stage] if 0 <= stage < self.config.num_stages else ""
-            self.instances.append(orphan)
-            await self._destroy(orphan)
+        looks = 4 if self._uncertain_creates else 1
+        for look in range(looks):
+            try:
+                listed = await self.vast.list_instances(self.label_prefix)
+            except Exception as e:
+                self.teardown_errors.append(f"could not list this run's instances to sweep them: {e}")
+                return
+            known = {i.id for i in self.instances}
+            for record in listed:
+                if record.get("id") not in known:
+                    await self._destroy(self._adopt(record))
+            if look < looks - 1:
+                await asyncio.sleep(min(2.0, self.config.poll_interval))
+
+    def _adopt(self, record: dict[str, Any]) -> RentedInstance:
+        label = str(record.get("label"))
+        log.warning("destroying instance %s (%s): created by this run, its answer lost", record.get("id"), label)
+        tail = label.rsplit("stage", 1)[-1]
+        stage = int(tail) if tail.isdigit() else -1
+        price = record.get("dph_total")
+        offer = Offer(
+            int(record.get("bundle_id") or 0),
+            str(record.get("gpu_name") or "?"),
+            int(record.get("num_gpus") or 1),
+            float(record.get("gpu_ram") or 0),
+            float(price) if isinstance(price, (int, float)) else 0.0,
+            float(record.get("reliability2") or 0),
+            str(record.get("geolocation") or "?"),
+            {},
+        )
+        start = record.get("start_date")
+        orphan = RentedInstance(stage, offer, label, int(record["id"]), start if isinstance(start, float) else None)
+        orphan.state = record.get("actual_status")
+        if 0 <= stage < self.config.num_stages:
+            orphan.endpoint_id = self.keys.ids[1 + stage]
+        self.instances.append(orphan)
+        return orphan
 
     def cost_usd(self) -> float:
         return sum(i.cost_usd() for i in self.instances)
@@ -389,11 +429,9 @@ async def reap(vast: VastClient, run_id: str | None = None) -> list[dict[str, An
     """Destroy every instance labelled by this tool (of one run, if ``run_id`` is given)."""
     prefix = f"{LABEL_PREFIX}{run_id}-" if run_id else LABEL_PREFIX
     out = []
-    for record in await vast.list_instances():
-        label = str(record.get("label") or "")
-        if not label.startswith(prefix):
-            continue
-        entry = {"id": record.get("id"), "label": label, "status": record.get("actual_status"), "destroyed": False}
+    for record in await vast.list_instances(prefix):
+        status = record.get("actual_status")
+        entry = {"id": record.get("id"), "label": record["label"], "status": status, "destroyed": False}
         try:
             await vast.destroy_instance(int(record["id"]))
             entry["destroyed"] = True

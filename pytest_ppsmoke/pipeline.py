@@ -6,8 +6,10 @@
 
 The seed hosts an ``orchestrator`` actor that receives the ``InferenceResponse``. While waiting,
 it watches membership: a stage declared dead fails the run at once with its name, instead of
-waiting for the deadline. Figures come from each stage's ``StageStats`` (wall-clock timestamps,
-comparable on one machine) and ``KvInfo``.
+waiting for the deadline. Prefill and decode are timed on this process's clock (the last stage's
+``FirstToken``, then the response), so they hold across machines. Per-hop figures come from each
+stage's ``StageStats`` (wall-clock timestamps: the latencies need synchronised clocks across
+machines, the byte counts do not) and ``KvInfo``.
 """
 
 from __future__ import annotations
@@ -57,11 +59,18 @@ class _Orchestrator:
         self.response: asyncio.Future[InferenceResponse] = asyncio.get_running_loop().create_future()
         self.request_id: int | None = None
         self.sent_at = time.monotonic()
+        self.first_token_at: float | None = None  # this process's clock: no skew between machines
         self.first_token_callback = on_first_token
 
+    @property
+    def phase(self) -> str:
+        return "prefill" if self.first_token_at is None else "decode"
+
     def on_first_token(self, msg: FirstToken, ctx: Context) -> None:
-        if self.request_id in (None, msg.request_id) and self.first_token_callback is not None:
-            self.first_token_callback(time.monotonic() - self.sent_at)
+        if self.request_id in (None, msg.request_id) and self.first_token_at is None:
+            self.first_token_at = time.monotonic()
+            if self.first_token_callback is not None:
+                self.first_token_callback(self.first_token_at - self.sent_at)
 
     def on_inference_response(self, msg: InferenceResponse, ctx: Context) -> None:
         if msg.request_id != self.request_id:  # a late answer to an earlier run
@@ -94,7 +103,7 @@ async def run_inference(
         if ev.kind == "dead" and ev.member.id in stage_ids and not orch.response.done():
             i = stage_ids[ev.member.id]
             orch.response.set_exception(
-                PhaseError("decode", f"pp-stage-{i} ({ev.member.id[:10]}) dropped out of the cluster mid-request")
+                PhaseError(orch.phase, f"pp-stage-{i} ({ev.member.id[:10]}) dropped out of the cluster mid-request")
             )
 
     seed.membership.add_listener(on_member)
@@ -109,40 +118,63 @@ async def run_inference(
         try:
             accepted = await seed.request(entry, request, timeout=30)
         except (RemoteError, TimeoutError, ConnectionError) as e:
-            raise PhaseError("request", str(e)) from None
+            raise PhaseError("prefill", f"pp-entry did not take the request: {e}") from None
         if not isinstance(accepted, Accepted):
-            raise PhaseError("request", f"pp-entry answered {type(accepted).__name__}, expected Accepted")
+            raise PhaseError("prefill", f"pp-entry answered {type(accepted).__name__}, expected Accepted")
         orch.request_id = accepted.request_id
         try:
             response = await asyncio.wait_for(orch.response, timeout)
         except TimeoutError:
-            raise PhaseError("decode", f"no InferenceResponse within {timeout:.0f} s") from None
+            raise PhaseError(orch.phase, f"no InferenceResponse within {timeout:.0f} s") from None
     finally:
         seed.membership.remove_listener(on_member)
     finished = time.time()
+    done_at = time.monotonic()
     if response.error:  # a failure after the first sampled token is a decode failure
         raise PhaseError("decode" if response.token_ids else "prefill", response.error)
     if not response.text.strip():
         raise PhaseError("decode", f"the last stage reported done with no text (token ids {list(response.token_ids)})")
 
     stages, kv = [], []
-    for i in range(num_stages):
-        addr = seed.registry.lookup(f"pp-stage-{i}")
-        assert addr is not None
-        try:
+    try:
+        for i in range(num_stages):
+            addr = seed.registry.lookup(f"pp-stage-{i}")
+            if addr is None:
+                raise LookupError(f"pp-stage-{i} is no longer registered")
             st = await seed.request(addr, StageStatsQuery(), timeout=30)
             info = await seed.request(addr, KvInfoQuery(), timeout=30)
-        except (RemoteError, TimeoutError, ConnectionError) as e:
-            raise PhaseError("report", f"pp-stage-{i} did not report its figures: {e}") from None
-        assert isinstance(st, StageStats) and isinstance(info, KvInfo)
-        stages.append(json.loads(st.json))
-        kv.append(info)
-    return _figures(response, stages, kv, started, finished)
+            assert isinstance(st, StageStats) and isinstance(info, KvInfo)
+            stages.append(json.loads(st.json))
+            kv.append(info)
+    except (RemoteError, TimeoutError, ConnectionError, LookupError) as e:
+        # the answer stands; only the per-stage figures are missing
+        log.warning("the stages' figures are incomplete: %s", e)
+        stages, kv = [], []
+    result = _figures(response, stages, kv, started, finished)
+    if orch.first_token_at is not None:  # on the orchestrator's own clock
+        generated = len(response.token_ids)
+        decode_s = done_at - orch.first_token_at
+        result.timings.update(
+            prefill=round(orch.first_token_at - orch.sent_at, 4),
+            decode=round(decode_s, 4),
+            decode_tokens_per_s=_rate(generated, decode_s),
+            inference=round(done_at - orch.sent_at, 4),
+        )
+    return result
+
+
+def _rate(generated: int, decode_s: float) -> float:
+    """Decode tokens per second: the first token belongs to prefill."""
+    return round((generated - 1) / decode_s, 3) if generated > 1 and decode_s > 0 else 0.0
 
 
 def _figures(
     response: InferenceResponse, stages: list[dict[str, Any]], kv: list[KvInfo], started: float, finished: float
 ) -> InferenceResult:
+    if not stages:
+        inference = round(finished - started, 4)
+        timings = {"prefill": inference, "decode": 0.0, "decode_tokens_per_s": 0.0, "inference": inference}
+        return InferenceResult(response.text, list(response.token_ids), [], timings, {}, [], [])
     last = stages[-1]
     samples = [c for c in last["compute"] if c["op"] == "forward_and_sample"]
     first_token_at = samples[0]["at"] + samples[0]["s"]
@@ -151,7 +183,7 @@ def _figures(
     timings = {
         "prefill": round(first_token_at - started, 4),
         "decode": round(decode_s, 4),
-        "decode_tokens_per_s": round((generated - 1) / decode_s, 3) if generated > 1 and decode_s > 0 else 0.0,
+        "decode_tokens_per_s": _rate(generated, decode_s),
         "inference": round(finished - started, 4),
     }
     hops: dict[str, Any] = {}

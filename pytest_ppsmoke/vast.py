@@ -106,7 +106,8 @@ class Offer:
                 o,
             )
         except (KeyError, TypeError, ValueError) as e:
-            raise VastError("POST", "/api/v0/bundles/", 200, f"an offer without a usable {e}: {o!r:.200}") from None
+            what = f"an offer without a usable {e}; it has {sorted(o)[:20]}"
+            raise VastError("POST", "/api/v0/bundles/", 200, what) from None
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -168,8 +169,9 @@ class VastClient:
     async def _call(
         self, method: str, path: str, *, body: Any = None, params: Mapping[str, str] | None = None, retry: bool = True
     ) -> tuple[int, Any]:
-        """One API call with retries; returns (status, parsed JSON) for any 2xx/4xx answer that is
-        not retried, raises VastError once the attempts are spent."""
+        """One API call with retries; returns (status, parsed JSON) for any answer that is not
+        retried, raises VastError once the attempts are spent. With ``retry=False`` every answer
+        is returned, and only a call with no answer at all raises (status 0)."""
         last = ""
         delay = self.backoff
         attempts = self.attempts if retry else 1
@@ -184,7 +186,7 @@ class VastClient:
                 # the message of a connection error names host and port, never headers
                 last = f"{type(e).__name__}: {e}" if str(e) else f"{type(e).__name__} after {self.timeout:g} s"
             else:
-                if status not in RETRY_STATUSES:
+                if status not in RETRY_STATUSES or not retry:
                     return status, _parse(method, path, status, text)
                 last = _message(text) or f"HTTP {status}"
             if attempt < attempts:
@@ -207,7 +209,7 @@ class VastClient:
         data = await self._ok("POST", "/api/v0/bundles/", body=query.body())
         offers = data.get("offers") if isinstance(data, dict) else None
         if not isinstance(offers, list):
-            raise VastError("POST", "/api/v0/bundles/", 200, f"expected {{'offers': [...]}}, got {data!r:.200}")
+            raise VastError("POST", "/api/v0/bundles/", 200, f"expected {{'offers': [...]}}, got {_shape(data)}")
         return sorted((Offer.from_json(o) for o in offers), key=lambda o: o.dph_total)
 
     async def create_instance(
@@ -234,47 +236,42 @@ class VastClient:
             "price": None,  # on-demand
         }
         delay = self.backoff
+        last = ""
         for attempt in range(1, self.attempts + 1):
             try:
                 status, data = await self._call("PUT", path, body=body, retry=False)
-            except VastError as e:  # no answer: the instance may or may not exist
+            except VastError as e:
+                status, data, last = 0, None, str(e)
+            if 200 <= status < 300 and isinstance(data, dict) and data.get("success") is not False:
+                try:
+                    return int(data["new_contract"])
+                except (KeyError, TypeError, ValueError):
+                    raise VastError("PUT", path, status, f"no new_contract among {sorted(data)}") from None
+            if status and status not in RETRY_STATUSES:
+                raise VastError("PUT", path, status, _error_text(data))
+            if status == 429:  # refused before anything was rented: safe to send again
+                last = _error_text(data)
+            else:  # no answer, or a 5xx: the instance may exist; look before renting again
+                last = last if not status else f"HTTP {status}: {_error_text(data)}"
                 found = await self._find_label(label)
                 if found is not None:
                     log.info("create of %s lost its answer, but instance %d exists", label, found)
                     return found
-                if attempt == self.attempts:
-                    raise VastError(
-                        "PUT", path, 0, f"{e} (after {attempt} attempts; no instance has label {label})"
-                    ) from None
-            else:
-                if status == 429:  # refused before anything was rented: safe to repeat
-                    if attempt == self.attempts:
-                        raise VastError("PUT", path, status, f"{_error_text(data)} (after {attempt} attempts)")
-                elif 200 <= status < 300 and isinstance(data, dict) and data.get("success") is not False:
-                    try:
-                        return int(data["new_contract"])
-                    except (KeyError, TypeError, ValueError):
-                        raise VastError("PUT", path, status, f"no new_contract in {data!r:.200}") from None
-                elif status < 500:
-                    raise VastError("PUT", path, status, _error_text(data))
-                else:
-                    found = await self._find_label(label)
-                    if found is not None:
-                        return found
-                    if attempt == self.attempts:
-                        raise VastError("PUT", path, status, f"{_error_text(data)} (after {attempt} attempts)")
-            self.retries += 1
-            await asyncio.sleep(delay)
-            delay *= 1.5
-        raise AssertionError("unreachable")
+            if attempt < self.attempts:
+                self.retries += 1
+                await asyncio.sleep(delay)
+                delay *= 1.5
+        raise VastError("PUT", path, status, f"{last} (after {self.attempts} attempts; no instance has label {label})")
 
-    async def _find_label(self, label: str) -> int | None:
-        try:
-            for inst in await self.list_instances():
+    async def _find_label(self, label: str, looks: int = 3) -> int | None:
+        """The instance with this label, looked for a few times (a new instance may take a moment
+        to be listed). A list that fails raises: renting again blind could rent twice."""
+        for look in range(looks):
+            for inst in await self.list_instances(label):
                 if inst.get("label") == label:
                     return int(inst["id"])
-        except VastError as e:
-            log.warning("could not list instances to look for %s: %s", label, e)
+            if look < looks - 1:
+                await asyncio.sleep(self.backoff * 2)
         return None
 
     async def show_instance(self, instance_id: int) -> dict[str, Any] | None:
@@ -288,7 +285,7 @@ class VastClient:
         inst = data.get("instances")
         if inst is None or isinstance(inst, dict):
             return inst
-        raise VastError("GET", path, status, f"expected {{'instances': {{...}}}}, got {data!r:.200}")
+        raise VastError("GET", path, status, f"expected {{'instances': {{...}}}}, got {_shape(data)}")
 
     async def destroy_instance(self, instance_id: int) -> bool:
         """Destroy it; False if it was already gone (vast.ai's 404 ``no_such_instance``)."""
@@ -303,19 +300,23 @@ class VastClient:
     async def label_instance(self, instance_id: int, label: str) -> None:
         await self._ok("PUT", f"/api/v0/instances/{instance_id}/", body={"label": label})
 
-    async def list_instances(self) -> list[dict[str, Any]]:
-        """Every instance of this account (``/api/v1/instances/``, following ``next_token``)."""
+    async def list_instances(self, label_prefix: str | None = None) -> list[dict[str, Any]]:
+        """Every instance of this account (``/api/v1/instances/``, following ``next_token``), or
+        those whose label starts with ``label_prefix``."""
         out: list[dict[str, Any]] = []
         params = {"limit": "25"}
         for _ in range(1000):  # a bound on pages: 25,000 instances
             data = await self._ok("GET", "/api/v1/instances/", params=params)
             page = data.get("instances") if isinstance(data, dict) else None
             if not isinstance(page, list):
-                raise VastError("GET", "/api/v1/instances/", 200, f"expected {{'instances': [...]}}, got {data!r:.200}")
+                what = f"expected {{'instances': [...]}}, got {_shape(data)}"
+                raise VastError("GET", "/api/v1/instances/", 200, what)
             out.extend(page)
             token = data.get("next_token")
             if not token:
-                return out
+                if label_prefix is None:
+                    return out
+                return [i for i in out if str(i.get("label") or "").startswith(label_prefix)]
             params = {"limit": "25", "after_token": str(token)}
         raise VastError("GET", "/api/v1/instances/", 200, "more than 1000 pages of instances")
 
@@ -328,8 +329,11 @@ class VastClient:
             last = await self.show_instance(instance_id)
             if on_poll is not None:
                 on_poll(poll, last)
-            if last is None:
+            if last is None and poll > 3:  # a new instance can take a moment to be shown
                 raise VastError("GET", f"/api/v0/instances/{instance_id}/", 200, "the instance no longer exists")
+            if last is None:
+                await asyncio.sleep(interval)
+                continue
             state = last.get("actual_status")
             if state == "running":
                 return last
@@ -374,4 +378,14 @@ def _error_text(data: Any) -> str:
         parts = [str(data[k]) for k in ("error", "msg", "detail") if data.get(k)]
         if parts:
             return ": ".join(parts)
-    return f"unexpected answer {data!r:.300}"
+    return f"unexpected answer {_shape(data)}"
+
+
+def _shape(data: Any) -> str:
+    """What an unexpected answer looked like, without its values: answers can hold secrets
+    (``instance_api_key``, an instance's ``extra_env`` with the cluster keys)."""
+    if isinstance(data, dict):
+        return f"an object with keys {sorted(data)[:20]}"
+    if isinstance(data, list):
+        return f"a list of {len(data)}"
+    return type(data).__name__

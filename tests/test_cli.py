@@ -12,13 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from .procs import node_processes
+from .procs import TEST_TAG, node_processes
 
 pytestmark = pytest.mark.local
 
 
+TAG = f"cli-{os.getpid()}"
+
+
 def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "VAST_API_KEY"}
+    env = {k: v for k, v in os.environ.items() if k != "VAST_API_KEY"} | {TEST_TAG: TAG}
     return subprocess.run(
         [sys.executable, "-m", "pytest_ppsmoke.cli", *args], capture_output=True, text=True, timeout=timeout, env=env
     )
@@ -64,7 +67,7 @@ def test_local_run_says_hello_reports_everything_and_leaves_nothing(tmp_path: Pa
     assert report["cost_usd"] == pytest.approx(expected, abs=1e-6) and report["cost_usd"] > 0
     assert all(0 < i["seconds"] <= report["timings"]["total"] for i in report["instances"])
     assert report["emulator"] == {"live_instances": [], "destroyed_instances": ids}
-    assert node_processes() == []
+    assert node_processes(TAG) == []
     # no secret anywhere: every 64-hex string printed or reported is a public endpoint id
     public = {i["endpoint_id"] for i in report["instances"]}
     seen = set(re.findall(r"[0-9a-f]{64}", out.stdout + out.stderr + report_path.read_text()))

@@ -27,11 +27,12 @@ import pytest_asyncio
 
 from pytest_ppsmoke.fake_vast import FakeVast, Faults
 
-from .procs import node_processes
+from .procs import TEST_TAG, node_processes
 
 pytestmark = pytest.mark.local
 
 KEY = "vk-LIFECYCLE-7f3e9a1c55d0-NEVER-PRINT-ME"
+TAG = f"lifecycle-{os.getpid()}"  # in the environment of every node this module starts
 
 
 class Smoke:
@@ -97,8 +98,9 @@ class Smoke:
 
 
 @pytest_asyncio.fixture
-async def emulator(request: pytest.FixtureRequest) -> AsyncIterator[Callable[[Faults], Any]]:
+async def emulator(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Callable[[Faults], Any]]:
     started: list[FakeVast] = []
+    monkeypatch.setenv(TEST_TAG, TAG)  # the emulator's nodes inherit this process's environment
 
     async def start(faults: Faults) -> FakeVast:
         fake = FakeVast(api_key=KEY, faults=faults)
@@ -116,9 +118,9 @@ async def assert_nothing_left(fake: FakeVast, smoke: Smoke, created: int) -> Non
     assert fake.live() == [], f"still rented: {fake.live()}"
     assert len(fake.destroyed) == created, [i.id for i in fake.destroyed]
     deadline = time.monotonic() + 15
-    while node_processes() and time.monotonic() < deadline:
+    while node_processes(TAG) and time.monotonic() < deadline:
         await asyncio.sleep(0.2)  # the emulator stops destroyed instances behind its answer
-    assert node_processes() == []
+    assert node_processes(TAG) == []
     logs = [i.proc.stderr_tail() for i in fake.destroyed if i.proc]
     report = smoke.report_path.read_text() if smoke.report_path.exists() else ""
     places = [("stdout", smoke.stdout), ("stderr", smoke.stderr), ("report", report)] + [
@@ -156,8 +158,8 @@ ROWS = {
     ),
     "the cluster never converges": (
         Faults(no_join={1}),
-        ["--converge-timeout", "4"],
-        r"failed at converge: 2 of 3 members alive after 4 s; missing: instance \d+ \(stage 1\), last seen running",
+        ["--converge-timeout", "10"],
+        r"failed at converge: 2 of 3 members alive after 10 s; missing: instance \d+ \(stage 1\), last seen running",
         2,
     ),
     "pp-entry never resolves": (
@@ -168,8 +170,8 @@ ROWS = {
     ),
     "a worker never ready": (
         Faults(stall_worker={1}),
-        ["--load-timeout", "4"],
-        r"failed at load: pp-stage-1 on instance \d+ \(stage 1\): pp-stage-1 worker did not report ready within 4 s",
+        [],
+        r"failed at load: pp-stage-1 on instance \d+ \(stage 1\): pp-stage-1 worker did not report ready within 3 s",
         2,
     ),
     "done with no text": (
@@ -239,10 +241,12 @@ async def test_429_bursts_are_absorbed_and_the_run_succeeds(emulator: Callable[[
 # --- signals during each phase -----------------------------------------------------------------
 
 
-async def _first_create_answered(smoke: Smoke) -> None:
-    while not any(p.startswith("/api/v0/asks/") for _, p, _ in smoke.fake.requests):
+async def _second_create_in_flight(smoke: Smoke) -> None:
+    """The second instance is rented on the server, its answer held (Faults.hold_create)."""
+    deadline = time.monotonic() + 60
+    while len(smoke.fake.instances) < 2:
+        assert smoke.proc.returncode is None and time.monotonic() < deadline, smoke.stderr
         await asyncio.sleep(0.01)
-    await asyncio.sleep(1.0)  # the second create is in flight: rented on the server, not yet answered
 
 
 async def _tokens_flowing(smoke: Smoke) -> None:
@@ -257,7 +261,7 @@ async def _tokens_flowing(smoke: Smoke) -> None:
 
 SIGNAL_CASES = {
     # phase: (signal, faults, extra args, how to get there)
-    "rent": (signal.SIGINT, Faults(api_latency=0.7), [], _first_create_answered),
+    "rent": (signal.SIGINT, Faults(hold_create={2}), [], _second_create_in_flight),
     "boot": (signal.SIGTERM, Faults(boot_delay=60), [], lambda s: s.wait_line("rent")),
     "converge": (signal.SIGINT, Faults(no_join={1}), ["--converge-timeout", "60"], lambda s: s.wait_line("boot")),
     "load": (signal.SIGTERM, Faults(), [], lambda s: s.wait_line("converge")),
@@ -280,7 +284,9 @@ async def test_a_signal_during_each_phase_destroys_everything(
     report = smoke.report()
     assert report["error"] == f"{phase}: interrupted by {sig.name}", (report["error"], smoke.stderr[-2000:])
     assert report["failed_phase"] == phase
-    assert len(report["instances"]) == 2  # the rent case: the in-flight create was found by its label
+    assert len(report["instances"]) == 2
+    if phase == "rent":  # the create in flight was found by its label
+        assert re.search(r"destroying instance \d+ \(ppsmoke-\S+-stage1\): created by this run", smoke.stderr)
     assert all(i["final_state"] == "destroyed" for i in report["instances"])
     await assert_nothing_left(fake, smoke, 2)
 
@@ -307,6 +313,6 @@ async def test_nodes_destroy_their_own_instances_when_the_orchestrator_is_killed
         assert inst.proc is not None
         assert any(e.get("event") == "expired" and "lost the orchestrator" in e["reason"] for e in inst.proc.events)
     deadline = time.monotonic() + 15
-    while node_processes() and time.monotonic() < deadline:
+    while node_processes(TAG) and time.monotonic() < deadline:
         await asyncio.sleep(0.2)
-    assert node_processes() == []
+    assert node_processes(TAG) == []
