@@ -294,12 +294,13 @@ async def test_a_signal_during_each_phase_destroys_everything(
 # --- the node's own time-to-live ---------------------------------------------------------------
 
 
+@pytest.mark.parametrize("after", ["rent", "converge"])  # before the nodes joined, and after
 async def test_nodes_destroy_their_own_instances_when_the_orchestrator_is_killed(
-    emulator: Callable[[Faults], Any], tmp_path: Path
+    after: str, emulator: Callable[[Faults], Any], tmp_path: Path
 ) -> None:
-    fake = await emulator(Faults())
+    fake = await emulator(Faults(boot_delay=1.0))
     async with Smoke(fake, tmp_path, "--orphan-grace", "2") as smoke:
-        await smoke.wait_line("converge")
+        await smoke.wait_line(after)
         smoke.proc.kill()  # no teardown at all: the nodes must notice on their own
         await smoke.finish(30)
     assert len(fake.live()) == 2
