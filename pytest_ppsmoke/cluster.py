@@ -167,7 +167,7 @@ class LocalCluster:
         t = time.monotonic()
         self.seed = Node(NodeConfig(secret_key=self.keys.keys[0], allowed=frozenset(self.keys.ids), swim=self.swim))
         await self.seed.start()
-        swim_env = ",".join(f"{k}={v}" for k, v in vars(self.swim).items())
+        swim_env = self.swim.to_env()
         for stage in range(self.num_stages):
             env = member_env(
                 self.keys.keys[1 + stage],

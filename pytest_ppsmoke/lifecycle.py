@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import secrets
 import time
@@ -74,7 +75,7 @@ class RunConfig:
 
     @property
     def swim(self) -> SwimConfig:
-        return SwimConfig.loopback() if self.network == "local" else SwimConfig.wan()
+        return SwimConfig.shared_cpu() if self.network == "local" else SwimConfig.wan()
 
 
 @dataclass
@@ -138,6 +139,7 @@ class Deployment:
         self.seed: Node | None = None
         self.keys = ClusterKeys(1 + config.num_stages)
         self.names: dict[str, ActorAddress] = {}
+        self.ready: dict[int, dict[str, Any]] = {}  # each stage's worker: dim, block range, context
         self.timings: dict[str, float] = {}
         self.phase = "rent"  # the phase under way: named when something interrupts it
         self.teardown_timeout = 120.0
@@ -232,6 +234,7 @@ class Deployment:
             "PP_NODE_KEY": self.keys.keys[1 + stage].hex(),
             "PP_ALLOWED_IDS": ",".join(self.keys.ids),
             "PP_NETWORK": c.network,
+            "PP_SWIM": c.swim.to_env(),
             "PP_WIRE_DTYPE": c.wire_dtype,
             "PP_JOIN_TIMEOUT": str(c.converge_timeout),
             "PP_WORKER_READY_TIMEOUT": str(c.load_timeout),
@@ -294,6 +297,7 @@ class Deployment:
                     assert isinstance(st, NodeStatus)
                     statuses[inst.stage] = st
                     if st.state == "ready":
+                        self.ready[inst.stage] = _json_object(st.detail)
                         return st
                     if st.state == "failed":
                         raise PhaseError("load", f"pp-stage-{inst.stage} on {inst.name}: {st.detail}")
@@ -411,6 +415,14 @@ class Deployment:
 
     def cost_usd(self) -> float:
         return sum(i.cost_usd() for i in self.instances)
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return {}
+    return obj if isinstance(obj, dict) else {}
 
 
 async def _all(coros: Any) -> list[Any]:

@@ -69,6 +69,17 @@ class SwimConfig:
         return cls()
 
     @classmethod
+    def shared_cpu(cls) -> SwimConfig:
+        """Loopback, with the stages' tinygrad workers on the same few cores: a node's event
+        loop can be starved for seconds, which must not read as death (seen on 2 cores with
+        seven workers busy: a live stage declared dead after the 2 s suspicion)."""
+        return cls(suspicion_timeout=5.0)
+
+    def to_env(self) -> str:
+        """The ``PP_SWIM`` value that gives a member this configuration."""
+        return ",".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
+
+    @classmethod
     def wan(cls) -> SwimConfig:
         """Round trips of tens to hundreds of milliseconds between continents."""
         return cls(

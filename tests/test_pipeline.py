@@ -23,6 +23,7 @@ from pytest_ppsmoke.codec import InferenceRequest, InferenceResponse, StageStats
 from pytest_ppsmoke.errors import RemoteError
 from pytest_ppsmoke.pipeline import InferenceResult, run_inference
 from pytest_ppsmoke.stages import StageModel, Tokenizer, load_model, unsplit_generate
+from pytest_ppsmoke.swim import SwimConfig
 
 pytestmark = [pytest.mark.local, pytest.mark.asyncio(loop_scope="module")]
 
@@ -48,7 +49,9 @@ def reference() -> dict[str, Any]:
 
 def pipeline(num_stages: int, wire: str) -> LocalCluster:
     env = {"MODEL": MODEL, "PP_WIRE_DTYPE": wire, "PP_LOG_LEVEL": "INFO"}
-    return LocalCluster(num_stages=num_stages, node_module="pytest_ppsmoke.gpu_node", extra_env=env)
+    return LocalCluster(
+        num_stages=num_stages, node_module="pytest_ppsmoke.gpu_node", extra_env=env, swim=SwimConfig.shared_cpu()
+    )
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -110,6 +113,9 @@ async def test_a_second_request_while_one_runs_is_refused_as_busy(f32_cluster: L
     class Collector:
         def on_inference_response(self, msg: InferenceResponse, ctx: object) -> None:
             got.set_result(msg)
+
+        def on_first_token(self, msg: object, ctx: object) -> None:
+            pass  # prefill is done: not what this test is about
 
     seed.add_actor("collector", Collector())
     entry = f32_cluster.names["pp-entry"]
