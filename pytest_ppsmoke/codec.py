@@ -690,6 +690,24 @@ class FirstToken(Message):
     token_id: U32
 
 
+@message(48)
+@dataclass(frozen=True)
+class RelayProbe(Message):
+    """The activation round trip, checked from outside: the stage that gets this sends ``hidden``
+    on to the stage named ``to`` (over the same wire as activations), which answers with what it
+    received. ``to`` empty: answer with what arrived."""
+
+    to: str
+    hidden: Hidden
+
+
+@message(49)
+@dataclass(frozen=True)
+class ProbeReport(Message):
+    received_by: str
+    hidden: Hidden
+
+
 # --- frames ------------------------------------------------------------------------------------
 
 _ENVELOPE = _Struct(Envelope)

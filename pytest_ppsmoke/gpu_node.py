@@ -51,6 +51,8 @@ from .codec import (
     NextToken,
     NodeStatus,
     NodeStatusQuery,
+    ProbeReport,
+    RelayProbe,
     StageActivation,
     StageStats,
     StageStatsQuery,
@@ -319,6 +321,19 @@ class StageActor:
 
     # --- introspection -----------------------------------------------------------------------
 
+    async def on_relay_probe(self, msg: RelayProbe, ctx: Context) -> ProbeReport:
+        h = msg.hidden
+        if h.wire_dtype is not self.wire or len(h.shape) != 2 or h.shape[1] != self.dim:
+            raise ValueError(
+                f"probe of shape {tuple(h.shape)} in {h.wire_dtype.name}; expected (n, {self.dim}) in {self.wire.name}"
+            )
+        if not msg.to:
+            return ProbeReport(self.name, h)
+        reply = await self.node.request(await self._addr(msg.to), RelayProbe("", h), HOP_TIMEOUT, sender=STAGE_ACTOR)
+        if not isinstance(reply, ProbeReport):
+            raise ValueError(f"{msg.to} answered {type(reply).__name__}, expected ProbeReport")
+        return reply
+
     async def on_kv_info_query(self, msg: KvInfoQuery, ctx: Context) -> KvInfo:
         info = await self.bridge.call("kv_info", 30)
         lo, hi = info["range"]
@@ -482,7 +497,7 @@ async def run(settings: Settings) -> None:
         if "no-names" not in settings.faults:
             for name in stage_names(stage, num_stages):
                 node.register(name, STAGE_ACTOR)
-        status.set("ready")
+        status.set("ready", json.dumps({k: ready[k] for k in ("dim", "range", "max_context") if k in ready}))
         emit(
             {
                 "event": "ready",

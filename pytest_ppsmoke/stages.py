@@ -29,6 +29,8 @@ from tinygrad import Tensor, TinyJit, UOp, nn
 from tinygrad.apps.llm import SimpleTokenizer as _SimpleTokenizer
 from tinygrad.apps.llm import Transformer, models
 
+from .codec import WireDtype, round_to_wire
+
 OFFLINE_MODEL = "smollm2:135m"
 _SMOLLM_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # GGUF pre-tokenizer names -> the SimpleTokenizer presets of tinygrad 0.12 (facts.md: SmolLM2 says
@@ -235,6 +237,29 @@ def unsplit_generate(model: Transformer, prompt_ids: list[int], max_tokens: int,
         out.append(tok)
         if tok in end_ids or len(out) >= max_tokens:
             break
+    return out
+
+
+def reference_tokens(name: str, prompt: str, max_tokens: int, wire: WireDtype, num_stages: int = 2) -> list[int]:
+    """The tokens a pipeline must produce, computed in this process. With an f32 wire:
+    tinygrad's unsplit ``generate``. With bf16 or f16: the same split, the hidden state rounded
+    to the wire at every boundary, since rounding can change greedy tokens (facts.md)."""
+    model, kv = load_model(name, 1024)
+    tok = Tokenizer(kv)
+    ids = tok.chat(prompt)
+    if wire is WireDtype.f32:
+        return unsplit_generate(model, ids, max_tokens, tok.end_ids)
+    stages = [StageModel(load_model(name, 1024)[0], kv, i, num_stages) for i in range(num_stages)]
+
+    def step(tokens: list[int], pos: int) -> int:
+        hidden = round_to_wire(stages[0].embed_and_forward(tokens, pos), wire)
+        for s in stages[1:-1]:
+            hidden = round_to_wire(s.forward(hidden, pos), wire)
+        return stages[-1].forward_and_sample(hidden, pos)
+
+    out = [step(ids, 0)]
+    while out[-1] not in tok.end_ids and len(out) < max_tokens:
+        out.append(step([out[-1]], len(ids) + len(out) - 1))
     return out
 
 

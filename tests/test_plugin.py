@@ -1,0 +1,192 @@
+"""The pytest plugin, tested with pytester: options and their precedence, usage errors, the skip
+without a key, finalizers after a failure and after a timeout, and the spec suite itself with
+its JUnit properties."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from .procs import TEST_TAG, node_processes
+
+pytestmark = pytest.mark.local
+
+pytest_plugins = ["pytester"]
+
+SHOW_SETTINGS = """
+import json
+
+def test_show(ppsmoke_settings):
+    s = ppsmoke_settings
+    fields = ("mode", "model", "num_stages", "wire_dtype", "vast_url", "budget", "max_tokens", "gpu_ram", "report")
+    print("SETTINGS " + json.dumps({f: str(getattr(s, f)) for f in fields}))
+"""
+
+
+def settings_of(result: pytest.RunResult) -> dict[str, str]:
+    line = next(x for x in result.outlines if x.startswith("SETTINGS "))
+    return json.loads(line.removeprefix("SETTINGS "))  # type: ignore[no-any-return]
+
+
+def test_each_option_comes_from_the_flag_then_the_environment_then_the_ini(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("VAST_API_KEY", raising=False)
+    monkeypatch.setenv("VAST_URL", "http://127.0.0.1:9/from-env")
+    pytester.makeini(
+        """
+        [pytest]
+        ppsmoke_stages = 3
+        ppsmoke_wire_dtype = f16
+        ppsmoke_vast_url = http://127.0.0.1:9/from-ini
+        ppsmoke_budget = 100
+        ppsmoke_max_tokens = 7
+        """
+    )
+    pytester.makepyfile(SHOW_SETTINGS)
+    result = pytester.runpytest("-s", "--ppsmoke-stages", "4", "--ppsmoke-gpu-ram", "24")
+    result.assert_outcomes(passed=1)
+    s = settings_of(result)
+    assert s["num_stages"] == "4" and s["gpu_ram"] == "24.0"  # flag over ini
+    assert s["vast_url"] == "http://127.0.0.1:9/from-env"  # environment over ini
+    assert (s["wire_dtype"], s["budget"], s["max_tokens"]) == ("f16", "100.0", "7")  # ini over default
+    assert (s["mode"], s["model"], s["report"]) == ("local", "smollm2:135m", "None")  # defaults
+    monkeypatch.delenv("VAST_URL")
+    assert settings_of(pytester.runpytest("-s"))["vast_url"] == "http://127.0.0.1:9/from-ini"
+
+
+def test_a_key_selects_vastai_unless_local_is_asked_for(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VAST_API_KEY", "vk-precedence-test")
+    pytester.makepyfile(SHOW_SETTINGS)
+    assert settings_of(pytester.runpytest("-s"))["mode"] == "vastai"
+    assert settings_of(pytester.runpytest("-s"))["model"] == "llama3.2:1b"
+    assert settings_of(pytester.runpytest("-s", "-m", "local or not local"))["mode"] == "local"
+
+
+@pytest.mark.parametrize(
+    ("args", "ini", "message"),
+    [
+        (
+            ["--ppsmoke-stages", "1"],
+            "",
+            "--ppsmoke-stages (from --ppsmoke-stages) = '1': expected an integer of at least 2",
+        ),
+        (
+            [],
+            "ppsmoke_wire_dtype = f8",
+            "--ppsmoke-wire-dtype (from ini ppsmoke_wire_dtype) = 'f8': unknown wire dtype",
+        ),
+        (["--ppsmoke-budget", "-5"], "", "--ppsmoke-budget (from --ppsmoke-budget) = '-5': expected a positive number"),
+        ([], "ppsmoke_min_reliability = 1.5", "(from ini ppsmoke_min_reliability) = '1.5': expected a number between"),
+        (["--ppsmoke-max-tokens", "many"], "", "--ppsmoke-max-tokens (from --ppsmoke-max-tokens) = 'many': invalid"),
+    ],
+)
+def test_a_bad_value_is_a_usage_error_naming_it_and_its_source(
+    pytester: pytest.Pytester, args: list[str], ini: str, message: str
+) -> None:
+    pytester.makeini(f"[pytest]\n{ini}\n")
+    pytester.makepyfile("def test_nothing(): pass")
+    result = pytester.runpytest(*args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert message in result.stderr.str()
+
+
+def test_vastai_without_a_key_skips_and_names_the_option(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("VAST_API_KEY", raising=False)
+    pytester.makepyfile(
+        """
+        import pytest
+        pytestmark = pytest.mark.vastai
+
+        def test_needs_gpus(ppsmoke_instances):
+            raise AssertionError("must not run")
+        """
+    )
+    result = pytester.runpytest("-m", "vastai", "-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*-m vastai needs a vast.ai API key: pass --vastai-key or set VAST_API_KEY*"])
+
+
+FAILING = """
+import time
+import pytest
+pytestmark = pytest.mark.local
+
+def test_fails_with_instances_rented(ppsmoke_instances):
+    assert len(ppsmoke_instances.instances) == 2
+    {body}
+"""
+
+
+@pytest.mark.parametrize(
+    ("body", "args", "outcome"),
+    [
+        ("assert False, 'deliberately'", [], "deliberately"),
+        ("time.sleep(120)", ["--timeout", "4"], "Timeout"),
+    ],
+    ids=["failing test", "timeout"],
+)
+def test_finalizers_destroy_everything_after_a_failure_or_a_timeout(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, body: str, args: list[str], outcome: str
+) -> None:
+    pytester.makepyfile(FAILING.format(body=body))
+    report = pytester.path / "r.json"
+    tag = f"plugin-{os.getpid()}-{len(args)}"
+    monkeypatch.setenv(TEST_TAG, tag)  # the nodes inherit it, through the emulator
+    result = pytester.runpytest_subprocess("-m", "local", "--ppsmoke-report", str(report), *args)
+    result.assert_outcomes(failed=1)
+    assert outcome in result.stdout.str()
+    figures = json.loads(report.read_text())
+    assert len(figures["instances"]) == 2
+    assert all(i["final_state"] == "destroyed" for i in figures["instances"])
+    assert figures["emulator"]["live_instances"] == []
+    assert sorted(figures["emulator"]["destroyed_instances"]) == sorted(i["id"] for i in figures["instances"])
+    assert node_processes(tag) == []
+
+
+KEY = "vk-JUNIT-5b1e07c2-NEVER-IN-XML"
+
+
+def test_the_spec_suite_passes_and_junit_carries_the_figures(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    """``pytest --pyargs pytest_ppsmoke.spec -m local``, against an emulator that requires a
+    distinctive key: every spec test passes, every test carries the figures, the key is nowhere."""
+    emulator = subprocess.Popen(
+        [sys.executable, "-m", "pytest_ppsmoke.fake_vast"],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "VAST_API_KEY": KEY},
+    )  # fmt: skip
+    try:
+        assert emulator.stdout is not None
+        url = emulator.stdout.readline().strip()
+        xml = tmp_path / "out.xml"
+        result = pytester.runpytest_subprocess(
+            "--pyargs", "pytest_ppsmoke.spec", "-m", "local", "-p", "no:cacheprovider",
+            "--vast-url", url, "--vastai-key", KEY, "--ppsmoke-max-tokens", "12", f"--junitxml={xml}", "-rA",
+        )  # fmt: skip
+    finally:
+        emulator.terminate()
+        emulator.wait(30)
+    result.assert_outcomes(passed=7)
+    out = result.stdout.str()
+    assert "pytest-ppsmoke: local, smollm2:135m, 2 stages, bf16" in out  # the terminal summary
+    assert "pp-stage-0->pp-stage-1 decode: 11 x [1152] B" in out
+    text = xml.read_text()
+    assert KEY not in text and KEY not in out and "vk-JUNIT" not in text
+    cases = ET.fromstring(text).iter("testcase")
+    for case in cases:
+        props = {p.get("name"): p.get("value") for p in case.iter("property")}
+        assert props["ppsmoke_mode"] == "local" and props["ppsmoke_run_id"], case.get("name")
+        assert float(props["ppsmoke_time_rent"]) >= 0 and float(props["ppsmoke_cost_usd"]) > 0
+        assert len(props["ppsmoke_instances"].split(",")) == 2
+        if case.get("name") in ("test_output_is_coherent_text", "test_teardown_leaves_no_instance_with_the_runs_label"):
+            assert float(props["ppsmoke_time_decode_tokens_per_s"]) > 0
+            assert props["ppsmoke_hop_pp-stage-0->pp-stage-1_decode_bytes"] == "[1152]"
