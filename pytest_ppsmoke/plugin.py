@@ -66,7 +66,7 @@ class Option:
 
     @property
     def ini_name(self) -> str:
-        return self.ini or "ppsmoke_" + self.dest
+        return self.ini or self.flag.lstrip("-").replace("-", "_")
 
 
 def _int_at_least(low: int) -> Callable[[str], int]:
@@ -99,7 +99,7 @@ def _wire(text: str) -> str:
 
 OPTIONS = [
     Option("--vastai-key", "key", "vast.ai API key (no ini key: it would get committed)", str, "", env="VAST_API_KEY"),
-    Option("--vast-url", "vast_url", f"REST base URL (default {DEFAULT_URL})", str, DEFAULT_URL, env="VAST_URL"),
+    Option("--vast-url", "vast_url", "vast.ai REST base URL", str, DEFAULT_URL, "ppsmoke_vast_url", "VAST_URL"),
     Option("--ppsmoke-model", "model", "model name or GGUF path (default smollm2:135m local, llama3.2:1b)", str, None),
     Option("--ppsmoke-stages", "num_stages", "pipeline stages, at least 2 (default 2)", _int_at_least(2), 2),
     Option("--ppsmoke-wire-dtype", "wire_dtype", "hidden states on the wire: bf16 (default), f16, f32", _wire, "bf16"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -30,8 +31,9 @@ def test_show(ppsmoke_settings):
 
 
 def settings_of(result: pytest.RunResult) -> dict[str, str]:
-    line = next(x for x in result.outlines if x.startswith("SETTINGS "))
-    return json.loads(line.removeprefix("SETTINGS "))  # type: ignore[no-any-return]
+    found = re.search(r"SETTINGS (\{.*\})", result.stdout.str())
+    assert found, result.stdout.str()
+    return json.loads(found.group(1))  # type: ignore[no-any-return]
 
 
 def test_each_option_comes_from_the_flag_then_the_environment_then_the_ini(
