@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +42,6 @@ MARKERS = {
 
 SETTINGS = pytest.StashKey[Settings]()
 SESSION = pytest.StashKey[SmokeSession]()
-STARTED = pytest.StashKey[float]()
 FIXTURES = (
     "ppsmoke_session",
     "ppsmoke_instances",
@@ -163,7 +161,6 @@ def pytest_configure(config: pytest.Config) -> None:
     for name, help_text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {help_text}")
     config.stash[SETTINGS] = read_settings(config)
-    config.stash[STARTED] = time.monotonic()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -189,13 +186,14 @@ def _uses_session(item: pytest.Item) -> bool:
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """The session's deadline: once it has passed, the remaining tests fail at once."""
-    if not _uses_session(item):
+    """The session's deadline, counted from its first step (renting): once it has passed, the
+    remaining tests fail at once."""
+    session = item.config.stash.get(SESSION, None)
+    if session is None or not _uses_session(item):
         return
-    settings = item.config.stash[SETTINGS]
-    spent = time.monotonic() - item.config.stash[STARTED]
-    if spent > settings.budget:
-        pytest.fail(f"the session's budget of {settings.budget:.0f} s is spent ({spent:.0f} s)", pytrace=False)
+    if session.remaining() <= 0:
+        budget = session.settings.budget
+        pytest.fail(f"the session's budget of {budget:.0f} s is spent", pytrace=False)
 
 
 def pytest_runtest_teardown(item: pytest.Item) -> None:

@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -192,3 +194,41 @@ def test_the_spec_suite_passes_and_junit_carries_the_figures(pytester: pytest.Py
         if case.get("name") in ("test_output_is_coherent_text", "test_teardown_leaves_no_instance_with_the_runs_label"):
             assert float(props["ppsmoke_time_decode_tokens_per_s"]) > 0
             assert props["ppsmoke_hop_pp-stage-0->pp-stage-1_decode_bytes"] == "[1152]"
+
+
+INTERRUPTED = """
+import pathlib, time
+import pytest
+pytestmark = pytest.mark.local
+
+def test_waits_to_be_interrupted(ppsmoke_instances):
+    pathlib.Path("rented").write_text(str([i.id for i in ppsmoke_instances.instances]))
+    time.sleep(120)
+"""
+
+
+def test_ctrl_c_runs_the_finalizers_and_destroys_everything(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytester.makepyfile(INTERRUPTED)
+    tag = f"plugin-{os.getpid()}-sigint"
+    monkeypatch.setenv(TEST_TAG, tag)
+    report = pytester.path / "r.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-m", "local", "-p", "no:cacheprovider", "--ppsmoke-report", str(report)],
+        cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    rented = pytester.path / "rented"
+    deadline = time.monotonic() + 60
+    while not rented.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.stdout else ""
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)  # Ctrl-C
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED, out
+    assert "KeyboardInterrupt" in out
+    figures = json.loads(report.read_text())
+    assert [i["id"] for i in figures["instances"]] == json.loads(rented.read_text())
+    assert all(i["final_state"] == "destroyed" for i in figures["instances"])
+    assert figures["emulator"]["live_instances"] == []
+    assert node_processes(tag) == []
