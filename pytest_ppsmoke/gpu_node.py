@@ -79,7 +79,9 @@ class Busy(RuntimeError):
 
 
 def default_worker_path() -> Path:
-    return Path(__file__).resolve().parent.parent / "worker" / "pp_tinygrad_worker.py"
+    here = Path(__file__).resolve().parent
+    installed = here / "worker" / "pp_tinygrad_worker.py"  # a wheel install
+    return installed if installed.is_file() else here.parent / "worker" / "pp_tinygrad_worker.py"
 
 
 class StageActor:

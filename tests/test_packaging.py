@@ -1,0 +1,38 @@
+"""What a wheel install gets: the worker, the shipped spec tests, the typing marker, and the
+entry points (a wheel has no repository around it to find the worker in)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.local
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_wheel_carries_the_worker_the_spec_tests_and_the_entry_points(tmp_path: Path) -> None:
+    build = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path)]
+    subprocess.run([*build, str(ROOT)], check=True, capture_output=True, timeout=300)
+    [wheel] = tmp_path.glob("pytest_ppsmoke-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+        entry_points = next(z.read(n).decode() for n in names if n.endswith("entry_points.txt"))
+    for path in (
+        "pytest_ppsmoke/worker/pp_tinygrad_worker.py",
+        "pytest_ppsmoke/spec/test_spec.py",
+        "pytest_ppsmoke/py.typed",
+        "pytest_ppsmoke/plugin.py",
+    ):
+        assert path in names, path
+    for line in (
+        "pp-smoke-run = pytest_ppsmoke.cli:main",
+        "pp-gpu-node = pytest_ppsmoke.gpu_node:main",
+        "pp-fake-vast = pytest_ppsmoke.fake_vast:main",
+        "ppsmoke = pytest_ppsmoke.plugin",
+    ):
+        assert line in entry_points, line
