@@ -55,7 +55,9 @@ def pipeline(num_stages: int, wire: str) -> LocalCluster:
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def f32_cluster() -> AsyncIterator[LocalCluster]:
+async def f32_cluster(reference: dict[str, Any]) -> AsyncIterator[LocalCluster]:
+    # the reference is computed first: it runs tinygrad on this event loop's thread for tens of
+    # seconds, and a seed that cannot answer that long is an orphaning orchestrator to its nodes
     async with pipeline(2, "f32") as cluster:
         yield cluster
 
@@ -67,7 +69,7 @@ async def f32_run(f32_cluster: LocalCluster) -> InferenceResult:
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def bf16_cluster() -> AsyncIterator[LocalCluster]:
+async def bf16_cluster(reference: dict[str, Any]) -> AsyncIterator[LocalCluster]:
     async with pipeline(2, "bf16") as cluster:
         yield cluster
 
