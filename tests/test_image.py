@@ -1,0 +1,103 @@
+"""The node image, checked as far as this machine allows (no Docker engine here): the Dockerfile's
+rules, then its install steps replayed in a clean virtual environment whose ``pp-gpu-node``
+entrypoint serves a real run through the emulator (a synthetic model, so it stays quick)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pytest_ppsmoke.fake_vast import FakeVast
+from pytest_ppsmoke.synth import SHAPES, write
+
+pytestmark = pytest.mark.local
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCKERFILE = ROOT / "docker" / "Dockerfile"
+
+
+def instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments), continuation lines joined, comments dropped."""
+    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            word, _, rest = line.partition(" ")
+            out.append((word.upper(), rest.strip()))
+    return out
+
+
+def test_the_dockerfile_follows_its_rules() -> None:
+    ins = instructions()
+    words = [w for w, _ in ins]
+    assert set(words) <= {"ARG", "FROM", "ENV", "RUN", "COPY", "USER", "WORKDIR", "ENTRYPOINT"}, words
+    args = dict(a.partition("=")[::2] for w, a in ins if w == "ARG")
+    assert "nvidia/cuda" in args["CUDA_IMAGE"] and "runtime" in args["CUDA_IMAGE"]  # nvrtc, for tinygrad's CUDA
+    assert ("FROM", "${CUDA_IMAGE}") in ins and "BAKE_MODEL" in args
+    assert ins[-1] == ("ENTRYPOINT", '["pp-gpu-node"]')  # exec form: signals reach the node
+    assert [a for w, a in ins if w == "USER"] == ["node"]
+    env = " ".join(a for w, a in ins if w == "ENV")
+    assert "CUDA=1" in env
+    # no secrets: nothing named like one is set or passed at build time
+    for w, a in ins:
+        if w in ("ENV", "ARG"):
+            assert not re.search(r"KEY|SECRET|TOKEN|PASSWORD", a.split("=")[0], re.I), a
+    # every file copied exists, and .dockerignore lets it into the build context
+    ignore = (ROOT / ".dockerignore").read_text().split()
+    for w, a in ins:
+        if w == "COPY":
+            *sources, _ = a.split()
+            for src in sources:
+                assert (ROOT / src).exists(), src
+                assert f"!{src}" in ignore or f"!{src}/" in ignore, f"{src} is excluded from the build context"
+    runs = " ".join(a for w, a in ins if w == "RUN")
+    assert "pip install /src" in runs and "rm -rf /var/lib/apt/lists/*" in runs
+
+
+@pytest.fixture
+def installed(tmp_path: Path) -> Path:
+    """The Dockerfile's steps: a virtual environment, then ``pip install`` of the source tree (not
+    editable); the dependencies come from this machine's site-packages instead of the network.
+    Returns the environment's ``pp-gpu-node``."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120)
+    install = [str(venv / "bin" / "pip"), "install", "-q", "--no-deps", str(ROOT)]
+    pip = subprocess.run(install, capture_output=True, text=True, timeout=600)
+    assert pip.returncode == 0, pip.stderr[-2000:]
+    probe = "import pytest_ppsmoke.gpu_node as g; print(g.__file__); print(g.default_worker_path())"
+    where = subprocess.run(  # not from the checkout: python -c puts the working directory first on the path
+        [str(venv / "bin" / "python"), "-c", probe], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    package, worker = where.stdout.split()
+    assert package.startswith(str(venv)) and worker.startswith(str(venv))  # the installed copy and its worker
+    assert Path(worker).is_file()
+    entrypoint = venv / "bin" / "pp-gpu-node"
+    assert entrypoint.is_file()
+    return entrypoint
+
+
+async def test_the_images_install_steps_give_a_working_entrypoint(installed: Path, tmp_path: Path) -> None:
+    entrypoint = installed
+    model = tmp_path / "tiny.gguf"
+    write(model, SHAPES["tiny"])
+    async with FakeVast(node_argv=[str(entrypoint)]) as fake:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "pytest_ppsmoke.cli", "--local", "--vast-url", fake.url, "--model", str(model),
+            "--max-tokens", "6", "--report", str(tmp_path / "r.json"),
+            env={**os.environ, "VAST_API_KEY": fake.api_key},
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        _, err = await asyncio.wait_for(proc.communicate(), 240)
+        assert proc.returncode == 0, err.decode()[-3000:]
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["ok"] and 1 <= len(report["token_ids"]) <= 6
+    assert [i["final_state"] for i in report["instances"]] == ["destroyed", "destroyed"]
+    assert [i.proc.argv for i in fake.destroyed if i.proc] == [[str(entrypoint)]] * 2
