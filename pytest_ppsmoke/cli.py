@@ -84,7 +84,7 @@ async def execute(run: Run) -> None:
     args = run.args
     fake: FakeVast | None = None
     if args.local and not args.vast_url:
-        fake = FakeVast()
+        fake = FakeVast(gpus=[g for g in args.gpus.split(",") if g] or None)
         await fake.start()
     url = fake.url if fake else (args.vast_url or DEFAULT_URL)
     key = fake.api_key if fake else args.api_key
@@ -225,6 +225,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--vast-url", help=f"the REST base URL (default {DEFAULT_URL}; --local: an embedded emulator)")
     p.add_argument("--run-id", help="--reap: only this run's instances")
+    p.add_argument("--gpus", default="", help="--local: this machine's GPUs (e.g. 0,1), one per instance in turn")
     p.add_argument("--report", type=Path, help="write the JSON report here")
     p.add_argument("--model", help="a model name or a GGUF path (default smollm2:135m local, llama3.2:1b on vast.ai)")
     p.add_argument("--prompt", default="Say hello")

@@ -352,8 +352,10 @@ class FakeVast:
         node_argv: list[str] | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
+        gpus: list[str] | None = None,
     ) -> None:
         self.api_key = api_key or "fake-" + secrets.token_hex(16)
+        self.gpus = gpus  # this host's GPUs: each instance gets one (CUDA_VISIBLE_DEVICES), in turn
         self.catalogue = [dict(o) for o in (catalogue if catalogue is not None else default_catalogue())]
         self.faults = faults or Faults()
         self.node_argv = node_argv or [sys.executable, "-m", "pytest_ppsmoke.gpu_node"]
@@ -654,6 +656,8 @@ class FakeVast:
             PYTHONUNBUFFERED="1",
             PP_EXIT_ON_STDIN_EOF="1",  # a node never outlives the emulator that started it
         )
+        if self.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = self.gpus[(inst.number - 1) % len(self.gpus)]
         stage = inst.stage
         if stage in self.faults.no_join and "SEED_ADDR" in env:
             try:
@@ -729,6 +733,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--faults", default="", help="fault knobs as JSON, e.g. '{\"reject_create\": [2]}'")
     p.add_argument("--catalogue", type=Path, help="a JSON file with a list of offers (default: a built-in set)")
     p.add_argument("--node-command", default="", help="what an instance runs (default: pp-gpu-node in this Python)")
+    p.add_argument("--gpus", default="", help="this host's GPUs, e.g. 0,1: each instance gets one in turn")
     args = p.parse_args(argv)
     if args.host not in ("127.0.0.1", "::1", "localhost"):
         p.error(f"--host must be loopback (127.0.0.1 or ::1), got {args.host!r}: the emulator runs local processes")
@@ -749,6 +754,7 @@ def main(argv: list[str] | None = None) -> None:
             node_argv=shlex.split(args.node_command) or None,
             host=args.host,
             port=args.port,
+            gpus=[g for g in args.gpus.split(",") if g] or None,
         )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
