@@ -1,0 +1,48 @@
+"""pp-synth-gguf: the files it writes load as llama models with a working tokenizer."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pytest_ppsmoke.stages import Tokenizer, load_model
+from pytest_ppsmoke.synth import SHAPES, Shape, write
+
+pytestmark = pytest.mark.local
+
+
+def test_a_tiny_model_loads_and_its_tokenizer_round_trips_any_text(tmp_path: Path) -> None:
+    path = tmp_path / "tiny.gguf"
+    write(path, SHAPES["tiny"], seed=3)
+    model, kv = load_model(str(path), 64)
+    assert (len(model.blk), kv["llama.embedding_length"], len(kv["tokenizer.ggml.tokens"])) == (4, 64, 512)
+    tok = Tokenizer(kv)
+    text = "Say héllo, wörld! 123 \u2603"
+    assert tok.tok.decode(tok.tok.encode(text)) == text  # every byte is a token
+    ids = tok.chat("Say hello")
+    assert ids[0] == 256 and 260 in ids and tok.end_ids == {260}  # <|begin_of_text|>, <|eot_id|>
+
+
+def test_shapes_are_checked_and_the_1b_shape_is_llama_3_2s() -> None:
+    assert round(SHAPES["llama-3.2-1b"].parameters / 1e6, 1) == 1498.5  # 1.24 B + an untied 128256 x 2048 head
+    with pytest.raises(ValueError, match="dim 65 must split into 4 heads"):
+        Shape(blocks=1, dim=65, heads=4, kv_heads=2, ffn=8, vocab=512)
+    with pytest.raises(ValueError, match="vocab 100 must hold the 256 bytes"):
+        Shape(blocks=1, dim=64, heads=4, kv_heads=2, ffn=8, vocab=100)
+
+
+def test_the_command_refuses_what_it_cannot_write(tmp_path: Path) -> None:
+    run = [sys.executable, "-m", "pytest_ppsmoke.synth"]
+    out = subprocess.run([*run, str(tmp_path / "m.bin"), "--shape", "tiny"], capture_output=True, text=True)
+    assert out.returncode == 2 and "the output must be a .gguf file" in out.stderr
+    out = subprocess.run(
+        [*run, str(tmp_path / "m.gguf"), "--shape", "tiny", "--dim", "66"], capture_output=True, text=True
+    )
+    assert out.returncode == 2 and "dim 66 must split into 4 heads" in out.stderr
+    out = subprocess.run(
+        [*run, str(tmp_path / "m.gguf"), "--shape", "tiny", "--blocks", "2"], capture_output=True, text=True
+    )
+    assert out.returncode == 0 and "M parameters" in out.stderr and (tmp_path / "m.gguf").stat().st_size > 100_000
