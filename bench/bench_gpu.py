@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_pipeline import PROMPT, breakdown, steady_rate
+from bench_pipeline import PROMPT, figures
 
 
 async def pipeline(model: str, max_tokens: int, gpus: list[str], wire: str) -> dict[str, Any]:
@@ -46,16 +46,7 @@ async def pipeline(model: str, max_tokens: int, gpus: list[str], wire: str) -> d
         "lifecycle_s": timings,
         "gpus": gpus_seen,
         "warmup_request_s": round(warmup_s, 3),
-        "prefill_s": r.timings["prefill"],
-        "generated": len(r.token_ids),
-        "decode_s": r.timings["decode"],
-        "decode_tokens_per_s": r.timings["decode_tokens_per_s"],
-        "steady_tokens_per_s": steady_rate(
-            [c["at"] + c["s"] for c in r.stages[-1]["compute"] if c["op"] == "forward_and_sample"]
-        ),
-        "hops": r.hops,
-        "per_token_ms": breakdown(r.stages),
-        "token_ids": r.token_ids,
+        **figures(r),
     }
 
 

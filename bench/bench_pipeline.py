@@ -74,6 +74,11 @@ async def pipeline(model_name: str, max_tokens: int, jit: bool, warm: bool) -> d
             await run_inference(cluster.seed, 2, PROMPT, max_tokens, timeout=900)
         r = await run_inference(cluster.seed, 2, PROMPT, max_tokens, timeout=900)
         load = cluster.timings.get("load")
+    return {**figures(r), "load_s": load}
+
+
+def figures(r: Any) -> dict[str, Any]:
+    """A measured request's figures (``r``: a pipeline.InferenceResult)."""
     return {
         "prefill_s": r.timings["prefill"],
         "generated": len(r.token_ids),
@@ -84,7 +89,6 @@ async def pipeline(model_name: str, max_tokens: int, jit: bool, warm: bool) -> d
         ),
         "hops": r.hops,
         "per_token_ms": breakdown(r.stages),
-        "load_s": load,
         "token_ids": r.token_ids,
     }
 
