@@ -149,7 +149,7 @@ async def _start_and_infer(run: Run, dep: Deployment) -> None:
         prompt_token_ids=result.prompt_token_ids,
         token_ids=result.token_ids,
         hops=result.hops,
-        kv=[{"stage": k.stage, "blocks_cached": [k.first_block, k.end_block], "filled": k.filled} for k in result.kv],
+        kv=result.kv_summary(),
     )
     run.report["timings"].update(result.timings)
 

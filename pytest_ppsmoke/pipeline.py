@@ -53,6 +53,10 @@ class InferenceResult:
     kv: list[KvInfo]
     stages: list[dict[str, Any]] = field(repr=False)
 
+    def kv_summary(self) -> list[dict[str, Any]]:
+        """Each stage's cached block range and fill, as the reports give it."""
+        return [{"stage": k.stage, "blocks_cached": [k.first_block, k.end_block], "filled": k.filled} for k in self.kv]
+
 
 class _Orchestrator:
     def __init__(self, on_first_token: Callable[[float], None] | None) -> None:

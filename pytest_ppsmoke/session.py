@@ -238,7 +238,7 @@ class SmokeSession:
                 prompt_token_ids=r.prompt_token_ids,
                 token_ids=r.token_ids,
                 hops=r.hops,
-                kv=[{"stage": k.stage, "blocks": [k.first_block, k.end_block], "filled": k.filled} for k in r.kv],
+                kv=r.kv_summary(),
             )
         if self.emulator_record is not None:
             out["emulator"] = self.emulator_record
