@@ -29,11 +29,11 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from types import TracebackType
 
 from .codec import ActorAddress, MembersQuery, MemberStatus, MembersView
 from .localproc import ChildProcess, ClusterKeys, member_env
 from .node import NODE_ACTOR, Node, NodeConfig
+from .resource import Resource
 from .swim import SwimConfig
 
 log = logging.getLogger(__name__)
@@ -123,7 +123,7 @@ async def resolve_names(seed: Node, num_stages: int, timeout: float) -> dict[str
 
 
 @dataclass
-class LocalCluster:
+class LocalCluster(Resource):
     num_stages: int = 2
     swim: SwimConfig = field(default_factory=SwimConfig.loopback)
     node_module: str = "pytest_ppsmoke.member"
@@ -143,19 +143,6 @@ class LocalCluster:
     def __post_init__(self) -> None:
         if self.num_stages < 2:
             raise ValueError(f"num_stages must be at least 2, got {self.num_stages}")
-
-    async def __aenter__(self) -> LocalCluster:
-        try:
-            await self.start()
-        except BaseException:
-            await self.close()  # a half-started cluster cleans itself up before re-raising
-            raise
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()
 
     def _phase_done(self, phase: str, started: float) -> None:
         self.timings[phase] = round(time.monotonic() - started, 4)

@@ -38,12 +38,12 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from aiohttp import web
 
 from .localproc import ChildProcess
+from .resource import Resource
 from .transport import PeerAddr
 
 log = logging.getLogger(__name__)
@@ -342,7 +342,7 @@ def _error(status: int, error: str, msg: str) -> web.Response:
     return _json({"success": False, "error": error, "msg": msg}, status)
 
 
-class FakeVast:
+class FakeVast(Resource):
     def __init__(
         self,
         *,
@@ -374,15 +374,6 @@ class FakeVast:
 
     def __repr__(self) -> str:
         return f"FakeVast({self.url or 'not started'}, {len(self.instances)} live)"
-
-    async def __aenter__(self) -> FakeVast:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()
 
     # --- server ------------------------------------------------------------------------------
 

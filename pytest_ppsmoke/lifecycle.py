@@ -30,7 +30,6 @@ import secrets
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any
 
 from .cluster import PhaseError, converge, resolve_names
@@ -39,6 +38,7 @@ from .errors import RemoteError
 from .gpu_node import STATUS_ACTOR
 from .localproc import ClusterKeys
 from .node import Node, NodeConfig
+from .resource import Resource
 from .swim import SwimConfig
 from .vast import LABEL_PREFIX, Offer, OfferQuery, VastClient, VastError
 
@@ -123,7 +123,7 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
 
 
-class Deployment:
+class Deployment(Resource):
     def __init__(
         self,
         vast: VastClient,
@@ -148,19 +148,6 @@ class Deployment:
 
     def __repr__(self) -> str:
         return f"Deployment({self.run_id}, {len(self.instances)} instances)"
-
-    async def __aenter__(self) -> Deployment:
-        try:
-            await self.start()
-        except BaseException:
-            await self.close()  # a half-built deployment destroys what it rented before re-raising
-            raise
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()
 
     def _begin(self, phase: str) -> float:
         self.phase = phase

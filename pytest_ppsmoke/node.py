@@ -41,6 +41,7 @@ from .codec import (
 )
 from .errors import RemoteError
 from .registry import Registry
+from .resource import Resource
 from .swim import SWIM_ACTOR, Membership, SwimConfig
 from .transport import PeerAddr, Transport, TransportError, endpoint_id, new_secret_key
 
@@ -117,7 +118,7 @@ class NodeConfig:
         )
 
 
-class Node:
+class Node(Resource):
     def __init__(self, config: NodeConfig) -> None:
         self.config = config
         self.transport = Transport(
@@ -139,17 +140,6 @@ class Node:
 
     def __repr__(self) -> str:
         return f"Node(id={self.id[:10]})"
-
-    async def __aenter__(self) -> Node:
-        try:
-            await self.start()
-        except BaseException:
-            await self.close()  # a half-started node (bound, probing) cleans up before re-raising
-            raise
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     async def start(self, join: bool = True) -> None:
         """Bind, start SWIM, and (unless ``join`` is False) join through the seed."""
