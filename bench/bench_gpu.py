@@ -27,10 +27,10 @@ from bench_pipeline import PROMPT, figures
 
 
 async def pipeline(model: str, max_tokens: int, gpus: list[str], wire: str) -> dict[str, Any]:
-    from pytest_ppsmoke.fake_vast import FakeVast
-    from pytest_ppsmoke.lifecycle import Deployment, RunConfig
-    from pytest_ppsmoke.pipeline import run_inference
-    from pytest_ppsmoke.vast import VastClient
+    from pytest_ppsmoke.cloud.fake_vast import FakeVast
+    from pytest_ppsmoke.cloud.lifecycle import Deployment, RunConfig
+    from pytest_ppsmoke.cloud.vast import VastClient
+    from pytest_ppsmoke.harness.pipeline import run_inference
 
     async with FakeVast(gpus=gpus) as fake, VastClient(fake.api_key, fake.url) as vast:
         config = RunConfig(model=model, wire_dtype=wire, poll_interval=0.25, load_timeout=900)

@@ -28,7 +28,7 @@ PHASES = ("rent", "boot", "converge", "load", "resolve", "prefill", "decode", "t
 BASELINE = """
 import json, sys, time
 t = time.perf_counter()
-from pytest_ppsmoke.stages import Tokenizer, load_model, unsplit_generate
+from pytest_ppsmoke.stage.model import Tokenizer, load_model, unsplit_generate
 model, kv = load_model("smollm2:135m", 1024)
 tok = Tokenizer(kv)
 loaded = time.perf_counter()

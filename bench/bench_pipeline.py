@@ -30,7 +30,7 @@ SKIP = 3
 
 
 def baseline(model_name: str, max_tokens: int) -> dict[str, Any]:
-    from pytest_ppsmoke.stages import Tokenizer, load_model, unsplit_generate
+    from pytest_ppsmoke.stage.model import Tokenizer, load_model, unsplit_generate
 
     model, kv = load_model(model_name, 1024)
     tok = Tokenizer(kv)
@@ -64,11 +64,11 @@ def steady_rate(stamps: list[float], skip: int = SKIP) -> float:
 
 
 async def pipeline(model_name: str, max_tokens: int, jit: bool, warm: bool) -> dict[str, Any]:
-    from pytest_ppsmoke.cluster import LocalCluster
-    from pytest_ppsmoke.pipeline import run_inference
+    from pytest_ppsmoke.harness.pipeline import run_inference
+    from pytest_ppsmoke.runtime.cluster import LocalCluster
 
     env = {"MODEL": model_name, "PP_WIRE_DTYPE": "bf16", "PP_JIT": "1" if jit else "0"}
-    async with LocalCluster(num_stages=2, node_module="pytest_ppsmoke.gpu_node", extra_env=env) as cluster:
+    async with LocalCluster(num_stages=2, node_module="pytest_ppsmoke.stage.gpu_node", extra_env=env) as cluster:
         assert cluster.seed is not None
         if warm:
             await run_inference(cluster.seed, 2, PROMPT, max_tokens, timeout=900)

@@ -5,7 +5,7 @@
 Every carrier runs as two processes (an echo server and a client), one carrier at a time:
 - ``tcp``: raw asyncio TCP, length-prefixed frames: the baseline;
 - ``iroh-stock``: the iroh binding as shipped, one bi stream, the same framing;
-- ``iroh-patched``: the same with our memmove fix (pytest_ppsmoke/_irohpatch.py);
+- ``iroh-patched``: the same with our memmove fix (pytest_ppsmoke/runtime/_irohpatch.py);
 - ``ppsmoke``: our full stack: Node.request / Node.send with codec frames, envelopes and dispatch.
 
 It also measures SWIM: how long a seed and two member processes take to converge, and how long a
@@ -120,13 +120,13 @@ async def _measure(rt: Any, n_small: int, n_big: int) -> dict[str, Any]:
 
 
 async def client_ppsmoke(env_json: str, n_small: int, n_big: int) -> dict[str, Any]:
-    from pytest_ppsmoke.codec import Echo
-    from pytest_ppsmoke.node import NODE_ACTOR, Node, NodeConfig
+    from pytest_ppsmoke.runtime.codec import Echo
+    from pytest_ppsmoke.runtime.node import NODE_ACTOR, Node, NodeConfig
 
     spec = json.loads(env_json)
     node = Node(NodeConfig(secret_key=bytes.fromhex(spec["key"]), allowed=frozenset(spec["allowed"])))
     await node.start()
-    node.transport.learn(__import__("pytest_ppsmoke.transport").transport.PeerAddr.parse(spec["ticket"]))
+    node.transport.learn(__import__("pytest_ppsmoke.runtime.transport").transport.PeerAddr.parse(spec["ticket"]))
     to = node.address(NODE_ACTOR, spec["id"])
     small, big = Echo(os.urandom(SMALL)), Echo(os.urandom(BIG))
     for _ in range(50):
@@ -171,7 +171,7 @@ def stop(proc: subprocess.Popen[str]) -> None:
 def carriers(n_small: int, n_big: int, rounds: int) -> dict[str, Any]:
     """Every carrier's client runs once per round, the carriers interleaved, against servers that
     stay up: drift on a shared machine then hits all carriers alike, and ratios are paired per round."""
-    from pytest_ppsmoke.localproc import ClusterKeys, member_env
+    from pytest_ppsmoke.runtime.localproc import ClusterKeys, member_env
 
     counts = [str(n_small), str(n_big)]
     servers: list[subprocess.Popen[str]] = []
@@ -184,7 +184,7 @@ def carriers(n_small: int, n_big: int, rounds: int) -> dict[str, Any]:
             servers.append(proc)
         keys = ClusterKeys(2)
         proc, line = spawn(
-            [sys.executable, "-m", "pytest_ppsmoke.member"], member_env(keys.keys[0], keys.ids, None, [], "")
+            [sys.executable, "-m", "pytest_ppsmoke.runtime.member"], member_env(keys.keys[0], keys.ids, None, [], "")
         )
         servers.append(proc)
         ready = json.loads(line)
@@ -233,8 +233,8 @@ def aggregate(runs: dict[str, list[dict[str, Any]]]) -> tuple[dict[str, Any], di
 
 
 async def swim_timings(rounds: int) -> dict[str, Any]:
-    from pytest_ppsmoke.localproc import ClusterKeys, member_env, member_process
-    from pytest_ppsmoke.node import Node, NodeConfig
+    from pytest_ppsmoke.runtime.localproc import ClusterKeys, member_env, member_process
+    from pytest_ppsmoke.runtime.node import Node, NodeConfig
 
     converge, detect, join = [], [], []
     for _ in range(rounds):

@@ -38,11 +38,11 @@ async def tcp() -> None:
 def loopback_endpoint_options(stock: bool) -> Any:
     """Options for a loopback endpoint with no relays; applies our binding fix unless ``stock``.
 
-    The stock carrier must not import pytest_ppsmoke.transport, which patches at import."""
+    The stock carrier must not import pytest_ppsmoke.runtime.transport, which patches at import."""
     import iroh
 
     if not stock:
-        from pytest_ppsmoke import _irohpatch
+        from pytest_ppsmoke.runtime import _irohpatch
 
         _irohpatch.apply()
     return iroh.EndpointOptions(

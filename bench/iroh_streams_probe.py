@@ -21,8 +21,8 @@ from pathlib import Path
 
 import iroh
 
-from pytest_ppsmoke import _irohpatch
-from pytest_ppsmoke.transport import endpoint_options
+from pytest_ppsmoke.runtime import _irohpatch
+from pytest_ppsmoke.runtime.transport import endpoint_options
 
 ALPN = b"ppsmoke-probe/1"
 TOTAL = 4 << 20

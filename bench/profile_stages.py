@@ -20,8 +20,8 @@ import time
 import numpy as np
 from tinygrad import Tensor
 
-from pytest_ppsmoke.codec import WireDtype, round_to_wire
-from pytest_ppsmoke.stages import StageModel, Tokenizer, load_model
+from pytest_ppsmoke.runtime.codec import WireDtype, round_to_wire
+from pytest_ppsmoke.stage.model import StageModel, Tokenizer, load_model
 
 
 def main() -> None:

@@ -58,14 +58,14 @@ def main() -> None:
     p.add_argument("--n", type=int, default=1000)
     p.add_argument("--out", type=Path)
     a = p.parse_args()
-    from pytest_ppsmoke.localproc import ClusterKeys, member_env
+    from pytest_ppsmoke.runtime.localproc import ClusterKeys, member_env
 
     tmp = Path(tempfile.mkdtemp(prefix="pp-trace-"))
     (tmp / "pp_tracer.py").write_text(TRACER)
     keys = ClusterKeys(2)
     env = member_env(keys.keys[0], keys.ids, None, [], "")
     env.update(PP_TRACE_OUT=str(tmp / "member.json"), PYTHONPATH=str(tmp))
-    run_member = "import pp_tracer, runpy; runpy.run_module('pytest_ppsmoke.member', run_name='__main__')"
+    run_member = "import pp_tracer, runpy; runpy.run_module('pytest_ppsmoke.runtime.member', run_name='__main__')"
     member = subprocess.Popen([sys.executable, "-c", run_member], env=env, stdout=subprocess.PIPE, text=True)
     try:
         assert member.stdout is not None

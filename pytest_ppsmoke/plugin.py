@@ -1,6 +1,6 @@
 """pytest-ppsmoke's pytest plugin (``pytest11`` entry point ``ppsmoke``): options, markers,
 session fixtures, the budget, and reporting. The work is done by the library
-(:class:`~pytest_ppsmoke.session.SmokeSession`); this module is hooks and thin fixtures.
+(:class:`~pytest_ppsmoke.harness.session.SmokeSession`); this module is hooks and thin fixtures.
 
 Options, each mirrored by an ini key (the key excepted: a key in an ini file gets committed).
 Precedence: command line > environment variable (where one is named) > ini > default.
@@ -26,11 +26,11 @@ from typing import Any
 
 import pytest
 
-from .codec import ActorAddress, WireDtype
-from .lifecycle import DEFAULT_IMAGE, Deployment
-from .pipeline import InferenceResult
-from .session import Settings, SmokeSession
-from .vast import DEFAULT_URL
+from .cloud.lifecycle import DEFAULT_IMAGE, Deployment
+from .cloud.vast import DEFAULT_URL
+from .harness.pipeline import InferenceResult
+from .harness.session import Settings, SmokeSession
+from .runtime.codec import ActorAddress, WireDtype
 
 MARKERS = {
     "local": (

@@ -4,8 +4,8 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest_asyncio
 
-from pytest_ppsmoke.node import Node, NodeConfig
-from pytest_ppsmoke.swim import SwimConfig
+from pytest_ppsmoke.runtime.node import Node, NodeConfig
+from pytest_ppsmoke.runtime.swim import SwimConfig
 
 NodeFactory = Callable[..., "AsyncIterator[Node]"]
 

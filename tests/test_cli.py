@@ -23,7 +23,11 @@ TAG = f"cli-{os.getpid()}"
 def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "VAST_API_KEY"} | {TEST_TAG: TAG}
     return subprocess.run(
-        [sys.executable, "-m", "pytest_ppsmoke.cli", *args], capture_output=True, text=True, timeout=timeout, env=env
+        [sys.executable, "-m", "pytest_ppsmoke.harness.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
     )
 
 
@@ -119,7 +123,7 @@ def _children(pid: int) -> set[int]:
 def _start(tmp_path: Path) -> tuple[subprocess.Popen[str], Path]:
     report = tmp_path / "r.json"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest_ppsmoke.cli", "--local", "--report", str(report)],
+        [sys.executable, "-m", "pytest_ppsmoke.harness.cli", "--local", "--report", str(report)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     assert proc.stdout is not None

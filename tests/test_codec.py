@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pytest_ppsmoke import codec
-from pytest_ppsmoke.codec import (
+from pytest_ppsmoke.runtime import codec
+from pytest_ppsmoke.runtime.codec import (
     MESSAGE_TYPES,
     ActorAddress,
     Envelope,

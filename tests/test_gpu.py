@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ppsmoke.fake_vast import FakeVast
-from pytest_ppsmoke.lifecycle import Deployment, RunConfig
-from pytest_ppsmoke.pipeline import run_inference
-from pytest_ppsmoke.synth import SHAPES, write
-from pytest_ppsmoke.vast import VastClient
+from pytest_ppsmoke.cloud.fake_vast import FakeVast
+from pytest_ppsmoke.cloud.lifecycle import Deployment, RunConfig
+from pytest_ppsmoke.cloud.vast import VastClient
+from pytest_ppsmoke.harness.pipeline import run_inference
+from pytest_ppsmoke.stage.synth import SHAPES, write
 
 pytestmark = pytest.mark.gpu
 
@@ -62,8 +62,8 @@ def reference(on_cuda: list[str], tiny: Path) -> list[int]:
 
 REFERENCE = """
 import json, sys
-from pytest_ppsmoke.codec import WireDtype
-from pytest_ppsmoke.stages import reference_tokens
+from pytest_ppsmoke.runtime.codec import WireDtype
+from pytest_ppsmoke.stage.model import reference_tokens
 print(json.dumps(reference_tokens(sys.argv[1], "Say hello", 8, WireDtype.f32)))
 """
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ppsmoke.fake_vast import FakeVast
-from pytest_ppsmoke.synth import SHAPES, write
+from pytest_ppsmoke.cloud.fake_vast import FakeVast
+from pytest_ppsmoke.stage.synth import SHAPES, write
 
 pytestmark = pytest.mark.local
 
@@ -72,7 +72,7 @@ def installed(tmp_path: Path) -> Path:
     install = [str(venv / "bin" / "pip"), "install", "-q", "--no-deps", str(ROOT)]
     pip = subprocess.run(install, capture_output=True, text=True, timeout=600)
     assert pip.returncode == 0, pip.stderr[-2000:]
-    probe = "import pytest_ppsmoke.gpu_node as g; print(g.__file__); print(g.default_worker_path())"
+    probe = "import pytest_ppsmoke.stage.gpu_node as g; print(g.__file__); print(g.default_worker_path())"
     where = subprocess.run(  # not from the checkout: python -c puts the working directory first on the path
         [str(venv / "bin" / "python"), "-c", probe], capture_output=True, text=True, timeout=60, cwd=tmp_path
     )
@@ -90,7 +90,8 @@ async def test_the_images_install_steps_give_a_working_entrypoint(installed: Pat
     write(model, SHAPES["tiny"])
     async with FakeVast(node_argv=[str(entrypoint)]) as fake:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "pytest_ppsmoke.cli", "--local", "--vast-url", fake.url, "--model", str(model),
+            sys.executable, "-m", "pytest_ppsmoke.harness.cli", "--local", "--vast-url", fake.url,
+            "--model", str(model),
             "--max-tokens", "6", "--report", str(tmp_path / "r.json"),
             env={**os.environ, "VAST_API_KEY": fake.api_key},
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from pytest_ppsmoke.fake_vast import FakeVast, Faults
+from pytest_ppsmoke.cloud.fake_vast import FakeVast, Faults
 
 from .procs import TEST_TAG, node_processes
 
@@ -41,7 +41,7 @@ class Smoke:
     def __init__(self, fake: FakeVast, tmp_path: Path, *args: str, mode: str = "--local") -> None:
         self.fake = fake
         self.report_path = tmp_path / "report.json"
-        self.argv = [sys.executable, "-m", "pytest_ppsmoke.cli", mode, "--vast-url", fake.url, *args]
+        self.argv = [sys.executable, "-m", "pytest_ppsmoke.harness.cli", mode, "--vast-url", fake.url, *args]
         if mode != "--reap":
             self.argv += ["--report", str(self.report_path), "-v"]
         self.lines: list[str] = []

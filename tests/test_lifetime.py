@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from pytest_ppsmoke.codec import WireDtype
-from pytest_ppsmoke.fake_vast import FakeVast, Faults
-from pytest_ppsmoke.gpu_node import Settings, guard_lifetime
-from pytest_ppsmoke.node import Node, NodeConfig
-from pytest_ppsmoke.vast import OfferQuery, VastClient
+from pytest_ppsmoke.cloud.fake_vast import FakeVast, Faults
+from pytest_ppsmoke.cloud.vast import OfferQuery, VastClient
+from pytest_ppsmoke.runtime.codec import WireDtype
+from pytest_ppsmoke.runtime.node import Node, NodeConfig
+from pytest_ppsmoke.stage.gpu_node import Settings, guard_lifetime
 
 from .conftest import cluster_configs
 

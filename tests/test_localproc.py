@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from pytest_ppsmoke.localproc import ChildError, ChildProcess
+from pytest_ppsmoke.runtime.localproc import ChildError, ChildProcess
 
 pytestmark = pytest.mark.local
 

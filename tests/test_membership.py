@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 import pytest
 import pytest_asyncio
 
-from pytest_ppsmoke.codec import MembersQuery, MemberStatus, MembersView, Resolved, ResolveQuery
-from pytest_ppsmoke.localproc import ChildProcess, ClusterKeys, member_env, member_process
-from pytest_ppsmoke.node import NODE_ACTOR, Node, NodeConfig, RemoteError
-from pytest_ppsmoke.registry import NameNotFound
-from pytest_ppsmoke.swim import MemberEvent, SwimConfig
+from pytest_ppsmoke.runtime.codec import MembersQuery, MemberStatus, MembersView, Resolved, ResolveQuery
+from pytest_ppsmoke.runtime.localproc import ChildProcess, ClusterKeys, member_env, member_process
+from pytest_ppsmoke.runtime.node import NODE_ACTOR, Node, NodeConfig, RemoteError
+from pytest_ppsmoke.runtime.registry import NameNotFound
+from pytest_ppsmoke.runtime.swim import MemberEvent, SwimConfig
 
 pytestmark = pytest.mark.local
 

@@ -30,9 +30,9 @@ def test_the_wheel_carries_the_worker_the_spec_tests_and_the_entry_points(tmp_pa
     ):
         assert path in names, path
     for line in (
-        "pp-smoke-run = pytest_ppsmoke.cli:main",
-        "pp-gpu-node = pytest_ppsmoke.gpu_node:main",
-        "pp-fake-vast = pytest_ppsmoke.fake_vast:main",
+        "pp-smoke-run = pytest_ppsmoke.harness.cli:main",
+        "pp-gpu-node = pytest_ppsmoke.stage.gpu_node:main",
+        "pp-fake-vast = pytest_ppsmoke.cloud.fake_vast:main",
         "ppsmoke = pytest_ppsmoke.plugin",
     ):
         assert line in entry_points, line

@@ -18,12 +18,13 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from pytest_ppsmoke.cluster import LocalCluster, PhaseError
-from pytest_ppsmoke.codec import InferenceRequest, InferenceResponse, StageStatsQuery, WireDtype, round_to_wire
-from pytest_ppsmoke.errors import RemoteError
-from pytest_ppsmoke.pipeline import InferenceResult, run_inference
-from pytest_ppsmoke.stages import StageModel, Tokenizer, load_model, unsplit_generate
-from pytest_ppsmoke.swim import SwimConfig
+from pytest_ppsmoke.harness.pipeline import InferenceResult, run_inference
+from pytest_ppsmoke.protocol import PhaseError
+from pytest_ppsmoke.runtime.cluster import LocalCluster
+from pytest_ppsmoke.runtime.codec import InferenceRequest, InferenceResponse, StageStatsQuery, WireDtype, round_to_wire
+from pytest_ppsmoke.runtime.errors import RemoteError
+from pytest_ppsmoke.runtime.swim import SwimConfig
+from pytest_ppsmoke.stage.model import StageModel, Tokenizer, load_model, unsplit_generate
 
 pytestmark = [pytest.mark.local, pytest.mark.asyncio(loop_scope="module")]
 
@@ -50,7 +51,7 @@ def reference() -> dict[str, Any]:
 def pipeline(num_stages: int, wire: str) -> LocalCluster:
     env = {"MODEL": MODEL, "PP_WIRE_DTYPE": wire, "PP_LOG_LEVEL": "INFO"}
     return LocalCluster(
-        num_stages=num_stages, node_module="pytest_ppsmoke.gpu_node", extra_env=env, swim=SwimConfig.shared_cpu()
+        num_stages=num_stages, node_module="pytest_ppsmoke.stage.gpu_node", extra_env=env, swim=SwimConfig.shared_cpu()
     )
 
 

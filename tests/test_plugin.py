@@ -165,7 +165,7 @@ def test_the_spec_suite_passes_and_junit_carries_the_figures(pytester: pytest.Py
     """``pytest --pyargs pytest_ppsmoke.spec -m local``, against an emulator that requires a
     distinctive key: every spec test passes, every test carries the figures, the key is nowhere."""
     emulator = subprocess.Popen(
-        [sys.executable, "-m", "pytest_ppsmoke.fake_vast"],
+        [sys.executable, "-m", "pytest_ppsmoke.cloud.fake_vast"],
         stdout=subprocess.PIPE, text=True, env={**os.environ, "VAST_API_KEY": KEY},
     )  # fmt: skip
     try:

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from pytest_ppsmoke.codec import Echo
+from pytest_ppsmoke.runtime.codec import Echo
 
 from .conftest import cluster_configs
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_ppsmoke.stages import ModelError, StageModel, Tokenizer, layer_range, load_model, resolve_model
+from pytest_ppsmoke.stage.model import ModelError, StageModel, Tokenizer, layer_range, load_model, resolve_model
 
 pytestmark = pytest.mark.local
 

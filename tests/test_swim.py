@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
-from pytest_ppsmoke.cluster import stage_names
-from pytest_ppsmoke.codec import MemberState, MemberStatus
-from pytest_ppsmoke.node import NodeConfig
-from pytest_ppsmoke.swim import SwimConfig
+from pytest_ppsmoke.protocol import stage_names
+from pytest_ppsmoke.runtime.codec import MemberState, MemberStatus
+from pytest_ppsmoke.runtime.node import NodeConfig
+from pytest_ppsmoke.runtime.swim import SwimConfig
 
 from .conftest import cluster_configs
 

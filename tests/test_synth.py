@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ppsmoke.stages import Tokenizer, load_model
-from pytest_ppsmoke.synth import SHAPES, Shape, write
+from pytest_ppsmoke.stage.model import Tokenizer, load_model
+from pytest_ppsmoke.stage.synth import SHAPES, Shape, write
 
 pytestmark = pytest.mark.local
 
@@ -35,7 +35,7 @@ def test_shapes_are_checked_and_the_1b_shape_is_llama_3_2s() -> None:
 
 
 def test_the_command_refuses_what_it_cannot_write(tmp_path: Path) -> None:
-    run = [sys.executable, "-m", "pytest_ppsmoke.synth"]
+    run = [sys.executable, "-m", "pytest_ppsmoke.stage.synth"]
     out = subprocess.run([*run, str(tmp_path / "m.bin"), "--shape", "tiny"], capture_output=True, text=True)
     assert out.returncode == 2 and "the output must be a .gguf file" in out.stderr
     out = subprocess.run(

@@ -10,10 +10,10 @@ import struct
 import iroh
 import pytest
 
-from pytest_ppsmoke import _irohpatch, codec
-from pytest_ppsmoke.codec import Echo, Envelope, ErrorReply, NextToken
-from pytest_ppsmoke.node import Node, NodeConfig, RemoteError
-from pytest_ppsmoke.transport import ALPN, PeerAddr, Transport, TransportError, endpoint_id, endpoint_options
+from pytest_ppsmoke.runtime import _irohpatch, codec
+from pytest_ppsmoke.runtime.codec import Echo, Envelope, ErrorReply, NextToken
+from pytest_ppsmoke.runtime.node import Node, NodeConfig, RemoteError
+from pytest_ppsmoke.runtime.transport import ALPN, PeerAddr, Transport, TransportError, endpoint_id, endpoint_options
 
 from .conftest import cluster_configs
 

@@ -19,8 +19,8 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 
-from pytest_ppsmoke.fake_vast import FakeVast, Faults, default_catalogue, match_offer
-from pytest_ppsmoke.vast import Offer, OfferQuery, VastClient, VastError
+from pytest_ppsmoke.cloud.fake_vast import FakeVast, Faults, default_catalogue, match_offer
+from pytest_ppsmoke.cloud.vast import Offer, OfferQuery, VastClient, VastError
 
 pytestmark = pytest.mark.local
 
@@ -256,7 +256,7 @@ def vastai(fake_url: str, home: Path, *args: str) -> subprocess.CompletedProcess
 
 def test_the_official_vastai_cli_works_against_the_emulator(tmp_path: Path) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest_ppsmoke.fake_vast", "--node-command", shlex.join(SLEEPER)],
+        [sys.executable, "-m", "pytest_ppsmoke.cloud.fake_vast", "--node-command", shlex.join(SLEEPER)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "VAST_API_KEY": KEY},
     )  # fmt: skip
     try:

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pytest_ppsmoke.codec import Hidden, WireDtype
+from pytest_ppsmoke.runtime.codec import Hidden, WireDtype
 
 pytestmark = pytest.mark.local
 

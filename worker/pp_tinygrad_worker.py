@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from pytest_ppsmoke.codec import Hidden, WireDtype
-from pytest_ppsmoke.stages import StageModel, Tokenizer, env_int, load_model
+from pytest_ppsmoke.runtime.codec import Hidden, WireDtype
+from pytest_ppsmoke.stage.model import StageModel, Tokenizer, env_int, load_model
 
 
 class RequestError(ValueError):

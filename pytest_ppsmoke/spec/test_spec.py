@@ -12,7 +12,11 @@ import re
 import numpy as np
 import pytest
 
-from pytest_ppsmoke.codec import (
+from pytest_ppsmoke.cloud.lifecycle import Deployment
+from pytest_ppsmoke.harness.pipeline import InferenceResult
+from pytest_ppsmoke.harness.session import Settings, SmokeSession
+from pytest_ppsmoke.protocol import STAGE_ACTOR
+from pytest_ppsmoke.runtime.codec import (
     ActorAddress,
     Hidden,
     KvInfo,
@@ -24,11 +28,7 @@ from pytest_ppsmoke.codec import (
     RelayProbe,
     WireDtype,
 )
-from pytest_ppsmoke.gpu_node import STAGE_ACTOR
-from pytest_ppsmoke.lifecycle import Deployment
-from pytest_ppsmoke.node import NODE_ACTOR
-from pytest_ppsmoke.pipeline import InferenceResult
-from pytest_ppsmoke.session import Settings, SmokeSession
+from pytest_ppsmoke.runtime.node import NODE_ACTOR
 
 pytestmark = [pytest.mark.local, pytest.mark.vastai]
 
@@ -120,7 +120,7 @@ def test_tokens_equal_the_unsplit_reference(ppsmoke_settings: Settings, ppsmoke_
     The reference runs here, on the CPU: the model must be available on this machine."""
     if ppsmoke_settings.mode != "local":
         pytest.skip("the reference runs on this machine; with --vastai the model lives on the instances")
-    from pytest_ppsmoke.stages import reference_tokens  # tinygrad: only when this test runs
+    from pytest_ppsmoke.stage.model import reference_tokens  # tinygrad: only when this test runs
 
     s = ppsmoke_settings
     want = reference_tokens(s.model, s.prompt, s.max_tokens, WireDtype.parse(s.wire_dtype), s.num_stages)

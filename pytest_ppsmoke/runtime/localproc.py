@@ -212,7 +212,7 @@ def member_env(
 
 
 def member_process(name: str, env: Mapping[str, str]) -> ChildProcess:
-    return ChildProcess(name, [sys.executable, "-m", "pytest_ppsmoke.member"], env)
+    return ChildProcess(name, [sys.executable, "-m", "pytest_ppsmoke.runtime.member"], env)
 
 
 class ClusterKeys:

@@ -29,7 +29,7 @@ from tinygrad import Tensor, TinyJit, UOp, nn
 from tinygrad.apps.llm import SimpleTokenizer as _SimpleTokenizer
 from tinygrad.apps.llm import Transformer, models
 
-from .codec import WireDtype, round_to_wire
+from ..runtime.codec import WireDtype, round_to_wire
 
 _DTYPES = {np.dtype(np.int32).str: "int32", np.dtype(np.float32).str: "float32"}  # decode inputs
 

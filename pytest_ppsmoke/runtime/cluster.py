@@ -7,7 +7,7 @@ The orchestrator generates every member's secret key, so it knows every endpoint
 member starts and the allowlist keeps anybody else out. Members are started with the environment
 a rented instance gets (``STAGE``, ``NUM_STAGES``, ``SEED_ADDR``, ``PP_NODE_KEY``,
 ``PP_ALLOWED_IDS``, plus ``extra_env`` such as ``MODEL``). ``node_module`` picks what runs:
-``pytest_ppsmoke.gpu_node`` (a stage with its tinygrad worker) or ``pytest_ppsmoke.member``
+``pytest_ppsmoke.stage.gpu_node`` (a stage with its tinygrad worker) or ``pytest_ppsmoke.runtime.member``
 (a bare member that only registers the stage names).
 
 Phases: *boot* until every node has joined, *load* until every node reports ready (its worker
@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from ..protocol import PhaseError, cluster_names, stage_names
 from .codec import ActorAddress, MembersQuery, MemberStatus, MembersView
 from .localproc import ChildProcess, ClusterKeys, member_env
 from .node import NODE_ACTOR, Node, NodeConfig
@@ -37,26 +38,6 @@ from .resource import Resource
 from .swim import SwimConfig
 
 log = logging.getLogger(__name__)
-
-
-def stage_names(stage: int, num_stages: int) -> list[str]:
-    """The names stage ``stage`` registers (design.md): its own, plus entry or exit."""
-    if not 0 <= stage < num_stages:
-        raise ValueError(f"stage {stage} is outside 0..{num_stages - 1}")
-    names = [f"pp-stage-{stage}"]
-    if stage == 0:
-        names.insert(0, "pp-entry")
-    if stage == num_stages - 1:
-        names.insert(0, "pp-exit")
-    return names
-
-
-class PhaseError(RuntimeError):
-    """A lifecycle phase failed; ``phase`` names it (boot, converge, resolve, ...)."""
-
-    def __init__(self, phase: str, message: str) -> None:
-        super().__init__(f"{phase}: {message}")
-        self.phase = phase
 
 
 async def converge(
@@ -114,7 +95,7 @@ async def resolve_names(seed: Node, num_stages: int, timeout: float) -> dict[str
     """Resolve ``pp-entry``, ``pp-exit`` and every ``pp-stage-i``: one deadline for all (the spec's minute)."""
     deadline = time.monotonic() + timeout
     names = {}
-    for name in ["pp-entry", "pp-exit", *(f"pp-stage-{i}" for i in range(num_stages))]:
+    for name in cluster_names(num_stages):
         try:
             names[name] = await seed.resolve(name, max(0.0, deadline - time.monotonic()))
         except LookupError as e:
@@ -126,7 +107,7 @@ async def resolve_names(seed: Node, num_stages: int, timeout: float) -> dict[str
 class LocalCluster(Resource):
     num_stages: int = 2
     swim: SwimConfig = field(default_factory=SwimConfig.loopback)
-    node_module: str = "pytest_ppsmoke.member"
+    node_module: str = "pytest_ppsmoke.runtime.member"
     boot_timeout: float = 60.0
     load_timeout: float = 600.0
     converge_timeout: float = 120.0  # the spec's SWIM deadline

@@ -32,14 +32,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .cluster import PhaseError, converge, resolve_names
-from .codec import ActorAddress, MemberStatus, NodeStatus, NodeStatusQuery
-from .errors import RemoteError
-from .gpu_node import STATUS_ACTOR
-from .localproc import ClusterKeys
-from .node import Node, NodeConfig
-from .resource import Resource
-from .swim import SwimConfig
+from ..protocol import STATUS_ACTOR, PhaseError
+from ..runtime.cluster import converge, resolve_names
+from ..runtime.codec import ActorAddress, MemberStatus, NodeStatus, NodeStatusQuery
+from ..runtime.errors import RemoteError
+from ..runtime.localproc import ClusterKeys
+from ..runtime.node import Node, NodeConfig
+from ..runtime.resource import Resource
+from ..runtime.swim import SwimConfig
 from .vast import LABEL_PREFIX, Offer, OfferQuery, VastClient, VastError
 
 log = logging.getLogger(__name__)

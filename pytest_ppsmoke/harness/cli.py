@@ -28,12 +28,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .cluster import PhaseError
-from .codec import WireDtype
-from .fake_vast import FakeVast
-from .lifecycle import DEFAULT_IMAGE, Deployment, RunConfig, reap
+from ..cloud.fake_vast import FakeVast
+from ..cloud.lifecycle import DEFAULT_IMAGE, Deployment, RunConfig, reap
+from ..cloud.vast import DEFAULT_URL, OfferQuery, VastClient, VastError
+from ..protocol import PhaseError
+from ..runtime.codec import WireDtype
 from .pipeline import run_inference
-from .vast import DEFAULT_URL, OfferQuery, VastClient, VastError
 
 log = logging.getLogger(__name__)
 
@@ -268,7 +268,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if (args.vastai or args.reap or args.vast_url) and not args.api_key:
         p.error("a vast.ai API key is needed: set VAST_API_KEY or pass --api-key")
     if not args.reap:
-        from .stages import ModelError, model_names, resolve_model  # imports tinygrad: only once arguments are fine
+        from ..stage.model import (  # imports tinygrad: only once arguments are fine
+            ModelError,
+            model_names,
+            resolve_model,
+        )
 
         if args.vastai and args.model not in model_names():
             names = ", ".join(model_names())

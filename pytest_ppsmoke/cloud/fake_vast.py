@@ -42,9 +42,9 @@ from typing import Any
 
 from aiohttp import web
 
-from .localproc import ChildProcess
-from .resource import Resource
-from .transport import PeerAddr
+from ..runtime.localproc import ChildProcess
+from ..runtime.resource import Resource
+from ..runtime.transport import PeerAddr
 
 log = logging.getLogger(__name__)
 
@@ -358,7 +358,7 @@ class FakeVast(Resource):
         self.gpus = gpus  # this host's GPUs: each instance gets one (CUDA_VISIBLE_DEVICES), in turn
         self.catalogue = [dict(o) for o in (catalogue if catalogue is not None else default_catalogue())]
         self.faults = faults or Faults()
-        self.node_argv = node_argv or [sys.executable, "-m", "pytest_ppsmoke.gpu_node"]
+        self.node_argv = node_argv or [sys.executable, "-m", "pytest_ppsmoke.stage.gpu_node"]
         self.host, self.port = host, port
         self.instances: dict[int, Instance] = {}
         self.destroyed: list[Instance] = []

@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .cluster import PhaseError
-from .fake_vast import FakeVast
-from .lifecycle import DEFAULT_IMAGE, Deployment, RunConfig
+from ..cloud.fake_vast import FakeVast
+from ..cloud.lifecycle import DEFAULT_IMAGE, Deployment, RunConfig
+from ..cloud.vast import DEFAULT_URL, OfferQuery, VastClient
+from ..protocol import PhaseError
 from .pipeline import InferenceResult, run_inference
-from .vast import DEFAULT_URL, OfferQuery, VastClient
 
 log = logging.getLogger(__name__)
 

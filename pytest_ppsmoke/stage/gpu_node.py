@@ -36,9 +36,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .bridge import WorkerBridge, WorkerDied, WorkerError
-from .cluster import stage_names
-from .codec import (
+from ..cloud.vast import DEFAULT_URL, VastClient, VastError
+from ..protocol import STAGE_ACTOR, STATUS_ACTOR, stage_names
+from ..runtime.codec import (
     Accepted,
     ActorAddress,
     FirstToken,
@@ -58,16 +58,14 @@ from .codec import (
     StageStatsQuery,
     WireDtype,
 )
-from .localproc import configure_child_logging, emit, stop_event
-from .node import Context, Node, NodeConfig
-from .swim import MemberEvent
-from .transport import PeerAddr
-from .vast import DEFAULT_URL, VastClient, VastError
+from ..runtime.localproc import configure_child_logging, emit, stop_event
+from ..runtime.node import Context, Node, NodeConfig
+from ..runtime.swim import MemberEvent
+from ..runtime.transport import PeerAddr
+from .bridge import WorkerBridge, WorkerDied, WorkerError
 
 log = logging.getLogger(__name__)
 
-STAGE_ACTOR = "stage"
-STATUS_ACTOR = "status"
 FAULTS = ("no-names", "empty-text")  # PP_FAULT: symptoms the emulator's fault knobs ask a node to show
 HOP_TIMEOUT = 30.0  # a send to the next stage
 NAME_TIMEOUT = 60.0  # the spec's deadline for a name

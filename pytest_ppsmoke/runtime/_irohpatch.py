@@ -70,7 +70,7 @@ def apply() -> None:
     if builder is None or not hasattr(builder, "write") or not hasattr(builder, "_reserve"):
         raise IrohPatchError(
             f"iroh {importlib.metadata.version('iroh')}: _UniffiRustBufferBuilder.write/_reserve not found; "
-            "review pytest_ppsmoke/_irohpatch.py for this release"
+            "review pytest_ppsmoke/runtime/_irohpatch.py for this release"
         )
     if getattr(builder.write, "__ppsmoke_patch__", False):
         return
@@ -79,7 +79,7 @@ def apply() -> None:
         raise IrohPatchError(
             f"iroh {importlib.metadata.version('iroh')} changed _UniffiRustBufferBuilder.write "
             f"(source sha256 {digest}, reviewed {_REVIEWED_WRITE_SHA256}); "
-            "check whether it still copies byte by byte and update pytest_ppsmoke/_irohpatch.py"
+            "check whether it still copies byte by byte and update pytest_ppsmoke/runtime/_irohpatch.py"
         )
     builder.write = _fast_write
     _self_test()

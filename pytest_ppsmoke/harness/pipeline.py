@@ -1,6 +1,6 @@
 """The orchestrator's side of one inference: send the request, await the answer, collect figures.
 
-    async with LocalCluster(num_stages=2, node_module="pytest_ppsmoke.gpu_node",
+    async with LocalCluster(num_stages=2, node_module="pytest_ppsmoke.stage.gpu_node",
                             extra_env={"MODEL": "smollm2:135m"}) as cluster:
         result = await run_inference(cluster.seed, cluster.num_stages, "Say hello", 64, timeout=240)
 
@@ -23,8 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .cluster import PhaseError
-from .codec import (
+from ..protocol import ORCHESTRATOR_ACTOR, PhaseError
+from ..runtime.codec import (
     Accepted,
     FirstToken,
     InferenceRequest,
@@ -34,13 +34,11 @@ from .codec import (
     StageStats,
     StageStatsQuery,
 )
-from .errors import RemoteError
-from .node import Context, Node
-from .swim import MemberEvent
+from ..runtime.errors import RemoteError
+from ..runtime.node import Context, Node
+from ..runtime.swim import MemberEvent
 
 log = logging.getLogger(__name__)
-
-ORCHESTRATOR_ACTOR = "orchestrator"
 
 
 @dataclass

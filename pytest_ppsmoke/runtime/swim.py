@@ -25,18 +25,42 @@ import random
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields, replace
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from .codec import Ack, Gossip, Join, MemberState, MemberStatus, Nack, Ping, PingReq, Sync
+from .codec import Ack, ActorAddress, Gossip, Join, MemberState, MemberStatus, Message, Nack, Ping, PingReq, Sync
 from .errors import RemoteError
-
-if TYPE_CHECKING:
-    from .node import Context, Node
 
 log = logging.getLogger(__name__)
 
 ALIVE, SUSPECT, DEAD = MemberStatus.alive, MemberStatus.suspect, MemberStatus.dead
 SWIM_ACTOR = "swim"
+
+
+class _Peers(Protocol):
+    def is_allowed(self, peer_id: str) -> bool: ...
+    def forget(self, peer_id: str) -> None: ...
+
+
+class Host(Protocol):
+    """What membership needs of the node it runs on (``runtime.node.Node`` is one)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def transport(self) -> _Peers: ...
+    def address(self, actor: str, node: str | None = None) -> ActorAddress: ...
+    def learn(self, m: MemberState) -> None: ...
+    def send_nowait(self, to: ActorAddress, msg: Message, timeout: float, sender: str = "") -> None: ...
+    async def request(
+        self, to: ActorAddress, msg: Message, timeout: float | None = None, *, sender: str = ""
+    ) -> Message: ...
+
+
+class Context(Protocol):
+    """Who sent the message being handled (``runtime.node.Context`` is one)."""
+
+    @property
+    def sender(self) -> ActorAddress: ...
 
 
 @dataclass(frozen=True)
@@ -138,7 +162,7 @@ class EventStream:
 class Membership:
     """The SWIM actor of a node (actor name ``swim``)."""
 
-    def __init__(self, node: Node, config: SwimConfig, addrs: Iterable[str], relay: str | None) -> None:
+    def __init__(self, node: Host, config: SwimConfig, addrs: Iterable[str], relay: str | None) -> None:
         self.node = node
         self.config = config
         self.me = MemberState(node.id, ALIVE, 0, tuple(addrs), relay, {})

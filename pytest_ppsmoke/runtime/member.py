@@ -1,7 +1,7 @@
 """A bare cluster member: joins, registers names, reports membership events.
 
     PP_NODE_KEY=... PP_ALLOWED_IDS=... SEED_ADDR=<ticket> PP_NAMES=pp-entry,pp-stage-0 \\
-        python -m pytest_ppsmoke.member
+        python -m pytest_ppsmoke.runtime.member
 
 It is what the membership tests and benchmarks run as a separate process, and a handy probe when
 a cluster misbehaves. Each name in ``PP_NAMES`` is registered for this node's ``node`` actor
@@ -59,12 +59,12 @@ def main() -> None:
     try:
         config = NodeConfig.from_env()
     except ValueError as e:
-        sys.exit(f"pytest_ppsmoke.member: {e}")
+        sys.exit(f"pytest_ppsmoke.runtime.member: {e}")
     names = [n.strip() for n in os.environ.get("PP_NAMES", "").split(",") if n.strip()]
     try:
         asyncio.run(run(config, names))
     except TimeoutError as e:
-        sys.exit(f"pytest_ppsmoke.member: {e}")
+        sys.exit(f"pytest_ppsmoke.runtime.member: {e}")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 An actor is any object with ``on_<message_type_in_snake_case>(msg, ctx)`` methods (sync or
 async). What a handler returns answers a request; what it raises is sent back as an
-:class:`~pytest_ppsmoke.codec.ErrorReply` and raised on the requesting side as :class:`RemoteError`.
+:class:`~pytest_ppsmoke.runtime.codec.ErrorReply` and raised on the requesting side as :class:`RemoteError`.
 
     async with Node(NodeConfig.generate()) as node:
         node.add_actor("echo", EchoActor())

@@ -1,0 +1,46 @@
+"""What both sides of the wire agree on: actor names, stage names, and how a phase fails.
+
+The orchestrator (``harness``, ``cloud``) and the nodes (``stage``) import this module, never
+each other. Names (the SWIM registry): stage 0 registers ``pp-entry`` and ``pp-stage-0``, the
+last stage ``pp-exit`` and ``pp-stage-{N-1}``, every stage ``pp-stage-i``. Next and previous
+stage names are computed locally from the stage index and the stage count.
+"""
+
+from __future__ import annotations
+
+ENTRY = "pp-entry"
+EXIT = "pp-exit"
+
+STAGE_ACTOR = "stage"  # a node's pipeline stage: StageActivation, NextToken, InferenceRequest
+STATUS_ACTOR = "status"  # a node's health: NodeStatusQuery
+ORCHESTRATOR_ACTOR = "orchestrator"  # the seed's collector of FirstToken and InferenceResponse
+
+
+def stage_name(stage: int) -> str:
+    return f"pp-stage-{stage}"
+
+
+def stage_names(stage: int, num_stages: int) -> list[str]:
+    """The names stage ``stage`` registers: its own, plus entry or exit."""
+    if not 0 <= stage < num_stages:
+        raise ValueError(f"stage {stage} is outside 0..{num_stages - 1}")
+    names = [stage_name(stage)]
+    if stage == 0:
+        names.insert(0, ENTRY)
+    if stage == num_stages - 1:
+        names.insert(0, EXIT)
+    return names
+
+
+def cluster_names(num_stages: int) -> list[str]:
+    """Every name a cluster of ``num_stages`` stages registers, entry and exit first."""
+    return [ENTRY, EXIT, *(stage_name(i) for i in range(num_stages))]
+
+
+class PhaseError(RuntimeError):
+    """A lifecycle phase failed; ``phase`` names it (rent, boot, converge, load, resolve, ...)."""
+
+    def __init__(self, phase: str, message: str) -> None:
+        super().__init__(f"{phase}: {message}")
+        self.phase = phase
+        self.reason = message
