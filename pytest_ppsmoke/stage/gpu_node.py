@@ -77,7 +77,7 @@ class Busy(RuntimeError):
 
 
 def default_worker_path() -> Path:
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parent.parent  # the package: pytest_ppsmoke/stage/gpu_node.py
     installed = here / "worker" / "pp_tinygrad_worker.py"  # a wheel install
     return installed if installed.is_file() else here.parent / "worker" / "pp_tinygrad_worker.py"
 
