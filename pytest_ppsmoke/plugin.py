@@ -1,15 +1,26 @@
 """pytest-ppsmoke's pytest plugin (``pytest11`` entry point ``ppsmoke``): options, markers,
-session fixtures, the budget, and reporting. The work is done by the library
-(:class:`~pytest_ppsmoke.harness.session.SmokeSession`); this module is hooks and thin fixtures.
+session fixtures, the budget, and reporting. The work is done by the run driver
+(:mod:`pytest_ppsmoke.harness.driver`), stepped by :class:`~pytest_ppsmoke.harness.session.SmokeSession`;
+this module is hooks and thin fixtures.
 
-Options, each mirrored by an ini key (the key excepted: a key in an ini file gets committed).
-Precedence: command line > environment variable (where one is named) > ini > default.
+Loading the plugin imports the standard library, pytest and the settings table only: every
+pytest run of a project that merely has the package installed pays nothing more. The runtime
+(iroh, aiohttp, tinygrad) loads when a ppsmoke fixture is first requested. No asyncio plugin is
+needed: the session runs its own event loop in a thread.
+
+Options come from the settings table (:mod:`pytest_ppsmoke.harness.settings`), each mirrored by
+an ini key (the key excepted: a key in an ini file gets committed). Precedence: command line >
+environment variable (where one is named) > ini > default. The mode is explicit:
+``--ppsmoke-mode local|vastai``; without it, a key means vastai. ``-m`` only selects tests.
 
 Fixtures, session-scoped, each building on the one before:
 ``ppsmoke_session`` (its finalizer destroys everything rented, on every path) ->
 ``ppsmoke_instances`` (rented and running) -> ``ppsmoke_cluster`` (1 + N members converged,
 workers ready) -> ``ppsmoke_names`` (the stage names resolved) -> ``ppsmoke_inference`` (the
-prompt answered, with its figures).
+prompt answered, with its figures). ``ppsmoke_teardown`` tears the session down (its tests run last).
+
+A failed phase shows once, as one line naming the phase, the cause and what to do, on the first
+test that needed it; every later test that needs that phase fails at once, pointing there.
 
 The spec's claims are tests shipped in ``pytest_ppsmoke.spec``:
 ``pytest --pyargs pytest_ppsmoke.spec -m local`` (or ``-m vastai --vastai-key ...``).
@@ -18,19 +29,18 @@ The spec's claims are tests shipped in ``pytest_ppsmoke.spec``:
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from .cloud.lifecycle import DEFAULT_IMAGE, Deployment
-from .cloud.vast import DEFAULT_URL
-from .harness.pipeline import InferenceResult
-from .harness.session import Settings, SmokeSession
-from .runtime.codec import ActorAddress, WireDtype
+from .harness.settings import OPTIONS, SettingError, Settings, from_sources
+
+if TYPE_CHECKING:
+    from .cloud.lifecycle import Deployment
+    from .harness.pipeline import InferenceResult
+    from .harness.session import SmokeSession
+    from .runtime.codec import ActorAddress
 
 MARKERS = {
     "local": (
@@ -41,126 +51,57 @@ MARKERS = {
 }
 
 SETTINGS = pytest.StashKey[Settings]()
-SESSION = pytest.StashKey[SmokeSession]()
-FIXTURES = (
-    "ppsmoke_session",
-    "ppsmoke_instances",
-    "ppsmoke_cluster",
-    "ppsmoke_names",
-    "ppsmoke_inference",
-    "ppsmoke_teardown",
-)
+STATE = pytest.StashKey["_State"]()
+
+# each fixture and the driver step it needs
+STEP_OF = {
+    "ppsmoke_instances": "boot",
+    "ppsmoke_cluster": "load",
+    "ppsmoke_names": "resolve",
+    "ppsmoke_inference": "infer",
+}
+STEPS = ("rent", "boot", "converge", "load", "resolve", "infer")
+FIXTURES = ("ppsmoke_session", *STEP_OF, "ppsmoke_teardown")
 
 
-@dataclass(frozen=True)
-class Option:
-    flag: str
-    dest: str
-    help: str
-    parse: Callable[[str], Any]
-    default: Any
-    ini: str | None = None
-    env: str | None = None
+class _State:
+    """The plugin's own record of the session: its deployment and where it first failed."""
 
-    @property
-    def ini_name(self) -> str:
-        return self.ini or self.flag.lstrip("-").replace("-", "_")
-
-
-def _int_at_least(low: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        value = int(text)
-        if value < low:
-            raise ValueError(f"expected an integer of at least {low}, got {text!r}")
-        return value
-
-    return parse
-
-
-def _positive(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise ValueError(f"expected a positive number, got {text!r}")
-    return value
-
-
-def _fraction(text: str) -> float:
-    value = float(text)
-    if not 0 <= value <= 1:
-        raise ValueError(f"expected a number between 0 and 1, got {text!r}")
-    return value
-
-
-def _wire(text: str) -> str:
-    return WireDtype.parse(text).name
-
-
-OPTIONS = [
-    Option("--vastai-key", "key", "vast.ai API key (no ini key: it would get committed)", str, "", env="VAST_API_KEY"),
-    Option("--vast-url", "vast_url", "vast.ai REST base URL", str, DEFAULT_URL, "ppsmoke_vast_url", "VAST_URL"),
-    Option("--ppsmoke-model", "model", "model name or GGUF path (default smollm2:135m local, llama3.2:1b)", str, None),
-    Option("--ppsmoke-stages", "num_stages", "pipeline stages, at least 2 (default 2)", _int_at_least(2), 2),
-    Option("--ppsmoke-wire-dtype", "wire_dtype", "hidden states on the wire: bf16 (default), f16, f32", _wire, "bf16"),
-    Option("--ppsmoke-image", "image", f"node image on vast.ai (default {DEFAULT_IMAGE})", str, DEFAULT_IMAGE),
-    Option("--ppsmoke-budget", "budget", "seconds for the whole session (default 300)", _positive, 300.0),
-    Option("--ppsmoke-max-tokens", "max_tokens", "tokens to generate (default 64)", _int_at_least(1), 64),
-    Option("--ppsmoke-prompt", "prompt", "the prompt (default 'Say hello')", str, "Say hello"),
-    Option("--ppsmoke-gpu-ram", "gpu_ram", "least GPU RAM per instance, GB (default 8)", _positive, 8.0),
-    Option("--ppsmoke-max-price", "max_price", "most $/hour per instance (default 2.0)", _positive, 2.0),
-    Option("--ppsmoke-min-reliability", "min_reliability", "least host reliability, 0..1 (0.95)", _fraction, 0.95),
-    Option("--ppsmoke-report", "report", "write the session's JSON report here", Path, None),
-]
+    def __init__(self) -> None:
+        self.session: SmokeSession | None = None
+        self.current: str = ""  # the test being set up
+        self.failed_in: str | None = None  # the test whose setup showed the failure
+        self.teardown_reported = False
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("ppsmoke", "pipeline-parallel smoke test (pytest-ppsmoke)")
     for opt in OPTIONS:
+        if opt.pytest is None:
+            continue
         env = f"; env {opt.env}" if opt.env else ""
-        ini = f"; ini {opt.ini_name}" if opt.dest != "key" else ""
-        group.addoption(opt.flag, dest="ppsmoke_" + opt.dest, default=None, help=f"{opt.help}{env}{ini}")
-        if opt.dest != "key":
+        ini = f"; ini {opt.ini_name}" if opt.ini_name else ""
+        group.addoption(
+            opt.pytest, dest="ppsmoke_" + opt.name, default=None, choices=opt.choices, help=f"{opt.help}{env}{ini}"
+        )
+        if opt.ini_name:
             parser.addini(opt.ini_name, help=opt.help + (f" (env {opt.env} overrides)" if opt.env else ""))
 
 
-def _value(config: pytest.Config, opt: Option) -> tuple[Any, str]:
-    """The option's raw value and where it came from (for an error message)."""
-    raw = config.getoption("ppsmoke_" + opt.dest)
-    if raw is not None:
-        return raw, opt.flag
-    if opt.env and os.environ.get(opt.env):
-        return os.environ[opt.env], f"environment variable {opt.env}"
-    if opt.dest != "key":
-        ini = config.getini(opt.ini_name)
-        if ini not in (None, "", []):
-            return ini, f"ini {opt.ini_name}"
-    return None, "default"
-
-
 def read_settings(config: pytest.Config) -> Settings:
-    values: dict[str, Any] = {}
-    for opt in OPTIONS:
-        raw, source = _value(config, opt)
-        if raw is None:
-            values[opt.dest] = opt.default
-            continue
-        try:
-            values[opt.dest] = opt.parse(str(raw))
-        except ValueError as e:
-            shown = "<hidden>" if opt.dest == "key" else repr(str(raw))
-            detail = str(e) if opt.dest != "key" else "bad value"
-            raise pytest.UsageError(f"{opt.flag} (from {source}) = {shown}: {detail}") from None
-    markexpr = config.getoption("markexpr", "") or ""
-    wants_vastai = "vastai" in markexpr and "not vastai" not in markexpr
-    mode = "vastai" if wants_vastai or (values["key"] and "local" not in markexpr) else "local"
-    if values["model"] is None:
-        values["model"] = "smollm2:135m" if mode == "local" else "llama3.2:1b"
-    return Settings(mode=mode, **values)
+    flags = {o.name: config.getoption("ppsmoke_" + o.name) for o in OPTIONS if o.pytest}
+    try:
+        values, _ = from_sources(flags, ini=config.getini)
+    except SettingError as e:
+        raise pytest.UsageError(str(e)) from None
+    return Settings.resolve(values)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     for name, help_text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {help_text}")
     config.stash[SETTINGS] = read_settings(config)
+    config.stash[STATE] = _State()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -185,36 +126,35 @@ def _uses_session(item: pytest.Item) -> bool:
     return any(f in getattr(item, "fixturenames", ()) for f in FIXTURES)
 
 
+def _needed_step(item: pytest.Item) -> str | None:
+    steps = [STEP_OF[f] for f in getattr(item, "fixturenames", ()) if f in STEP_OF]
+    return max(steps, key=STEPS.index) if steps else None
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """The session's deadline, counted from its first step (renting): once it has passed, the
-    remaining tests fail at once."""
-    session = item.config.stash.get(SESSION, None)
+    """Before the fixtures: a test that needs a phase the deployment already failed at fails at
+    once, pointing at the first error (not repeating it); once the session's budget is spent,
+    the remaining tests fail at once."""
+    state = item.config.stash[STATE]
+    state.current = item.nodeid
+    session = state.session
     if session is None or not _uses_session(item):
         return
-    if session.remaining() <= 0:
-        budget = session.settings.budget
-        pytest.fail(f"the session's budget of {budget:.0f} s is spent", pytrace=False)
+    failure, needed, failed = session.run.failure, _needed_step(item), session.run.failed_step
+    if failure is not None and needed and failed and STEPS.index(needed) >= STEPS.index(failed):
+        where = f"; the error is shown at {state.failed_in}" if state.failed_in else ""
+        pytest.fail(f"the deployment failed at {failure.phase}{where}", pytrace=False)
+    if session.remaining() <= 0 and "ppsmoke_teardown" not in getattr(item, "fixturenames", ()):
+        pytest.fail(f"the session's budget of {session.settings.budget:.0f} s is spent", pytrace=False)
 
 
 def pytest_runtest_teardown(item: pytest.Item) -> None:
     """Every test that used the session carries its figures as JUnit properties."""
-    session = item.config.stash.get(SESSION, None)
+    session = item.config.stash[STATE].session
     if session is None or not _uses_session(item):
         return
-    for name, value in properties(session.figures()):
-        item.user_properties.append((name, value))
-
-
-def properties(fig: dict[str, Any]) -> list[tuple[str, Any]]:
-    out: list[tuple[str, Any]] = [("ppsmoke_mode", fig["mode"]), ("ppsmoke_run_id", fig["run_id"])]
-    out += [(f"ppsmoke_time_{k}", v) for k, v in sorted(fig["timings"].items())]
-    for hop, phases in sorted(fig.get("hops", {}).items()):
-        for phase, h in phases.items():
-            out.append((f"ppsmoke_hop_{hop}_{phase}_bytes", h["bytes_each"]))
-            out.append((f"ppsmoke_hop_{hop}_{phase}_median_s", h["median_s"]))
-    out.append(("ppsmoke_instances", ",".join(str(i["id"]) for i in fig["instances"])))
-    out.append(("ppsmoke_cost_usd", fig["cost_usd"]))
-    return out
+    item.user_properties.extend(session.report.properties())
 
 
 # --- fixtures ----------------------------------------------------------------------------------
@@ -227,51 +167,89 @@ def ppsmoke_settings(pytestconfig: pytest.Config) -> Settings:
 
 @pytest.fixture(scope="session")
 def ppsmoke_session(pytestconfig: pytest.Config, ppsmoke_settings: Settings) -> Iterator[SmokeSession]:
-    """The session's deployment. Its finalizer destroys everything rented, however the session
-    ends: passed, failed, timed out (pytest-timeout's signal), or interrupted (Ctrl-C)."""
-    if ppsmoke_settings.mode == "vastai" and not ppsmoke_settings.key:
-        pytest.skip("-m vastai needs a vast.ai API key: pass --vastai-key or set VAST_API_KEY")
-    session = SmokeSession(ppsmoke_settings)
-    pytestconfig.stash[SESSION] = session
+    """The session's run. Its finalizer destroys everything rented, however the session ends:
+    passed, failed, timed out (pytest-timeout's signal), or interrupted (Ctrl-C)."""
+    if ppsmoke_settings.mode == "vastai" and not ppsmoke_settings.api_key:
+        pytest.skip("vastai mode needs a vast.ai API key: pass --vastai-key or set VAST_API_KEY")
+    from .harness.session import SmokeSession  # the runtime: only now
+
+    state = pytestconfig.stash[STATE]
+    session = state.session = SmokeSession(ppsmoke_settings)
     try:
         yield session
     finally:
         try:
             session.teardown()
         finally:
+            report = session.report
             if ppsmoke_settings.report is not None:
-                ppsmoke_settings.report.write_text(json.dumps(session.figures(), indent=2) + "\n")
+                ppsmoke_settings.report.write_text(json.dumps(report.to_json(), indent=2) + "\n")
+        if report.failed_phase == "teardown" and not state.teardown_reported:
+            state.teardown_reported = True
+            pytest.fail(report.headline(), pytrace=False)
+
+
+def _step(pytestconfig: pytest.Config, session: SmokeSession, step: str) -> None:
+    """Run the driver up to ``step``; a failure shows here once, as one line, with no traceback."""
+    from .protocol import PhaseError
+
+    try:
+        session.step(step)
+        return
+    except PhaseError:
+        pass  # shown below, outside the handler: no chained traceback through the driver
+    state = pytestconfig.stash[STATE]
+    state.failed_in = state.failed_in or state.current
+    pytest.fail(f"the {session.settings.mode} deployment failed at {session.report.headline()}", pytrace=False)
 
 
 @pytest.fixture(scope="session")
-def ppsmoke_instances(ppsmoke_session: SmokeSession) -> Deployment:
+def ppsmoke_instances(pytestconfig: pytest.Config, ppsmoke_session: SmokeSession) -> Deployment:
     """One instance per stage, rented on the cheapest matching offers and running."""
-    return ppsmoke_session.rent()
+    _step(pytestconfig, ppsmoke_session, "boot")
+    assert ppsmoke_session.run.deployment is not None
+    return ppsmoke_session.run.deployment
 
 
 @pytest.fixture(scope="session")
-def ppsmoke_cluster(ppsmoke_session: SmokeSession, ppsmoke_instances: Deployment) -> Deployment:
+def ppsmoke_cluster(
+    pytestconfig: pytest.Config, ppsmoke_session: SmokeSession, ppsmoke_instances: Deployment
+) -> Deployment:
     """1 + N members alive in every member's view, every worker ready."""
-    return ppsmoke_session.form_cluster()
+    _step(pytestconfig, ppsmoke_session, "load")
+    return ppsmoke_instances
 
 
 @pytest.fixture(scope="session")
-def ppsmoke_names(ppsmoke_session: SmokeSession, ppsmoke_cluster: Deployment) -> dict[str, ActorAddress]:
+def ppsmoke_names(
+    pytestconfig: pytest.Config, ppsmoke_session: SmokeSession, ppsmoke_cluster: Deployment
+) -> dict[str, ActorAddress]:
     """``pp-entry``, ``pp-exit`` and every ``pp-stage-i``, resolved on the orchestrator."""
-    return ppsmoke_session.resolve().names
+    _step(pytestconfig, ppsmoke_session, "resolve")
+    return ppsmoke_cluster.names
 
 
 @pytest.fixture(scope="session")
-def ppsmoke_inference(ppsmoke_session: SmokeSession, ppsmoke_names: dict[str, ActorAddress]) -> InferenceResult:
+def ppsmoke_inference(
+    pytestconfig: pytest.Config, ppsmoke_session: SmokeSession, ppsmoke_names: dict[str, ActorAddress]
+) -> InferenceResult:
     """The prompt sent through the chain and answered, with its figures."""
-    return ppsmoke_session.infer()
+    _step(pytestconfig, ppsmoke_session, "infer")
+    assert ppsmoke_session.run.result is not None
+    return ppsmoke_session.run.result
 
 
 @pytest.fixture(scope="session")
-def ppsmoke_teardown(ppsmoke_session: SmokeSession) -> SmokeSession:
+def ppsmoke_teardown(pytestconfig: pytest.Config, ppsmoke_session: SmokeSession) -> SmokeSession:
     """Tears the session down now (the tests that use it run last) and returns it, so that a
-    test can check what is left: ``left_after_teardown`` is vast.ai's list of the run's label."""
+    test can check what is left: ``report.left_after_teardown`` is vast.ai's list of the run's
+    label. A failed teardown shows here, once."""
     ppsmoke_session.teardown()
+    report = ppsmoke_session.report
+    state = pytestconfig.stash[STATE]
+    if report.failed_phase == "teardown" and not state.teardown_reported:
+        state.teardown_reported = True
+        pytest.fail(report.headline(), pytrace=False)
     return ppsmoke_session
 
 
@@ -279,22 +257,11 @@ def ppsmoke_teardown(ppsmoke_session: SmokeSession) -> SmokeSession:
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    session = config.stash.get(SESSION, None)
+    session = config.stash[STATE].session
     if session is None:
         return
-    fig = session.figures()
+    r = session.report
     tr = terminalreporter
-    tr.write_sep("=", f"pytest-ppsmoke: {fig['mode']}, {fig['model']}, {fig['num_stages']} stages, {fig['wire_dtype']}")
-    timings = fig["timings"]
-    phases = ["rent", "boot", "converge", "load", "resolve", "prefill", "decode", "teardown"]
-    tr.write_line("  ".join(f"{p} {timings[p]:.2f}s" for p in phases if p in timings))
-    if "decode_tokens_per_s" in timings:
-        tr.write_line(f"decode {timings['decode_tokens_per_s']} tokens/s, {len(fig.get('token_ids', []))} tokens")
-    for hop, phases_ in sorted(fig.get("hops", {}).items()):
-        for phase, h in phases_.items():
-            tr.write_line(f"{hop} {phase}: {h['count']} x {h['bytes_each']} B, median {h['median_s']} s")
-    for i in fig["instances"]:
-        tr.write_line(
-            f"instance {i['id']} stage {i['stage']}: {i['offer']['gpu_name']} ${i['dph_total']}/h, {i['final_state']}"
-        )
-    tr.write_line(f"cost ${fig['cost_usd']:.4f}" + (f"; error: {fig['error']}" if fig["error"] else ""))
+    tr.write_sep("=", f"pytest-ppsmoke: {r.mode}, {r.model}, {r.num_stages} stages, {r.wire_dtype}")
+    for line in r.summary():
+        tr.write_line(line)

@@ -69,10 +69,15 @@ def test_a_key_selects_vastai_unless_local_is_asked_for(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("VAST_API_KEY", "vk-precedence-test")
-    pytester.makepyfile(SHOW_SETTINGS)
+    pytester.makepyfile("import pytest\npytestmark = [pytest.mark.local, pytest.mark.vastai]\n" + SHOW_SETTINGS)
     assert settings_of(pytester.runpytest("-s"))["mode"] == "vastai"
     assert settings_of(pytester.runpytest("-s"))["model"] == "llama3.2:1b"
-    assert settings_of(pytester.runpytest("-s", "-m", "local or not local"))["mode"] == "local"
+    assert settings_of(pytester.runpytest("-s", "--ppsmoke-mode", "local"))["mode"] == "local"
+    assert settings_of(pytester.runpytest("-s", "-m", "local"))["mode"] == "vastai"  # -m only selects tests
+    monkeypatch.delenv("VAST_API_KEY")
+    assert settings_of(pytester.runpytest("-s", "-m", "vastai"))["mode"] == "local"
+    monkeypatch.setenv("PPSMOKE_MODE", "vastai")
+    assert settings_of(pytester.runpytest("-s"))["mode"] == "vastai"
 
 
 @pytest.mark.parametrize(
@@ -90,7 +95,12 @@ def test_a_key_selects_vastai_unless_local_is_asked_for(
         ),
         (["--ppsmoke-budget", "-5"], "", "--ppsmoke-budget (from --ppsmoke-budget) = '-5': expected a positive number"),
         ([], "ppsmoke_min_reliability = 1.5", "(from ini ppsmoke_min_reliability) = '1.5': expected a number between"),
-        (["--ppsmoke-max-tokens", "many"], "", "--ppsmoke-max-tokens (from --ppsmoke-max-tokens) = 'many': invalid"),
+        (
+            ["--ppsmoke-max-tokens", "many"],
+            "",
+            "--ppsmoke-max-tokens (from --ppsmoke-max-tokens) = 'many': expected an integer of at least 1",
+        ),
+        ([], "ppsmoke_load_timeout = soon", "(from ini ppsmoke_load_timeout) = 'soon': expected a positive number"),
     ],
 )
 def test_a_bad_value_is_a_usage_error_naming_it_and_its_source(
@@ -116,9 +126,9 @@ def test_vastai_without_a_key_skips_and_names_the_option(
             raise AssertionError("must not run")
         """
     )
-    result = pytester.runpytest("-m", "vastai", "-rs")
+    result = pytester.runpytest("--ppsmoke-mode", "vastai", "-rs")
     result.assert_outcomes(skipped=1)
-    result.stdout.fnmatch_lines(["*-m vastai needs a vast.ai API key: pass --vastai-key or set VAST_API_KEY*"])
+    result.stdout.fnmatch_lines(["*vastai mode needs a vast.ai API key: pass --vastai-key or set VAST_API_KEY*"])
 
 
 FAILING = """
@@ -173,7 +183,7 @@ def test_the_spec_suite_passes_and_junit_carries_the_figures(pytester: pytest.Py
         url = emulator.stdout.readline().strip()
         xml = tmp_path / "out.xml"
         result = pytester.runpytest_subprocess(
-            "--pyargs", "pytest_ppsmoke.spec", "-m", "local", "-p", "no:cacheprovider",
+            "--pyargs", "pytest_ppsmoke.spec", "-m", "local", "-p", "no:cacheprovider", "--ppsmoke-mode", "local",
             "--vast-url", url, "--vastai-key", KEY, "--ppsmoke-max-tokens", "12", f"--junitxml={xml}", "-rA",
         )  # fmt: skip
     finally:

@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import DEFAULT_IMAGE
 from ..protocol import STATUS_ACTOR, PhaseError
 from ..runtime.cluster import converge, resolve_names
 from ..runtime.codec import ActorAddress, MemberStatus, NodeStatus, NodeStatusQuery
@@ -43,8 +44,6 @@ from ..runtime.swim import SwimConfig
 from .vast import LABEL_PREFIX, Offer, OfferQuery, VastClient, VastError
 
 log = logging.getLogger(__name__)
-
-DEFAULT_IMAGE = "ghcr.io/pytest-ppsmoke/gpu-node:0.1.0"
 
 
 @dataclass
@@ -144,6 +143,7 @@ class Deployment(Resource):
         self.phase = "rent"  # the phase under way: named when something interrupts it
         self.teardown_timeout = 120.0
         self.teardown_errors: list[str] = []
+        self.creates_sent = 0  # create calls sent: with none, nothing of this run can be billing
         self._uncertain_creates = False
 
     def __repr__(self) -> str:
@@ -196,6 +196,7 @@ class Deployment(Resource):
         for stage, offer in enumerate(offers[: c.num_stages]):
             inst = RentedInstance(stage, offer, f"{self.label_prefix}stage{stage}")
             inst.endpoint_id = self.keys.ids[1 + stage]
+            self.creates_sent += 1
             self._uncertain_creates = True  # until its answer is in: cancelled now, it may still rent
             try:
                 inst.id = await self.vast.create_instance(
@@ -330,11 +331,13 @@ class Deployment(Resource):
         self._done("teardown", t, f"{len(self.instances) - len(failed)} of {len(self.instances)} destroyed")
         problems = [f"{i.name} was NOT destroyed: {i.destroy_error}" for i in failed] + self.teardown_errors
         if problems:
-            raise PhaseError(
-                "teardown",
-                "; ".join(problems) + f". Something may still be billing: run pp-smoke-run --reap --run-id "
-                f"{self.run_id}, or check the vast.ai console",
+            advice = (
+                f". Something may still be billing: run pp-smoke-run --reap --run-id {self.run_id}, "
+                "or check the vast.ai console"
+                if self.creates_sent
+                else " (no instance was ever created)"
             )
+            raise PhaseError("teardown", "; ".join(problems) + advice)
 
     async def _destroy(self, inst: RentedInstance) -> None:
         assert inst.id is not None
@@ -360,8 +363,8 @@ class Deployment(Resource):
         """Destroy instances with this run's label that the run holds no id for: a create that
         was cancelled in flight, or whose answer was lost. Such an instance may be listed only a
         moment later, so after an uncertain create the list is read a few times."""
-        if self.seed is None:
-            return  # nothing was ever asked of vast.ai
+        if not self.creates_sent:
+            return  # nothing was ever asked of vast.ai: nothing can carry this run's label
         looks = 4 if self._uncertain_creates else 1
         for look in range(looks):
             try:

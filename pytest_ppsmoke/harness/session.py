@@ -1,70 +1,35 @@
-"""One smoke session, driven step by step from synchronous code (the pytest fixtures).
+"""The run driver stepped from synchronous code: the pytest plugin's session fixtures.
 
-    session = SmokeSession(Settings(mode="local"))
+    session = SmokeSession(settings)
     try:
-        session.rent(); session.form_cluster(); session.resolve()
+        session.step("load")          # rented, booted, converged, workers loaded
         result = session.infer()
     finally:
         session.teardown()
 
 Everything asynchronous (iroh, SWIM, the vast.ai client, the emulator and its node processes)
-runs on one event loop in a background thread, so the fixtures work whatever the user's
-pytest-asyncio configuration, and a pytest-timeout signal or Ctrl-C in the main thread
-interrupts a wait without stopping the loop that the teardown then needs.
+runs on one event loop in a background thread, so the fixtures work whatever asyncio plugin the
+user runs (none is needed), and a pytest-timeout signal or Ctrl-C in the main thread interrupts a
+wait without stopping the loop that the teardown then needs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
-import logging
 import threading
-import time
 from collections.abc import Coroutine
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypeVar
 
-from ..cloud.fake_vast import FakeVast
-from ..cloud.lifecycle import DEFAULT_IMAGE, Deployment, RunConfig
-from ..cloud.vast import DEFAULT_URL, OfferQuery, VastClient
 from ..protocol import PhaseError
-from .pipeline import InferenceResult, run_inference
-
-log = logging.getLogger(__name__)
+from .driver import SmokeRun
+from .pipeline import InferenceResult
+from .report import Report
+from .settings import Settings
 
 T = TypeVar("T")
 
-
-@dataclass(frozen=True)
-class Settings:
-    mode: str = "local"  # local: the emulator on loopback; vastai: real vast.ai
-    key: str = field(default="", repr=False)
-    vast_url: str = DEFAULT_URL
-    model: str = "smollm2:135m"
-    num_stages: int = 2
-    wire_dtype: str = "bf16"
-    image: str = DEFAULT_IMAGE
-    budget: float = 300.0
-    max_tokens: int = 64
-    prompt: str = "Say hello"
-    gpu_ram: float = 8.0
-    max_price: float = 2.0
-    min_reliability: float = 0.95
-    report: Path | None = None
-
-    def run_config(self) -> RunConfig:
-        local = self.mode == "local"
-        return RunConfig(
-            num_stages=self.num_stages,
-            model=self.model,
-            wire_dtype=self.wire_dtype,
-            image=self.image,
-            query=OfferQuery(gpu_ram_gb=self.gpu_ram, max_dph=self.max_price, min_reliability=self.min_reliability),
-            network="local" if local else "wan",
-            poll_interval=0.25 if local else 3.0,
-        )
+SLACK = 30.0  # seconds the loop thread waits beyond the driver's own deadlines, as a backstop
 
 
 class LoopThread:
@@ -96,150 +61,59 @@ class LoopThread:
 class SmokeSession:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.started = time.monotonic()
+        self.run = SmokeRun(settings)
         self.loop = LoopThread()
-        self.fake: FakeVast | None = None
-        self.vast: VastClient | None = None
-        self.deployment: Deployment | None = None
-        self.result: InferenceResult | None = None
-        self.error: str | None = None
-        self.emulator_record: dict[str, list[int]] | None = None
-        self.left_after_teardown: list[dict[str, Any]] | None = None  # the run's label, listed after
+        self.started = False
         self.closed = False
 
     def __repr__(self) -> str:
-        return f"SmokeSession({self.settings.mode}, {self.deployment!r})"
+        return f"SmokeSession({self.run!r})"
+
+    @property
+    def report(self) -> Report:
+        return self.run.report
+
+    @property
+    def failure(self) -> PhaseError | None:
+        return self.run.failure
 
     def remaining(self) -> float:
-        return self.settings.budget - (time.monotonic() - self.started)
+        return self.run.remaining()
 
-    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
-        left = self.remaining()
-        if left <= 0:
-            coro.close()
-            raise PhaseError("budget", f"the session's budget of {self.settings.budget:.0f} s is spent")
+    def step(self, name: str) -> SmokeRun:
+        """Run the driver up to step ``name`` (rent, boot, converge, load, resolve, infer)."""
+        if self.closed:
+            raise PhaseError(self.run.phase, "the session is already torn down")
         try:
-            return self.loop.run(coro, left)
-        except PhaseError as e:
-            self.error = self.error or str(e)
+            if not self.started:
+                self.started = True
+                self.loop.run(self.run.start(), SLACK)
+            self.loop.run(self.run.step(name), max(0.0, self.remaining()) + SLACK)
+        except PhaseError:
             raise
-        except TimeoutError:
-            phase = self.deployment.phase if self.deployment else "rent"
-            self.error = self.error or f"{phase}: the session's budget of {self.settings.budget:.0f} s is spent"
-            raise PhaseError(phase, f"the session's budget of {self.settings.budget:.0f} s is spent") from None
-
-    # --- the steps, in order; each one runs those before it that have not run ------------------
-
-    def rent(self) -> Deployment:
-        if self.deployment is None:
-            self.deployment = self._run(self._rent())
-        return self.deployment
-
-    async def _rent(self) -> Deployment:
-        s = self.settings
-        if s.mode == "local" and s.vast_url == DEFAULT_URL:  # else: an emulator the user runs
-            self.fake = FakeVast()
-            await self.fake.start()
-            self.vast = VastClient(self.fake.api_key, self.fake.url)
-        else:
-            self.vast = VastClient(s.key, s.vast_url)
-        dep = Deployment(self.vast, s.run_config())
-        self.deployment = dep  # before the first create: teardown must know of it
-        await dep.rent()
-        await dep.boot()
-        return dep
-
-    def form_cluster(self) -> Deployment:
-        dep = self.rent()
-        if "load" not in dep.timings:
-            self._run(self._form_cluster(dep))
-        return dep
-
-    async def _form_cluster(self, dep: Deployment) -> None:
-        await dep.converge()
-        await dep.load()
-
-    def resolve(self) -> Deployment:
-        dep = self.form_cluster()
-        if "resolve" not in dep.timings:
-            self._run(dep.resolve())
-        return dep
+        except BaseException as e:  # a test's timeout, Ctrl-C: the phase it cut short is the cause
+            phase = self.run.phase
+            self.run.fail(phase, f"{phase}: interrupted ({type(e).__name__})")
+            raise
+        return self.run
 
     def infer(self) -> InferenceResult:
-        if self.result is None:
-            dep = self.resolve()
-            assert dep.seed is not None
-            s = self.settings
-            self.result = self._run(
-                run_inference(dep.seed, s.num_stages, s.prompt, s.max_tokens, max(1.0, self.remaining()))
-            )
-        return self.result
+        self.step("infer")
+        assert self.run.result is not None
+        return self.run.result
 
     def call(self, coro: Coroutine[Any, Any, T], timeout: float = 30.0) -> T:
         """Run a coroutine on the session's loop (a test's own request to a stage)."""
         return self.loop.run(coro, min(timeout, max(1.0, self.remaining())))
 
-    # --- teardown ------------------------------------------------------------------------------
-
     def teardown(self) -> None:
-        """Destroy everything; idempotent. Raises PhaseError("teardown") if something was not
-        destroyed (after everything else has been closed)."""
+        """Destroy everything rented, close the loop; idempotent. The outcome is in the report
+        (``error`` names what could not be destroyed)."""
         if self.closed:
             return
         self.closed = True
         try:
-            self.loop.run(self._teardown(), 300)
+            if self.started:
+                self.loop.run(self.run.close(), self.settings.teardown_timeout + SLACK)
         finally:
             self.loop.close()
-
-    async def _teardown(self) -> None:
-        try:
-            if self.deployment is not None:
-                await self.deployment.close()
-        except PhaseError as e:
-            self.error = self.error or str(e)
-            raise
-        finally:
-            if self.vast is not None:
-                if self.deployment is not None:  # vast.ai's own word on what is left
-                    try:
-                        self.left_after_teardown = await self.vast.list_instances(self.deployment.label_prefix)
-                    except Exception as e:
-                        log.warning("could not list the run's instances after teardown: %s", e)
-                await self.vast.close()
-            if self.fake is not None:
-                self.emulator_record = {
-                    "live_instances": [i.id for i in self.fake.live()],
-                    "destroyed_instances": [i.id for i in self.fake.destroyed],
-                }
-                with contextlib.suppress(Exception):
-                    await self.fake.close()
-
-    # --- figures -------------------------------------------------------------------------------
-
-    def figures(self) -> dict[str, Any]:
-        """What the session has measured so far: the report, and the JUnit properties."""
-        dep, r = self.deployment, self.result
-        out: dict[str, Any] = {
-            "mode": self.settings.mode,
-            "model": self.settings.model,
-            "num_stages": self.settings.num_stages,
-            "wire_dtype": self.settings.wire_dtype,
-            "error": self.error,
-            "run_id": dep.run_id if dep else None,
-            "timings": dict(dep.timings) if dep else {},
-            "instances": [i.summary() for i in dep.instances] if dep else [],
-            "cost_usd": round(dep.cost_usd(), 6) if dep else 0.0,
-        }
-        if r is not None:
-            out["timings"].update(r.timings)
-            out.update(
-                text=r.text,
-                prompt_token_ids=r.prompt_token_ids,
-                token_ids=r.token_ids,
-                hops=r.hops,
-                kv=r.kv_summary(),
-            )
-        if self.emulator_record is not None:
-            out["emulator"] = self.emulator_record
-        return out

@@ -1,0 +1,255 @@
+"""The one run driver: a smoke run from settings to report.
+
+    async with SmokeRun(settings, on_phase=print_line) as run:   # the emulator and the client
+        await run.step("infer")                                   # rent ... resolve, then infer
+    run.report                                                    # filled, teardown included
+
+``pp-smoke-run`` runs every step at once; the pytest session steps it phase by phase from its
+fixtures. Each step runs the steps before it that have not run, at most once; a failed step
+fails every later one with the same :class:`PhaseError`. The whole run (teardown excepted, which
+has its own deadline) must finish within the settings' budget, counted from :meth:`start`.
+
+:meth:`close` destroys everything that was rented, on every path, then closes the client and
+the embedded emulator, and completes the report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from ..cloud.fake_vast import FakeVast
+from ..cloud.lifecycle import Deployment, RunConfig
+from ..cloud.vast import DEFAULT_URL, OfferQuery, VastClient
+from ..protocol import PhaseError
+from ..runtime.resource import Resource
+from .pipeline import InferenceResult, run_inference
+from .report import Report
+from .settings import Settings
+
+log = logging.getLogger(__name__)
+
+STEPS = ("rent", "boot", "converge", "load", "resolve", "infer")
+
+OnPhase = Callable[[str, float, str], None]
+
+
+def run_config(s: Settings) -> RunConfig:
+    return RunConfig(
+        num_stages=s.num_stages,
+        model=s.model,
+        wire_dtype=s.wire_dtype,
+        image=s.image,
+        disk_gb=s.disk,
+        query=OfferQuery(
+            gpu_ram_gb=s.gpu_ram,
+            max_dph=s.max_price,
+            min_reliability=s.min_reliability,
+            min_cuda=s.min_cuda,
+            disk_gb=s.disk,
+        ),
+        network="local" if s.local else "wan",
+        polls=s.polls,
+        poll_interval=s.poll_interval,
+        converge_timeout=s.converge_timeout,
+        load_timeout=s.load_timeout,
+        resolve_timeout=s.resolve_timeout,
+        node_ttl=s.node_ttl,
+        orphan_grace=s.orphan_grace,
+    )
+
+
+class SmokeRun(Resource):
+    def __init__(self, settings: Settings, on_phase: OnPhase | None = None) -> None:
+        self.settings = settings
+        self.on_phase = on_phase
+        s = settings
+        self.report = Report(s.mode, s.model, s.prompt, s.max_tokens, s.num_stages, s.wire_dtype)
+        self.started: float | None = None
+        self.fake: FakeVast | None = None
+        self.vast: VastClient | None = None
+        self.deployment: Deployment | None = None
+        self.result: InferenceResult | None = None
+        self.failure: PhaseError | None = None
+        self.failed_step: str | None = None  # the step that failed: every later one fails with it
+        self.done: set[str] = set()
+        self.tearing_down = False
+        self.closed = False
+
+    def __repr__(self) -> str:
+        return f"SmokeRun({self.settings.mode}, {self.deployment!r})"
+
+    @property
+    def phase(self) -> str:
+        """The phase under way (or the next one): what an interruption is reported against."""
+        if self.tearing_down:
+            return "teardown"
+        return self.deployment.phase if self.deployment is not None else "rent"
+
+    def remaining(self) -> float:
+        if self.started is None:
+            return self.settings.budget
+        return self.settings.budget - (time.monotonic() - self.started)
+
+    def fail(self, phase: str | None, message: str) -> None:
+        """Record a failure from outside (a signal, a test's timeout): the first one is the cause."""
+        self.report.fail(phase, message)
+
+    # --- start -----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the clock, the embedded emulator (local mode with no URL) and the vast.ai client."""
+        s = self.settings
+        self.started = time.monotonic()
+        if s.embedded_emulator:
+            self.fake = FakeVast(gpus=[g for g in s.gpus.split(",") if g] or None)
+            await self.fake.start()
+            url, key = self.fake.url, self.fake.api_key
+        else:
+            url, key = s.vast_url or DEFAULT_URL, s.api_key
+        self.report.vast_url = url
+        self.vast = VastClient(key, url)
+        self.deployment = Deployment(self.vast, run_config(s), on_phase=self.on_phase)
+        self.deployment.teardown_timeout = s.teardown_timeout
+        self.report.run_id = self.deployment.run_id
+
+    # --- the steps -------------------------------------------------------------------------
+
+    async def step(self, name: str) -> None:
+        """Run the steps up to ``name`` that have not run. Raises the run's PhaseError."""
+        if name not in STEPS:
+            raise ValueError(f"unknown step {name!r}; expected one of {', '.join(STEPS)}")
+        for step in STEPS[: STEPS.index(name) + 1]:
+            if step not in self.done:
+                await self._guarded(step)
+                self.done.add(step)
+
+    async def run(self) -> Report:
+        """Every step, then teardown: what ``pp-smoke-run`` does."""
+        try:
+            await self.step("infer")
+        except PhaseError:
+            pass  # in the report
+        finally:
+            await self.close()
+        return self.report
+
+    async def _guarded(self, step: str) -> None:
+        if self.failure is not None:
+            raise self.failure
+        if self.deployment is None:
+            raise RuntimeError("SmokeRun.start() has not run")
+        dep = self.deployment
+        try:
+            if self.remaining() <= 0:
+                raise TimeoutError
+            async with asyncio.timeout(self.remaining()):
+                await self._do(step, dep)
+        except PhaseError as e:
+            self._failed(step, e)
+        except TimeoutError:
+            if self.remaining() > 0:  # a deadline of the step's own, not the budget
+                raise
+            budget = self.settings.budget
+            self._failed(step, PhaseError(dep.phase, f"the run did not finish within its budget of {budget:.0f} s"))
+
+    def _failed(self, step: str, e: PhaseError) -> None:
+        self.failure, self.failed_step = e, step
+        self.report.fail(e.phase, str(e))
+        raise e
+
+    async def _do(self, step: str, dep: Deployment) -> None:
+        calls: dict[str, Callable[[], Awaitable[None]]] = {
+            "rent": dep.rent,
+            "boot": dep.boot,
+            "converge": dep.converge,
+            "load": dep.load,
+            "resolve": dep.resolve,
+            "infer": self._infer,
+        }
+        try:
+            await calls[step]()
+        finally:
+            self._take_figures()
+
+    async def _infer(self) -> None:
+        dep, s = self.deployment, self.settings
+        assert dep is not None and dep.seed is not None
+
+        def prefilled(seconds: float) -> None:
+            dep.phase = "decode"
+            if self.on_phase is not None:
+                self.on_phase("prefill", seconds, "first token sampled")
+
+        result = await run_inference(
+            dep.seed, s.num_stages, s.prompt, s.max_tokens, max(1.0, self.remaining()), prefilled
+        )
+        self.result = result
+        if self.on_phase is not None:
+            t = result.timings
+            self.on_phase("decode", t["decode"], f"{t['decode_tokens_per_s']} tokens/s")
+        r = self.report
+        kv = {k.stage: k for k in result.kv}
+        r.split = [
+            {"stage": i, "blocks": [kv[i].first_block, kv[i].end_block] if i in kv else None, "instance": inst.id}
+            for i, inst in enumerate(dep.instances)
+        ]
+        r.text, r.prompt_token_ids, r.token_ids = result.text, result.prompt_token_ids, result.token_ids
+        r.hops, r.kv = result.hops, result.kv_summary()
+        r.timings.update(result.timings)
+
+    def _take_figures(self) -> None:
+        dep, r = self.deployment, self.report
+        if dep is None:
+            return
+        r.timings.update(dep.timings)
+        r.instances = [i.summary() for i in dep.instances]
+        r.cost_usd = round(dep.cost_usd(), 6)
+        r.creates_sent = dep.creates_sent
+        if not r.split and dep.instances:
+            r.split = [{"stage": i.stage, "blocks": None, "instance": i.id} for i in dep.instances]
+
+    # --- teardown --------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Destroy everything rented, then close the client and the emulator; idempotent.
+        A destroy that fails is in the report (``error``, ``instances[].destroy_error``)."""
+        if self.closed:
+            return
+        self.closed = True
+        self.tearing_down = True
+        r = self.report
+        try:
+            if self.deployment is not None:
+                try:
+                    await self.deployment.close()
+                except PhaseError as e:
+                    r.fail(e.phase, str(e))
+                    if self.failure is None:
+                        self.failure = e
+                finally:
+                    self._take_figures()
+                if self.vast is not None and self.deployment.creates_sent:  # vast.ai's own word on what is left
+                    try:
+                        left = await self.vast.list_instances(self.deployment.label_prefix)
+                        # only what names them: a record also holds the instance's own key
+                        r.left_after_teardown = [{k: i.get(k) for k in ("id", "label", "actual_status")} for i in left]
+                    except Exception as e:
+                        log.warning("could not list the run's instances after teardown: %s", e)
+        finally:
+            if self.vast is not None:
+                with contextlib.suppress(Exception):
+                    await self.vast.close()
+            if self.fake is not None:
+                r.emulator = {
+                    "live_instances": [i.id for i in self.fake.live()],
+                    "destroyed_instances": [i.id for i in self.fake.destroyed],
+                }
+                with contextlib.suppress(Exception):
+                    await self.fake.close()
+            if self.started is not None:
+                r.timings["total"] = round(time.monotonic() - self.started, 4)
+            r.finish()

@@ -1,0 +1,110 @@
+"""The report of one smoke run: what ``pp-smoke-run --report`` and ``--ppsmoke-report`` write,
+what the terminal summary prints and what the JUnit properties carry. One type, filled by the
+driver as the run goes, so that every face of the tool writes the same keys.
+
+This module imports only the standard library (the plugin's terminal summary uses it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+PHASES = ("rent", "boot", "converge", "load", "resolve", "prefill", "decode", "teardown")
+
+# what to do when a phase fails, where the failure's own message does not say
+HINTS = {
+    "rent": "check the API key, the network and --vast-url; if too few offers match, relax the offer constraints",
+    "boot": "the hosts did not start the node image; run again (other offers are picked) or check --image",
+    "converge": "a node could not reach the orchestrator over iroh (UDP); check the firewall and the node's log",
+    "load": "a worker did not load its layers; check --model and the instances' disk and GPU RAM",
+    "resolve": "a stage did not register its names; the node's log says why",
+    "prefill": "a stage failed on the prompt; run again with -v for the stage and membership events",
+    "decode": "a stage failed while generating; run again with -v for the stage and membership events",
+}
+
+
+@dataclass
+class Report:
+    mode: str
+    model: str
+    prompt: str
+    max_tokens: int
+    num_stages: int
+    wire_dtype: str
+    ok: bool = False
+    exit_code: int = 1
+    error: str | None = None  # the first failure, with its phase: "converge: 2 of 3 members alive ..."
+    failed_phase: str | None = None
+    vast_url: str | None = None
+    run_id: str | None = None
+    text: str | None = None
+    prompt_token_ids: list[int] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    split: list[dict[str, Any]] = field(default_factory=list)  # each stage's blocks and instance
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per phase, total, decode tokens/s
+    hops: dict[str, Any] = field(default_factory=dict)  # bytes and time per hop, prefill and decode apart
+    kv: list[dict[str, Any]] = field(default_factory=list)  # each stage's cached blocks and fill
+    instances: list[dict[str, Any]] = field(default_factory=list)  # id, offer, price, final state
+    cost_usd: float = 0.0
+    creates_sent: int = 0  # create calls sent to vast.ai: nothing can be billing when 0
+    left_after_teardown: list[dict[str, Any]] | None = None  # vast.ai's list of the run's label, after
+    emulator: dict[str, list[int]] | None = None  # the embedded emulator's own record (local mode)
+
+    def fail(self, phase: str | None, message: str) -> None:
+        """Record a failure; the first one is the cause, later ones are its consequences."""
+        if self.error is None:
+            self.error = message
+            self.failed_phase = phase
+
+    def finish(self) -> None:
+        """Decide the verdict: a non-empty answer, no failure and every instance destroyed."""
+        if self.error is None and not self.text:
+            self.fail(None, "no text came back")
+        self.ok = self.error is None and bool(self.text)
+        self.exit_code = 0 if self.ok else 1
+
+    def headline(self) -> str:
+        """The failure in one line: the phase, why, and what to do."""
+        if self.error is None:
+            return "nothing failed"
+        hint = HINTS.get(self.failed_phase or "")
+        interrupted = "interrupted" in self.error or "budget" in self.error
+        return f"{self.error} ({hint})" if hint and not interrupted else self.error
+
+    def destroyed(self) -> int:
+        return sum(i.get("final_state") in ("destroyed", "destroying") for i in self.instances)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def properties(self) -> list[tuple[str, Any]]:
+        """The figures as JUnit properties."""
+        out: list[tuple[str, Any]] = [("ppsmoke_mode", self.mode), ("ppsmoke_run_id", self.run_id)]
+        out += [(f"ppsmoke_time_{k}", v) for k, v in sorted(self.timings.items())]
+        for hop, phases in sorted(self.hops.items()):
+            for phase, h in phases.items():
+                out.append((f"ppsmoke_hop_{hop}_{phase}_bytes", h["bytes_each"]))
+                out.append((f"ppsmoke_hop_{hop}_{phase}_median_s", h["median_s"]))
+        out.append(("ppsmoke_instances", ",".join(str(i["id"]) for i in self.instances)))
+        out.append(("ppsmoke_cost_usd", self.cost_usd))
+        if self.error:
+            out.append(("ppsmoke_error", self.error))
+        return out
+
+    def summary(self) -> list[str]:
+        """The lines of the terminal summary."""
+        t = self.timings
+        lines = ["  ".join(f"{p} {t[p]:.2f}s" for p in PHASES if p in t)]
+        if "decode_tokens_per_s" in t:
+            lines.append(f"decode {t['decode_tokens_per_s']} tokens/s, {len(self.token_ids)} tokens")
+        for hop, phases in sorted(self.hops.items()):
+            for phase, h in phases.items():
+                lines.append(f"{hop} {phase}: {h['count']} x {h['bytes_each']} B, median {h['median_s']} s")
+        for i in self.instances:
+            gpu = (i.get("offer") or {}).get("gpu_name", "?")
+            lines.append(f"instance {i['id']} stage {i['stage']}: {gpu} ${i['dph_total']}/h, {i['final_state']}")
+        failed = f"; failed at {self.failed_phase or 'the start'} (the error is shown above)" if self.error else ""
+        lines.append(f"cost ${self.cost_usd:.4f}{failed}")
+        return lines

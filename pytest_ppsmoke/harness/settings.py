@@ -1,0 +1,296 @@
+"""Every option of a smoke run, declared once: its default, type, help, validation and where it
+may come from. ``pp-smoke-run``'s flags and the pytest plugin's options and ini keys are both
+generated from :data:`OPTIONS`, so the two faces cannot drift.
+
+Precedence: command line > environment variable (where one is named) > ini key (pytest only) >
+default. Defaults that depend on the mode (the model, the poll interval) are resolved once the
+mode is known.
+
+This module imports only the standard library: the pytest plugin reads it at start-up, in
+every pytest run of every project that has the package installed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import DEFAULT_IMAGE
+
+MODES = ("local", "vastai")
+WIRE_DTYPES = ("bf16", "f16", "f32")  # runtime.codec.WireDtype's names (a test keeps them equal)
+VAST_URL = "https://console.vast.ai"
+LOCAL_MODEL, VASTAI_MODEL = "smollm2:135m", "llama3.2:1b"
+
+
+class SettingError(ValueError):
+    """A value that does not parse; the message says what was expected."""
+
+
+def _int_at_least(low: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise SettingError(f"expected an integer of at least {low}, got {text!r}") from None
+        if value < low:
+            raise SettingError(f"expected an integer of at least {low}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise SettingError(f"expected a positive number, got {text!r}") from None
+    if not value > 0:
+        raise SettingError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise SettingError(f"expected a number between 0 and 1, got {text!r}") from None
+    if not 0 <= value <= 1:
+        raise SettingError(f"expected a number between 0 and 1, got {text!r}")
+    return value
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise SettingError(f"expected a number, got {text!r}") from None
+
+
+def _one_of(choices: tuple[str, ...], what: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        value = text.strip().lower()
+        if value not in choices:
+            raise SettingError(f"unknown {what} {text!r}; expected one of {', '.join(choices)}")
+        return value
+
+    return parse
+
+
+def _text(text: str) -> str:
+    if not text.strip():
+        raise SettingError("expected a non-empty text")
+    return text
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option. ``name`` is the :class:`Settings` field; ``cli`` the ``pp-smoke-run`` flag
+    (None: not there); ``pytest`` the plugin's flag (None: not there), whose ini key is the flag
+    with ``--`` dropped and ``-`` as ``_`` unless ``ini`` is False (a secret would get committed)."""
+
+    name: str
+    help: str
+    parse: Callable[[str], Any]
+    default: Any = None
+    cli: str | None = None
+    pytest: str | None = None
+    env: str | None = None
+    ini: bool = True
+    group: str = "run"
+    secret: bool = False
+    choices: tuple[str, ...] | None = None
+
+    @property
+    def ini_name(self) -> str | None:
+        if not self.pytest or not self.ini:
+            return None
+        name = self.pytest.lstrip("-").replace("-", "_")
+        return name if name.startswith("ppsmoke_") else "ppsmoke_" + name
+
+    def shown(self, raw: object) -> str:
+        """How a raw value may appear in an error: a secret never does."""
+        return "<hidden>" if self.secret else repr(str(raw))
+
+
+def _opt(name: str, help: str, parse: Callable[[str], Any], default: Any = None, **kw: Any) -> Option:
+    flag = "--" + name.replace("_", "-")
+    kw.setdefault("cli", flag)
+    kw.setdefault("pytest", "--ppsmoke-" + name.replace("_", "-"))
+    return Option(name, help, parse, default, **kw)
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option(
+        "mode",
+        "local: the vast.ai emulator and nodes on this machine; vastai: real GPUs on vast.ai "
+        "(default: vastai when a key is given, else local)",
+        _one_of(MODES, "mode"),
+        None,
+        cli=None,  # pp-smoke-run says --local or --vastai
+        pytest="--ppsmoke-mode",
+        env="PPSMOKE_MODE",
+        choices=MODES,
+    ),
+    Option(
+        "api_key",
+        "vast.ai API key (prefer the variable: arguments show in ps; never an ini key: it would get committed)",
+        str,
+        "",
+        cli="--api-key",
+        pytest="--vastai-key",
+        env="VAST_API_KEY",
+        ini=False,
+        secret=True,
+    ),
+    Option(
+        "vast_url",
+        f"the vast.ai REST base URL (default {VAST_URL}; local: an embedded emulator)",
+        str,
+        None,
+        cli="--vast-url",
+        pytest="--vast-url",
+        env="VAST_URL",
+    ),
+    _opt(
+        "model",
+        f"a model name or a GGUF path (default {LOCAL_MODEL} local, {VASTAI_MODEL} on vast.ai)",
+        _text,
+    ),
+    _opt("prompt", "the prompt (default 'Say hello')", _text, "Say hello"),
+    _opt("max_tokens", "tokens to generate (default 64)", _int_at_least(1), 64),
+    _opt("num_stages", "pipeline stages, at least 2 (default 2)", _int_at_least(2), 2, pytest="--ppsmoke-stages"),
+    _opt(
+        "wire_dtype",
+        "hidden states on the wire: bf16 (default), f16, f32",
+        _one_of(WIRE_DTYPES, "wire dtype"),
+        "bf16",
+        choices=WIRE_DTYPES,
+    ),
+    _opt("budget", "seconds for the whole run, teardown excepted (default 300)", _positive, 300.0),
+    _opt("report", "write the run's JSON report here", Path),
+    _opt("gpus", "local: this machine's GPUs (e.g. 0,1), one per instance in turn", str, ""),
+    _opt("image", f"the node image (default {DEFAULT_IMAGE})", _text, DEFAULT_IMAGE, group="instances"),
+    _opt("disk", "disk per instance, GB (default 20)", _positive, 20.0, group="instances"),
+    _opt("gpu_ram", "least GPU RAM per instance, GB (default 8)", _positive, 8.0, group="instances"),
+    _opt("max_price", "most $/hour per instance (default 2.0)", _positive, 2.0, group="instances"),
+    _opt("min_reliability", "least host reliability, 0..1 (default 0.95)", _fraction, 0.95, group="instances"),
+    _opt("min_cuda", "least CUDA version the host supports (default 12.0)", _number, 12.0, group="instances"),
+    _opt("polls", "status polls until running (default 60)", _int_at_least(1), 60, group="deadlines"),
+    _opt("poll_interval", "seconds between polls (default 3; local 0.25)", _positive, group="deadlines"),
+    _opt("converge_timeout", "SWIM convergence, seconds (default 120)", _positive, 120.0, group="deadlines"),
+    _opt("load_timeout", "workers ready, seconds (default 240)", _positive, 240.0, group="deadlines"),
+    _opt("resolve_timeout", "stage names, seconds (default 60)", _positive, 60.0, group="deadlines"),
+    _opt("teardown_timeout", "destroying everything, seconds (default 120)", _positive, 120.0, group="deadlines"),
+    _opt("node_ttl", "a node's own time-to-live, seconds (default 900)", _positive, 900.0, group="deadlines"),
+    _opt(
+        "orphan_grace",
+        "how long a node outlives a lost orchestrator, seconds (default 60)",
+        _positive,
+        60.0,
+        group="deadlines",
+    ),
+)
+BY_NAME: Mapping[str, Option] = {o.name: o for o in OPTIONS}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """One run's settings, resolved: every field has its final value."""
+
+    mode: str = "local"
+    api_key: str = field(default="", repr=False)
+    vast_url: str | None = None  # None: vast.ai's in vastai mode, an embedded emulator in local mode
+    model: str = LOCAL_MODEL
+    prompt: str = "Say hello"
+    max_tokens: int = 64
+    num_stages: int = 2
+    wire_dtype: str = "bf16"
+    budget: float = 300.0
+    report: Path | None = None
+    gpus: str = ""
+    image: str = DEFAULT_IMAGE
+    disk: float = 20.0
+    gpu_ram: float = 8.0
+    max_price: float = 2.0
+    min_reliability: float = 0.95
+    min_cuda: float = 12.0
+    polls: int = 60
+    poll_interval: float = 0.25
+    converge_timeout: float = 120.0
+    load_timeout: float = 240.0
+    resolve_timeout: float = 60.0
+    teardown_timeout: float = 120.0
+    node_ttl: float = 900.0
+    orphan_grace: float = 60.0
+
+    @property
+    def local(self) -> bool:
+        return self.mode == "local"
+
+    @property
+    def embedded_emulator(self) -> bool:
+        """Local mode with no URL given: the run starts its own vast.ai emulator."""
+        return self.local and not self.vast_url
+
+    @classmethod
+    def resolve(cls, values: Mapping[str, Any]) -> Settings:
+        """Settings from parsed values (missing ones take their defaults), with the mode and
+        the defaults that follow from it decided."""
+        v = {o.name: o.default for o in OPTIONS} | {k: x for k, x in values.items() if x is not None}
+        if v["mode"] is None:
+            v["mode"] = "vastai" if v["api_key"] else "local"
+        local = v["mode"] == "local"
+        if v["model"] is None:
+            v["model"] = LOCAL_MODEL if local else VASTAI_MODEL
+        if v["poll_interval"] is None:
+            v["poll_interval"] = 0.25 if local else 3.0
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: x for k, x in v.items() if k in names})
+
+    def public(self) -> dict[str, Any]:
+        """Every setting as the report gives it; the key never."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "api_key"}
+        out["report"] = str(self.report) if self.report else None
+        return out
+
+
+def from_sources(
+    flags: Mapping[str, Any],
+    ini: Callable[[str], Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    face: str = "pytest",
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """Each option's parsed value (absent when nowhere given) and where it came from, by
+    precedence: ``flags`` (already parsed or raw text, keyed by option name) > ``env`` > ``ini``.
+    ``face`` (pytest or cli) picks the flag names that errors use. Raises
+    :class:`SettingError` naming the option, its source and what was expected."""
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for opt in OPTIONS:
+        raw: Any = None
+        source = ""
+        flag = (opt.pytest if face == "pytest" else opt.cli) or opt.name
+        if flags.get(opt.name) is not None:
+            raw, source = flags[opt.name], flag
+        elif opt.env and env.get(opt.env):
+            raw, source = env[opt.env], f"environment variable {opt.env}"
+        elif ini is not None and opt.ini_name:
+            found = ini(opt.ini_name)
+            if found not in (None, "", []):
+                raw, source = found, f"ini {opt.ini_name}"
+        if raw is None:
+            continue
+        if isinstance(raw, str):
+            try:
+                raw = opt.parse(raw)
+            except (SettingError, ValueError) as e:
+                detail = "not a valid value" if opt.secret else str(e)
+                raise SettingError(f"{flag} (from {source}) = {opt.shown(raw)}: {detail}") from None
+        values[opt.name], sources[opt.name] = raw, source
+    return values, sources

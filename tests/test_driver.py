@@ -1,0 +1,139 @@
+"""The one run driver and its two faces: ``pp-smoke-run`` and the pytest plugin write the same
+report; one settings table makes both faces' options; the plugin loads light; a failed phase
+shows once, as one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_ppsmoke.harness import cli
+from pytest_ppsmoke.harness.report import Report
+from pytest_ppsmoke.harness.settings import OPTIONS, WIRE_DTYPES, Settings
+from pytest_ppsmoke.runtime.codec import WireDtype
+from pytest_ppsmoke.stage import synth
+
+pytestmark = pytest.mark.local
+
+pytest_plugins = ["pytester"]
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("model") / "tiny.gguf"
+    synth.write(path, synth.SHAPES["tiny"])
+    return path
+
+
+def _keys(value: Any, prefix: str = "") -> set[str]:
+    """Every key path of a JSON value: dict keys, and the keys of the dicts inside lists."""
+    out: set[str] = set()
+    if isinstance(value, dict):
+        for k, v in value.items():
+            out.add(prefix + k)
+            out |= _keys(v, prefix + k + ".")
+    elif isinstance(value, list):
+        for v in value:
+            out |= _keys(v, prefix + "[].")
+    return out
+
+
+INFER = """
+import pytest
+pytestmark = pytest.mark.local
+
+def test_infer(ppsmoke_inference):
+    assert ppsmoke_inference.text
+"""
+
+
+def test_the_cli_and_the_plugin_write_the_same_report(
+    pytester: pytest.Pytester, tiny_model: Path, tmp_path: Path
+) -> None:
+    """The same run through both faces: the same keys at every level, the same settings, and
+    both report a passed run with every instance destroyed."""
+    env = {k: v for k, v in os.environ.items() if k not in ("VAST_API_KEY", "PPSMOKE_MODE", "VAST_URL")}
+    args = ["--model", str(tiny_model), "--max-tokens", "4", "--prompt", "hi"]
+    from_cli = tmp_path / "cli.json"
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest_ppsmoke.harness.cli", "--local", *args, "--report", str(from_cli)],
+        capture_output=True, text=True, timeout=240, env=env,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    pytester.makepyfile(INFER)
+    from_plugin = tmp_path / "plugin.json"
+    result = pytester.runpytest_subprocess(
+        "--ppsmoke-mode", "local", "-p", "no:cacheprovider", "--ppsmoke-report", str(from_plugin),
+        *(a.replace("--", "--ppsmoke-", 1) if a.startswith("--") else a for a in args),
+    )  # fmt: skip
+    result.assert_outcomes(passed=1)
+    a, b = json.loads(from_cli.read_text()), json.loads(from_plugin.read_text())
+    assert _keys(a) == _keys(b)
+    assert set(a) == {f.name for f in Report.__dataclass_fields__.values()}
+    for r in (a, b):
+        assert r["ok"] is True and r["exit_code"] == 0 and r["error"] is None
+        assert (r["mode"], r["model"], r["prompt"], r["max_tokens"]) == ("local", str(tiny_model), "hi", 4)
+        assert r["creates_sent"] == 2 and r["left_after_teardown"] == [] and r["emulator"]["live_instances"] == []
+        assert [i["final_state"] for i in r["instances"]] == ["destroyed", "destroyed"]
+        assert 1 <= len(r["token_ids"]) <= 4
+
+
+def test_one_table_makes_both_faces_options() -> None:
+    """Every option has a flag on at least one face; the CLI's defaults are the table's; the
+    plugin has the deadlines the CLI has; the wire dtypes are the codec's."""
+    flags = {a.dest: a for a in cli.parser()._actions}
+    for opt in OPTIONS:
+        assert opt.cli or opt.pytest, opt.name
+        if opt.cli:
+            assert flags[opt.name].option_strings == [opt.cli]
+            assert opt.help in (flags[opt.name].help or "")
+    deadlines = {o.name for o in OPTIONS if o.group == "deadlines"}
+    assert {"converge_timeout", "load_timeout", "resolve_timeout", "teardown_timeout"} <= deadlines
+    assert all(o.pytest for o in OPTIONS if o.group == "deadlines")
+    assert tuple(d.name for d in WireDtype) == WIRE_DTYPES
+    _, s = cli.parse_args(["--local", "--model", "smollm2:135m"])
+    assert s == Settings.resolve({"mode": "local", "model": "smollm2:135m"})
+    assert (s.poll_interval, s.budget, s.num_stages, s.wire_dtype) == (0.25, 300.0, 2, "bf16")
+    assert Settings.resolve({"api_key": "k"}).mode == "vastai"
+    assert Settings.resolve({"api_key": "k"}).model == "llama3.2:1b"
+    assert "k-secret" not in repr(Settings.resolve({"api_key": "k-secret"}))
+
+
+def test_importing_the_plugin_loads_neither_the_runtime_nor_an_asyncio_plugin() -> None:
+    probe = (
+        "import sys, pytest_ppsmoke.plugin; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & "
+        "{'iroh', 'aiohttp', 'numpy', 'tinygrad', 'pytest_asyncio', 'asyncio'}))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+SPEC_ONLY = "pytest_ppsmoke.spec"
+KEY = "vk-FAILED-RENT-0d4e-NEVER-SHOWN"
+
+
+def test_a_failed_rent_shows_once_in_one_line_with_no_traceback(pytester: pytest.Pytester) -> None:
+    """The spec suite against an address where nothing answers (as with no network): the first
+    test that needs the deployment shows the error, naming the phase, the cause and what to do;
+    the others point at it; nothing claims something may be billing, since nothing was created."""
+    result = pytester.runpytest_subprocess(
+        "--pyargs", SPEC_ONLY, "-p", "no:cacheprovider", "--ppsmoke-mode", "vastai",
+        "--vastai-key", KEY, "--vast-url", "http://127.0.0.1:9", "-rs",
+    )  # fmt: skip
+    result.assert_outcomes(errors=6, skipped=1)
+    out = result.stdout.str() + result.stderr.str()
+    first = [line for line in out.splitlines() if "deployment failed at rent: searching offers failed" in line]
+    assert len(first) == 1, out
+    assert "127.0.0.1:9" in first[0] and "check the API key, the network and --vast-url" in first[0]
+    assert out.count("the deployment failed at rent; the error is shown at test_spec.py::") == 5
+    assert out.count("searching offers failed") == 1
+    for absent in ("Traceback", "pytest_asyncio", "harness/", "During handling", "billing", KEY):
+        assert absent not in out, absent
+    assert "nothing to destroy: no instance was created (the deployment failed at rent)" in out
