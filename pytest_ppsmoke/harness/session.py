@@ -23,7 +23,6 @@ from typing import Any, TypeVar
 
 from ..protocol import PhaseError
 from .driver import SmokeRun
-from .pipeline import InferenceResult
 from .report import Report
 from .settings import Settings
 
@@ -96,11 +95,6 @@ class SmokeSession:
             self.run.fail(phase, f"{phase}: interrupted ({type(e).__name__})")
             raise
         return self.run
-
-    def infer(self) -> InferenceResult:
-        self.step("infer")
-        assert self.run.result is not None
-        return self.run.result
 
     def call(self, coro: Coroutine[Any, Any, T], timeout: float = 30.0) -> T:
         """Run a coroutine on the session's loop (a test's own request to a stage)."""

@@ -195,7 +195,6 @@ OPTIONS: tuple[Option, ...] = (
         group="deadlines",
     ),
 )
-BY_NAME: Mapping[str, Option] = {o.name: o for o in OPTIONS}
 
 
 @dataclass(frozen=True)
