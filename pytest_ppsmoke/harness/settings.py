@@ -31,44 +31,26 @@ class SettingError(ValueError):
     """A value that does not parse; the message says what was expected."""
 
 
-def _int_at_least(low: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
+def _checked(kind: Callable[[str], Any], ok: Callable[[Any], bool], expected: str) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
         try:
-            value = int(text)
+            value = kind(text)
         except ValueError:
-            raise SettingError(f"expected an integer of at least {low}, got {text!r}") from None
-        if value < low:
-            raise SettingError(f"expected an integer of at least {low}, got {text!r}")
+            raise SettingError(f"expected {expected}, got {text!r}") from None
+        if not ok(value):
+            raise SettingError(f"expected {expected}, got {text!r}")
         return value
 
     return parse
 
 
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise SettingError(f"expected a positive number, got {text!r}") from None
-    if not value > 0:
-        raise SettingError(f"expected a positive number, got {text!r}")
-    return value
+def _int_at_least(low: int) -> Callable[[str], int]:
+    return _checked(int, lambda v: v >= low, f"an integer of at least {low}")
 
 
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise SettingError(f"expected a number between 0 and 1, got {text!r}") from None
-    if not 0 <= value <= 1:
-        raise SettingError(f"expected a number between 0 and 1, got {text!r}")
-    return value
-
-
-def _number(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise SettingError(f"expected a number, got {text!r}") from None
+_positive = _checked(float, lambda v: v > 0, "a positive number")
+_fraction = _checked(float, lambda v: 0 <= v <= 1, "a number between 0 and 1")
+_number = _checked(float, lambda v: True, "a number")
 
 
 def _one_of(choices: tuple[str, ...], what: str) -> Callable[[str], str]:
@@ -290,6 +272,7 @@ def from_sources(
                 raw = opt.parse(raw)
             except (SettingError, ValueError) as e:
                 detail = "not a valid value" if opt.secret else str(e)
-                raise SettingError(f"{flag} (from {source}) = {opt.shown(raw)}: {detail}") from None
+                where = flag if source == flag else f"{flag} (from {source})"
+                raise SettingError(f"{where} = {opt.shown(raw)}: {detail}") from None
         values[opt.name], sources[opt.name] = raw, source
     return values, sources
