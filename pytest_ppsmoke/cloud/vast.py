@@ -5,7 +5,7 @@
         instance_id = await vast.create_instance(offers[0].id, image=..., env={...}, label="ppsmoke-...")
         await vast.destroy_instance(instance_id)
 
-Paths, fields and status values follow vast.ai's API as its official SDK uses it (facts.md). The
+Paths, fields and status values follow vast.ai's API as its official SDK (``vastai`` 1.9) uses it. The
 key goes only into the ``Authorization`` header; it is never part of a repr, a log line or an
 error. Every call has a timeout; 429, 5xx and connection errors are retried with backoff (as the
 SDK does: 0.15 s growing x1.5). A create is not blindly retried: a create whose answer was lost
