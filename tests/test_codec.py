@@ -152,7 +152,7 @@ def test_truncated_frame() -> None:
 def test_wrong_version_and_magic() -> None:
     frame = bytearray(_frame())
     frame[2] = 9
-    with pytest.raises(codec.UnsupportedVersion, match="frame version 9, this node speaks version 1"):
+    with pytest.raises(codec.UnsupportedVersion, match=f"frame version 9, this node speaks version {codec.VERSION}"):
         codec.decode_frame(bytes(frame))
     with pytest.raises(codec.BadMagic, match="b'GE'"):
         codec.decode_frame(b"GET / HTTP/1.1\r\n\r\n")

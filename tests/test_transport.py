@@ -121,9 +121,9 @@ class RawClient:
 BAD_FRAMES = {
     "truncated": (codec.encode_frame(Envelope("node", "", 0, False), Echo(b"x" * 100))[:-10], "TruncatedFrame"),
     "wrong version": (b"PP\x07\x21" + struct.pack(">I", 4) + b"abcd", "UnsupportedVersion"),
-    "huge length": (b"PP\x01\x21" + struct.pack(">I", 0xFFFFFFF0), "FrameTooLarge"),
+    "huge length": (b"PP" + bytes([codec.VERSION, 0x21]) + struct.pack(">I", 0xFFFFFFF0), "FrameTooLarge"),
     "random bytes": (bytes.fromhex("9c1e6a0be4d15f32aa07c8b1e9") * 5, "BadMagic"),
-    "bad body": (b"PP\x01\x21" + struct.pack(">I", 6) + b"\xff" * 6, "TruncatedFrame"),
+    "bad body": (b"PP" + bytes([codec.VERSION, 0x21]) + struct.pack(">I", 6) + b"\xff" * 6, "TruncatedFrame"),
 }
 
 

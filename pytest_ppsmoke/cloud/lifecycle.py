@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import secrets
 import time
@@ -138,7 +137,7 @@ class Deployment(Resource):
         self.seed: Node | None = None
         self.keys = ClusterKeys(1 + config.num_stages)
         self.names: dict[str, ActorAddress] = {}
-        self.ready: dict[int, dict[str, Any]] = {}  # each stage's worker: dim, block range, context
+        self.ready: dict[int, NodeStatus] = {}  # each stage's ready status: dim, blocks, context
         self.timings: dict[str, float] = {}
         self.phase = "rent"  # the phase under way: named when something interrupts it
         self.teardown_timeout = 120.0
@@ -285,7 +284,7 @@ class Deployment(Resource):
                     assert isinstance(st, NodeStatus)
                     statuses[inst.stage] = st
                     if st.state == "ready":
-                        self.ready[inst.stage] = _json_object(st.detail)
+                        self.ready[inst.stage] = st
                         return st
                     if st.state == "failed":
                         raise PhaseError("load", f"pp-stage-{inst.stage} on {inst.name}: {st.detail}")
@@ -405,14 +404,6 @@ class Deployment(Resource):
 
     def cost_usd(self) -> float:
         return sum(i.cost_usd() for i in self.instances)
-
-
-def _json_object(text: str) -> dict[str, Any]:
-    try:
-        obj = json.loads(text)
-    except ValueError:
-        return {}
-    return obj if isinstance(obj, dict) else {}
 
 
 async def _all(coros: Any) -> list[Any]:

@@ -11,6 +11,11 @@ optionals and nested structs. Hidden states travel as raw little-endian bytes of
 plus their shape (never base64, never JSON on this wire).
 
 Every decoding failure raises a subclass of :class:`FrameError` that says what was wrong.
+
+``VERSION`` changes whenever the layout of an existing message changes (fields added, removed,
+retyped or reordered), so that a node and an orchestrator of different releases refuse each
+other's frames with ``UnsupportedVersion`` instead of misreading them. A new message type does not
+change it: an unknown type code is refused on its own (``UnknownMessageType``).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from typing import Annotated, Any, ClassVar, Union
 import numpy as np
 
 MAGIC = b"PP"
-VERSION = 1
+VERSION = 2  # 2: NodeStatus carries the worker's dim, blocks and context as fields, not JSON
 HEADER = struct.Struct(">2sBBI")
 HEADER_SIZE = HEADER.size
 DEFAULT_MAX_FRAME = 64 << 20  # room for a long prefill of a 1B model in f32 (prompt_len * 8 KiB)
@@ -672,13 +677,18 @@ class NodeStatusQuery(Message):
 @message(46)
 @dataclass(frozen=True)
 class NodeStatus(Message):
-    """Where a stage node is: ``loading`` (its worker is starting), ``ready`` (names registered),
+    """Where a stage node is: ``loading`` (its worker is starting), ``ready`` (names registered;
+    the worker's hidden size, its blocks ``[first_block, end_block)`` and its context are set),
     or ``failed`` (``detail`` says why, e.g. the worker's exit status and stderr)."""
 
     stage: U32
     state: str
     detail: str
     seconds: U32  # in this state so far
+    dim: U32 = 0
+    first_block: U32 = 0
+    end_block: U32 = 0  # exclusive
+    max_context: U32 = 0
 
 
 @message(47)

@@ -68,7 +68,7 @@ def test_activation_round_trip_is_bit_identical_in_the_wire_dtype(
     shape. A known hidden state goes from pp-stage-0 to pp-stage-1 over the activation wire and
     comes back exactly; its size is seq_len x hidden x the dtype's bytes."""
     wire = WireDtype.parse(ppsmoke_session.settings.wire_dtype)
-    dim = ppsmoke_cluster.ready[0]["dim"]
+    dim = ppsmoke_cluster.ready[0].dim
     seq_len = 5
     # k/8 for |k| <= 125: exact in bf16, f16 and f32, so the bytes are known in advance
     values = ((np.arange(seq_len * dim) % 251) - 125).astype(np.float32).reshape(seq_len, dim) / 8

@@ -345,18 +345,26 @@ class StageActor:
 
 class StatusActor:
     """Answers ``NodeStatusQuery`` from the moment the node joins: how the orchestrator learns,
-    across machines, that a worker is loading, ready, or failed and why."""
+    across machines, that a worker is loading, ready (with its dim, blocks and context), or
+    failed and why."""
 
     def __init__(self, stage: int) -> None:
         self.stage = stage
         self.state, self.detail = "loading", ""
+        self.worker = (0, 0, 0, 0)  # dim, first block, end block, max context: once ready
         self.since = time.monotonic()
 
     def set(self, state: str, detail: str = "") -> None:
         self.state, self.detail, self.since = state, detail, time.monotonic()
 
+    def ready(self, worker: dict[str, Any]) -> None:
+        """The worker's ready line (its ``dim``, block ``range`` and ``max_context``)."""
+        lo, hi = worker["range"]
+        self.worker = (worker["dim"], lo, hi, worker["max_context"])
+        self.set("ready")
+
     def on_node_status_query(self, msg: NodeStatusQuery, ctx: Context) -> NodeStatus:
-        return NodeStatus(self.stage, self.state, self.detail, int(time.monotonic() - self.since))
+        return NodeStatus(self.stage, self.state, self.detail, int(time.monotonic() - self.since), *self.worker)
 
 
 @dataclass(frozen=True)
@@ -497,7 +505,7 @@ async def run(settings: Settings) -> None:
         if "no-names" not in settings.faults:
             for name in stage_names(stage, num_stages):
                 node.register(name, STAGE_ACTOR)
-        status.set("ready", json.dumps({k: ready[k] for k in ("dim", "range", "max_context") if k in ready}))
+        status.ready(ready)
         emit(
             {
                 "event": "ready",
