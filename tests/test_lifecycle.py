@@ -3,7 +3,7 @@ report, and what is left rented or running afterwards.
 
 The emulator runs in this test's event loop, so its records are checked directly; its instances
 are real ``pp-gpu-node`` processes with real SmolLM2 workers. Each row of the spec's error table
-is driven through a fault knob, and SIGINT/SIGTERM are sent during each phase. Every run uses a
+is driven through a failpoint, and SIGINT/SIGTERM are sent during each phase. Every run uses a
 distinctive API key and checks that it appears nowhere: stdout, stderr (with -v logging), the
 report, or the nodes' logs.
 """
@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from pytest_ppsmoke.cloud.fake_vast import FakeVast, Faults
+from pytest_ppsmoke.cloud.fake_vast import FakeVast
 
 from .procs import TEST_TAG, node_processes
 
@@ -98,11 +98,11 @@ class Smoke:
 
 
 @pytest_asyncio.fixture
-async def emulator(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Callable[[Faults], Any]]:
+async def emulator(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Callable[[str], Any]]:
     started: list[FakeVast] = []
     monkeypatch.setenv(TEST_TAG, TAG)  # the emulator's nodes inherit this process's environment
 
-    async def start(faults: Faults) -> FakeVast:
+    async def start(faults: str) -> FakeVast:
         fake = FakeVast(api_key=KEY, faults=faults)
         started.append(fake)
         await fake.start()
@@ -139,49 +139,49 @@ async def assert_nothing_left(fake: FakeVast, smoke: Smoke, created: int) -> Non
 
 ROWS = {
     "fewer than 2 offers": (
-        Faults(offers=1),
+        "vast.offers=1",
         [],
         r"failed at rent: 1 offer\(s\) match \(1 GPU, >= 8 GB GPU RAM.*\); 2 are needed",
         0,
     ),
     "a create rejected": (
-        Faults(reject_create={2}),
+        "vast.reject_create=2",
         [],
         r"failed at rent: creating stage 1 on offer \d+ was rejected: vast.ai PUT /api/v0/asks/\d+/: HTTP 400",
         1,
     ),
     "an instance never running": (
-        Faults(never_running={1}),
+        "vast.never_running=1",
         ["--polls", "12", "--poll-interval", "0.05"],
         r"failed at boot: stage 1: instance \d+ not running after 12 polls .*\(last status 'loading': Pulling image",
         2,
     ),
     "the cluster never converges": (
-        Faults(no_join={1}),
+        "vast.no_join=1",
         ["--converge-timeout", "10"],
         r"failed at converge: 2 of 3 members alive after 10 s; missing: instance \d+ \(stage 1\), last seen running",
         2,
     ),
     "pp-entry never resolves": (
-        Faults(no_names={0}),
+        "vast.no_names=0",
         ["--resolve-timeout", "3"],
         r"failed at resolve: name 'pp-entry' did not resolve within 3 s",
         2,
     ),
     "a worker never ready": (
-        Faults(stall_worker={1}),
+        "vast.stall_worker=1",
         [],
         r"failed at load: pp-stage-1 on instance \d+ \(stage 1\): pp-stage-1 worker did not report ready within 3 s",
         2,
     ),
     "done with no text": (
-        Faults(empty_text={1}),
+        "vast.empty_text=1",
         ["--max-tokens", "3"],
         r"failed at decode: the last stage reported done with no text \(token ids \[\d+, \d+, \d+\]\)",
         2,
     ),
     "a node drops out mid-decode": (
-        Faults(kill_stage=1, kill_after_tokens=3),
+        "vast.kill_stage=1;vast.kill_after_tokens=3",
         [],
         r"failed at decode: pp-stage-(1 \(\w+\) dropped out of the cluster mid-request|0: )",
         2,
@@ -191,7 +191,7 @@ ROWS = {
 
 @pytest.mark.parametrize("row", list(ROWS))
 async def test_error_table_row_exits_1_and_destroys_everything(
-    row: str, emulator: Callable[[Faults], Any], tmp_path: Path
+    row: str, emulator: Callable[[str], Any], tmp_path: Path
 ) -> None:
     faults, args, message, created = ROWS[row]
     fake = await emulator(faults)
@@ -209,9 +209,9 @@ async def test_error_table_row_exits_1_and_destroys_everything(
 
 
 async def test_destroy_that_fails_warns_exits_1_and_reap_sweeps_it(
-    emulator: Callable[[Faults], Any], tmp_path: Path
+    emulator: Callable[[str], Any], tmp_path: Path
 ) -> None:
-    fake = await emulator(Faults(destroy_fails={1: 6}))  # the client tries 6 times; the 7th would work
+    fake = await emulator("vast.destroy_fails=1:6")  # the client tries 6 times; the 7th would work
     async with Smoke(fake, tmp_path, "--max-tokens", "3") as smoke:
         assert await smoke.finish() == 1
     report = smoke.report()
@@ -228,8 +228,8 @@ async def test_destroy_that_fails_warns_exits_1_and_reap_sweeps_it(
     await assert_nothing_left(fake, smoke, 2)
 
 
-async def test_429_bursts_are_absorbed_and_the_run_succeeds(emulator: Callable[[Faults], Any], tmp_path: Path) -> None:
-    fake = await emulator(Faults(burst_429=2, throttle_every=5))
+async def test_429_bursts_are_absorbed_and_the_run_succeeds(emulator: Callable[[str], Any], tmp_path: Path) -> None:
+    fake = await emulator("vast.burst_429=2;vast.throttle_every=5")
     async with Smoke(fake, tmp_path, "--max-tokens", "3") as smoke:
         assert await smoke.finish() == 0, smoke.stderr[-3000:]
     assert sum(s == 429 for _, _, s in fake.requests) >= 4
@@ -242,7 +242,7 @@ async def test_429_bursts_are_absorbed_and_the_run_succeeds(emulator: Callable[[
 
 
 async def _second_create_in_flight(smoke: Smoke) -> None:
-    """The second instance is rented on the server, its answer held (Faults.hold_create)."""
+    """The second instance is rented on the server, its answer held (the failpoint vast.hold_create)."""
     deadline = time.monotonic() + 60
     while len(smoke.fake.instances) < 2:
         assert smoke.proc.returncode is None and time.monotonic() < deadline, smoke.stderr
@@ -261,19 +261,19 @@ async def _tokens_flowing(smoke: Smoke) -> None:
 
 SIGNAL_CASES = {
     # phase: (signal, faults, extra args, how to get there)
-    "rent": (signal.SIGINT, Faults(hold_create={2}), [], _second_create_in_flight),
-    "boot": (signal.SIGTERM, Faults(boot_delay=60), [], lambda s: s.wait_line("rent")),
-    "converge": (signal.SIGINT, Faults(no_join={1}), ["--converge-timeout", "60"], lambda s: s.wait_line("boot")),
-    "load": (signal.SIGTERM, Faults(), [], lambda s: s.wait_line("converge")),
-    "prefill": (signal.SIGINT, Faults(), [], lambda s: s.wait_line("resolve")),
-    "decode": (signal.SIGTERM, Faults(), [], _tokens_flowing),
-    "teardown": (signal.SIGINT, Faults(api_latency=0.3), ["--max-tokens", "3"], lambda s: s.wait_line("decode")),
+    "rent": (signal.SIGINT, "vast.hold_create=2", [], _second_create_in_flight),
+    "boot": (signal.SIGTERM, "vast.boot_delay=60", [], lambda s: s.wait_line("rent")),
+    "converge": (signal.SIGINT, "vast.no_join=1", ["--converge-timeout", "60"], lambda s: s.wait_line("boot")),
+    "load": (signal.SIGTERM, "", [], lambda s: s.wait_line("converge")),
+    "prefill": (signal.SIGINT, "", [], lambda s: s.wait_line("resolve")),
+    "decode": (signal.SIGTERM, "", [], _tokens_flowing),
+    "teardown": (signal.SIGINT, "vast.api_latency=0.3", ["--max-tokens", "3"], lambda s: s.wait_line("decode")),
 }
 
 
 @pytest.mark.parametrize("phase", list(SIGNAL_CASES))
 async def test_a_signal_during_each_phase_destroys_everything(
-    phase: str, emulator: Callable[[Faults], Any], tmp_path: Path
+    phase: str, emulator: Callable[[str], Any], tmp_path: Path
 ) -> None:
     sig, faults, args, reach = SIGNAL_CASES[phase]
     fake = await emulator(faults)
@@ -296,9 +296,9 @@ async def test_a_signal_during_each_phase_destroys_everything(
 
 @pytest.mark.parametrize("after", ["rent", "converge"])  # before the nodes joined, and after
 async def test_nodes_destroy_their_own_instances_when_the_orchestrator_is_killed(
-    after: str, emulator: Callable[[Faults], Any], tmp_path: Path
+    after: str, emulator: Callable[[str], Any], tmp_path: Path
 ) -> None:
-    fake = await emulator(Faults(boot_delay=1.0))
+    fake = await emulator("vast.boot_delay=1")
     async with Smoke(fake, tmp_path, "--orphan-grace", "2") as smoke:
         await smoke.wait_line(after)
         smoke.proc.kill()  # no teardown at all: the nodes must notice on their own

@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from pytest_ppsmoke.cloud.fake_vast import FakeVast, Faults
+from pytest_ppsmoke.cloud.fake_vast import FakeVast
 from pytest_ppsmoke.cloud.vast import OfferQuery, VastClient
+from pytest_ppsmoke.nodeenv import NodeEnv
 from pytest_ppsmoke.runtime.codec import WireDtype
 from pytest_ppsmoke.runtime.node import Node, NodeConfig
 from pytest_ppsmoke.stage.gpu_node import Settings, guard_lifetime
@@ -25,7 +26,8 @@ SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
 
 
 def settings(config: NodeConfig, ttl: float, grace: float) -> Settings:
-    return Settings(config, 1, 2, WireDtype.bf16, Path(__file__), 10, ttl, grace)
+    container = NodeEnv.from_env(only=("container_id", "container_api_key", "vast_url"))  # as rented() set them
+    return Settings(config, 1, 2, WireDtype.bf16, Path(__file__), 10, ttl, grace, container)
 
 
 async def rented(fake: FakeVast, monkeypatch: pytest.MonkeyPatch) -> int:
@@ -51,7 +53,7 @@ async def test_the_hard_limit_destroys_the_instance_even_with_the_orchestrator_a
     nodes, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _seed, node, cfg = await seed_and_member(nodes)
-    async with FakeVast(faults=Faults(boot_delay=0.05), node_argv=SLEEPER) as fake:
+    async with FakeVast(faults="vast.boot_delay=0.05", node_argv=SLEEPER) as fake:
         iid = await rented(fake, monkeypatch)
         stop = asyncio.Event()
         t = time.monotonic()
@@ -65,7 +67,7 @@ async def test_losing_the_orchestrator_destroys_the_instance_after_the_grace_onl
     nodes, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seed, node, cfg = await seed_and_member(nodes)
-    async with FakeVast(faults=Faults(boot_delay=0.05), node_argv=SLEEPER) as fake:
+    async with FakeVast(faults="vast.boot_delay=0.05", node_argv=SLEEPER) as fake:
         iid = await rented(fake, monkeypatch)
         stop = asyncio.Event()
         guard = asyncio.ensure_future(guard_lifetime(node, settings(cfg, ttl=600, grace=0.8), stop))

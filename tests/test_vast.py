@@ -19,7 +19,8 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 
-from pytest_ppsmoke.cloud.fake_vast import FakeVast, Faults, default_catalogue, match_offer
+from pytest_ppsmoke import failpoints
+from pytest_ppsmoke.cloud.fake_vast import FakeVast, default_catalogue, match_offer
 from pytest_ppsmoke.cloud.vast import Offer, OfferQuery, VastClient, VastError
 
 pytestmark = pytest.mark.local
@@ -30,7 +31,7 @@ KEY = "vk-test-0123456789abcdef-DISTINCT"
 
 @pytest_asyncio.fixture
 async def fake(request: pytest.FixtureRequest) -> AsyncIterator[FakeVast]:
-    faults = getattr(request, "param", None) or Faults(boot_delay=0.05)
+    faults = getattr(request, "param", None) or "vast.boot_delay=0.05"
     async with FakeVast(api_key=KEY, faults=faults, node_argv=SLEEPER) as vast:
         yield vast
     assert not vast.live()
@@ -64,13 +65,13 @@ async def test_offers_match_the_query_cheapest_first(fake: FakeVast) -> None:
     assert sum(match_offer(o, ops) for o in default_catalogue()) == 2
 
 
-@pytest.mark.parametrize("fake", [Faults(offers=1)], indirect=True)
+@pytest.mark.parametrize("fake", ["vast.offers=1"], indirect=True)
 async def test_too_few_offers_knob(fake: FakeVast) -> None:
     async with client(fake) as vast:
         assert len(await vast.search_offers(OfferQuery())) == 1
 
 
-@pytest.mark.parametrize("fake", [Faults(boot_delay=1.0)], indirect=True)
+@pytest.mark.parametrize("fake", ["vast.boot_delay=1"], indirect=True)
 async def test_instance_lifecycle_create_show_label_list_destroy(fake: FakeVast) -> None:
     async with client(fake) as vast:
         offer = (await vast.search_offers(OfferQuery()))[0]
@@ -100,7 +101,7 @@ async def test_instance_lifecycle_create_show_label_list_destroy(fake: FakeVast)
 
 async def test_status_goes_to_exited_when_the_process_dies() -> None:
     argv = [sys.executable, "-c", "import time, sys; time.sleep(0.3); sys.exit(3)"]
-    async with FakeVast(api_key=KEY, faults=Faults(boot_delay=0.05), node_argv=argv) as fake, client(fake) as vast:
+    async with FakeVast(api_key=KEY, faults="vast.boot_delay=0.05", node_argv=argv) as fake, client(fake) as vast:
         iid = await vast.create_instance(default_catalogue()[0]["id"], image="i", env={}, label="l")
         await wait_state(vast, iid, "running")
         rec = await wait_state(vast, iid, "exited")
@@ -110,7 +111,7 @@ async def test_status_goes_to_exited_when_the_process_dies() -> None:
         await vast.destroy_instance(iid)
 
 
-@pytest.mark.parametrize("fake", [Faults(never_running={0}, boot_delay=0.05)], indirect=True)
+@pytest.mark.parametrize("fake", ["vast.never_running=0;vast.boot_delay=0.05"], indirect=True)
 async def test_never_running_exhausts_the_polls(fake: FakeVast) -> None:
     async with client(fake) as vast:
         iid = await vast.create_instance(default_catalogue()[0]["id"], image="i", env={"STAGE": "0"}, label="l")
@@ -157,7 +158,7 @@ async def test_a_container_key_acts_on_its_own_instance_only(fake: FakeVast) -> 
         await vast.destroy_instance(b)
 
 
-@pytest.mark.parametrize("fake", [Faults(burst_429=3, throttle_every=5)], indirect=True)
+@pytest.mark.parametrize("fake", ["vast.burst_429=3;vast.throttle_every=5"], indirect=True)
 async def test_429_bursts_are_retried_with_backoff(fake: FakeVast) -> None:
     async with client(fake, backoff=0.01) as vast:
         for _ in range(4):
@@ -167,7 +168,7 @@ async def test_429_bursts_are_retried_with_backoff(fake: FakeVast) -> None:
 
 
 async def test_giving_up_names_the_call_and_the_attempts(fake: FakeVast) -> None:
-    fake.faults.burst_429, fake.faults.throttle_every = 1000, 1001
+    fake.faults = failpoints.parse("vast.burst_429=1000;vast.throttle_every=1001")
     async with client(fake, backoff=0.001, attempts=3) as vast:
         with pytest.raises(VastError, match=r"POST /api/v0/bundles/: HTTP 429: Too Many Requests \(after 3 attempts\)"):
             await vast.search_offers(OfferQuery())
@@ -225,15 +226,6 @@ async def test_a_create_whose_answer_was_lost_is_found_by_its_label(fake: FakeVa
 def test_offer_parsing_names_what_is_missing() -> None:
     with pytest.raises(VastError, match="an offer without a usable 'dph_total'"):
         Offer.from_json({"id": 1})
-
-
-def test_fault_knobs_parse_and_reject_unknown_keys() -> None:
-    f = Faults.from_json('{"reject_create": [2], "destroy_fails": {"1": 6}, "boot_delay": 1.5}')
-    assert f.reject_create == {2} and f.destroy_fails == {1: 6} and f.boot_delay == 1.5
-    with pytest.raises(ValueError, match="unknown fault 'explode'; expected one of offers, reject_create"):
-        Faults.from_json('{"explode": 1}')
-    with pytest.raises(ValueError, match="fault 'offers' has a bad value 'many'"):
-        Faults.from_json('{"offers": "many"}')
 
 
 # --- the official vastai CLI -------------------------------------------------------------------

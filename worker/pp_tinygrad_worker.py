@@ -1,8 +1,8 @@
 """pp_tinygrad_worker: one pipeline stage in tinygrad, behind the spec's stdin/stdout JSON protocol.
 
-Environment: ``STAGE``, ``NUM_STAGES``, ``MODEL`` (a name or a GGUF path), ``PP_WIRE_DTYPE``
-(bf16, f16, f32: the dtype of ``hidden_b64``), ``PP_MAX_CONTEXT`` (default 1024), ``PP_JIT``
-(1: compiled decode, the default; 0: the spec's uncompiled path).
+Environment (``pytest_ppsmoke.nodeenv.NodeEnv``): the stage and stage count, the model (a name
+or a GGUF path), the wire dtype (bf16, f16, f32: the dtype of ``hidden_b64``), the context
+(default 1024) and whether decode is compiled (the default; off: the spec's uncompiled path).
 
 The first line on stdout is ``{"status": "ready", "pid": ..., ...}``; then one JSON reply per
 request line. Hidden states are base64 of raw little-endian bytes in the wire dtype, shape
@@ -33,8 +33,9 @@ from typing import Any
 
 import numpy as np
 
+from pytest_ppsmoke.nodeenv import NodeEnv
 from pytest_ppsmoke.runtime.codec import Hidden, WireDtype
-from pytest_ppsmoke.stage.model import StageModel, Tokenizer, env_int, load_model
+from pytest_ppsmoke.stage.model import StageModel, Tokenizer, load_model
 
 
 class RequestError(ValueError):
@@ -55,16 +56,14 @@ def _field(req: dict[str, Any], name: str, kind: type) -> Any:
 
 
 class Worker:
-    def __init__(self) -> None:
-        self.stage = env_int("STAGE", 0)
-        self.num_stages = env_int("NUM_STAGES", 2)
-        self.model_name = os.environ.get("MODEL", "smollm2:135m")
-        self.wire = WireDtype.parse(os.environ.get("PP_WIRE_DTYPE", "bf16"))
+    def __init__(self, env: NodeEnv) -> None:
+        self.stage, self.num_stages, self.model_name = env.stage, env.num_stages, env.model
+        self.wire = WireDtype.parse(env.wire_dtype)
         started = time.monotonic()
-        model, kv = load_model(self.model_name, env_int("PP_MAX_CONTEXT", 1024))
+        model, kv = load_model(self.model_name, env.max_context)
         self.tokenizer = Tokenizer(kv)
         self.vocab = len(kv["tokenizer.ggml.tokens"])
-        self.model = StageModel(model, kv, self.stage, self.num_stages, jit=os.environ.get("PP_JIT", "1") != "0")
+        self.model = StageModel(model, kv, self.stage, self.num_stages, jit=env.jit)
         self.load_s = time.monotonic() - started
 
     def ready(self) -> dict[str, Any]:
@@ -153,7 +152,7 @@ def _reply(obj: dict[str, Any]) -> None:
 
 def main() -> None:
     try:
-        worker = Worker()
+        worker = Worker(NodeEnv.from_env())
     except ValueError as e:  # ModelError and bad environment: say why, exit non-zero
         print(f"pp_tinygrad_worker: {e}", file=sys.stderr)
         sys.exit(2)

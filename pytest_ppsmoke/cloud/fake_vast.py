@@ -1,6 +1,6 @@
 """``pp-fake-vast``: an emulator of vast.ai's REST API whose instances are local node processes.
 
-    async with FakeVast(faults=Faults(reject_create={2})) as vast:   # vast.url, vast.api_key
+    async with FakeVast(faults="vast.reject_create=2") as vast:   # vast.url, vast.api_key
         ...  # a VastClient, pp-smoke-run --vast-url, or the official vastai CLI
 
 It serves the paths, methods, JSON fields, status values and error codes that vast.ai serves
@@ -10,14 +10,18 @@ It serves the paths, methods, JSON fields, status values and error codes that va
 paginated ``GET /api/v1/instances/``. Every call needs ``Authorization: Bearer <key>``.
 
 An instance is a ``pp-gpu-node`` process started with the create call's ``env`` plus what
-vast.ai's host agent gives a container (``CONTAINER_ID``, ``CONTAINER_API_KEY``, which may act on
-that instance only) and ``VAST_URL``. Its ``actual_status`` goes null -> ``loading`` ->
+vast.ai's host agent gives a container (``NodeEnv.container_id`` and ``container_api_key``, a key
+that may act on that instance only) and ``vast_url``. Its ``actual_status`` goes null -> ``loading`` ->
 ``running`` (process started) -> ``exited`` (process gone). Destroy kills its process group and
 frees the offer. Closing the emulator kills whatever is left, and the nodes also exit when the
 emulator's process dies (stdin EOF), so nothing outlives it.
 
-Fault knobs (:class:`Faults`) reproduce each row of the spec's error table; instances are picked
-by their ``STAGE`` env, create calls by their number (1-based).
+Faults are failpoints (``pytest_ppsmoke/failpoints.py``, the ``vast.*`` points), one or more for
+each row of the spec's error table: ``FakeVast(faults=...)`` takes them in PP_FAILPOINTS's form or
+as a mapping; without it, the emulator takes this process's (PP_FAILPOINTS, ``failpoints.scoped``).
+Instances are picked by their stage (``NodeEnv.stage`` in the create call's env), create calls by
+their number (1-based). Symptoms only a node can show are switched on in that node's environment
+(``NodeEnv.failpoints``).
 """
 
 from __future__ import annotations
@@ -25,7 +29,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import dataclasses
 import json
 import logging
 import os
@@ -42,6 +45,8 @@ from typing import Any
 
 from aiohttp import web
 
+from .. import failpoints
+from ..nodeenv import NodeEnv, process_env
 from ..runtime.localproc import ChildProcess
 from ..runtime.resource import Resource
 from ..runtime.transport import PeerAddr
@@ -49,56 +54,6 @@ from ..runtime.transport import PeerAddr
 log = logging.getLogger(__name__)
 
 UNREACHABLE = "127.0.0.1:9"  # discard port: nothing answers QUIC there
-
-
-@dataclass
-class Faults:
-    """What goes wrong, and where. Empty means nothing does."""
-
-    offers: int | None = None  # serve only the first n matching offers ("fewer than 2 offers")
-    reject_create: set[int] = field(default_factory=set)  # create calls (1-based) answered with an error
-    never_running: set[int] = field(default_factory=set)  # stages whose instance stays "loading"
-    boot_delay: float = 0.2  # seconds an instance spends "loading" before its process starts
-    no_join: set[int] = field(default_factory=set)  # stages whose node cannot reach the seed
-    stall_worker: set[int] = field(default_factory=set)  # stages whose worker never reports ready
-    no_names: set[int] = field(default_factory=set)  # stages that never register their names
-    empty_text: set[int] = field(default_factory=set)  # stages that report done with no text
-    kill_stage: int | None = None  # this stage's instance is SIGKILLed ...
-    kill_after_tokens: int = 1  # ... once this many tokens have been sampled
-    destroy_fails: dict[int, int] = field(default_factory=dict)  # stage -> how many destroys fail (HTTP 500)
-    burst_429: int = 0  # of every `throttle_every` API calls, the first `burst_429` get HTTP 429
-    throttle_every: int = 8
-    api_latency: float = 0.0  # seconds before each answer (after the work is done, as on a slow link)
-    hold_create: set[int] = field(default_factory=set)  # create calls whose answer waits for release()
-
-    @classmethod
-    def from_json(cls, text: str) -> Faults:
-        """``{"reject_create": [2], "destroy_fails": {"1": 6}, ...}``; unknown keys are an error."""
-        try:
-            raw = json.loads(text) if text.strip() else {}
-        except ValueError as e:
-            raise ValueError(f"faults must be a JSON object, got {text[:100]!r}: {e}") from None
-        if not isinstance(raw, dict):
-            raise ValueError(f"faults must be a JSON object, got {type(raw).__name__}")
-        known = {f.name: f for f in dataclasses.fields(cls)}
-        unknown = sorted(set(raw) - set(known))
-        if unknown:
-            raise ValueError(f"unknown fault {unknown[0]!r}; expected one of {', '.join(known)}")
-        kw: dict[str, Any] = {}
-        for k, v in raw.items():
-            default = getattr(cls(), k)
-            try:
-                if isinstance(default, set):
-                    kw[k] = {int(x) for x in v}
-                elif isinstance(default, dict):
-                    kw[k] = {int(a): int(b) for a, b in dict(v).items()}
-                elif k in ("boot_delay", "api_latency"):
-                    kw[k] = float(v)
-                else:
-                    kw[k] = None if v is None else int(v)
-            except (TypeError, ValueError):
-                raise ValueError(f"fault {k!r} has a bad value {v!r}") from None
-        return cls(**kw)
 
 
 def default_catalogue() -> list[dict[str, Any]]:
@@ -244,9 +199,10 @@ class Instance:
 
     @property
     def stage(self) -> int | None:
+        """The stage its node will be (unset: 0, as the node reads it); None if it cannot be one."""
         try:
-            return int(self.env["STAGE"])
-        except (KeyError, ValueError):
+            return NodeEnv.from_env(self.env, only=("stage", "num_stages")).stage
+        except ValueError:
             return None
 
     def record(self) -> dict[str, Any]:
@@ -348,7 +304,7 @@ class FakeVast(Resource):
         *,
         api_key: str | None = None,
         catalogue: Iterable[Mapping[str, Any]] | None = None,
-        faults: Faults | None = None,
+        faults: str | Mapping[str, Any] | failpoints.Scenario | None = None,
         node_argv: list[str] | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
@@ -357,7 +313,8 @@ class FakeVast(Resource):
         self.api_key = api_key or "fake-" + secrets.token_hex(16)
         self.gpus = gpus  # this host's GPUs: each instance gets one (CUDA_VISIBLE_DEVICES), in turn
         self.catalogue = [dict(o) for o in (catalogue if catalogue is not None else default_catalogue())]
-        self.faults = faults or Faults()
+        # faults: failpoints.parse validates them; none given: this process's (PP_FAILPOINTS)
+        self.faults = failpoints.active() if faults is None else failpoints.parse(faults)
         self.node_argv = node_argv or [sys.executable, "-m", "pytest_ppsmoke.stage.gpu_node"]
         self.host, self.port = host, port
         self.instances: dict[int, Instance] = {}
@@ -401,12 +358,12 @@ class FakeVast(Resource):
         port = self._runner.addresses[0][1]  # the real port when asked for 0
         host = f"[{self.host}]" if ":" in self.host else self.host
         self.url = f"http://{host}:{port}"
-        if self.faults.kill_stage is not None:
+        if self.faults.on("vast.kill_stage"):
             self._watch = asyncio.ensure_future(self._kill_after_tokens())
         return self.url
 
     def release(self) -> None:
-        """Answer the create calls held by ``Faults.hold_create``."""
+        """Answer the create calls held by the failpoint ``vast.hold_create``."""
         self._released.set()
 
     async def close(self) -> None:
@@ -430,14 +387,14 @@ class FakeVast(Resource):
     @web.middleware
     async def _gate(self, request: web.Request, handler: Callable[[web.Request], Any]) -> web.StreamResponse:
         n = len(self.requests)
-        f = self.faults
-        if f.burst_429 and n % max(f.throttle_every, f.burst_429 + 1) < f.burst_429:
+        burst, every = self.faults.value("vast.burst_429"), self.faults.value("vast.throttle_every")
+        if burst and n % max(every, burst + 1) < burst:
             self.requests.append((request.method, request.path, 429))
             return web.Response(status=429, text="Too Many Requests")  # plain text, no Retry-After
         resp = await self._authorized(request, handler)
         self.requests.append((request.method, request.path, resp.status))
-        if f.api_latency:
-            await asyncio.sleep(f.api_latency)
+        if self.faults.value("vast.api_latency"):
+            await asyncio.sleep(self.faults.value("vast.api_latency"))
         return resp
 
     async def _authorized(self, request: web.Request, handler: Callable[[web.Request], Any]) -> web.StreamResponse:
@@ -489,8 +446,8 @@ class FakeVast(Resource):
             limit = int(query.get("limit") or 64)
         except (TypeError, ValueError):
             return _error(400, "invalid_args", f"limit must be a number, got {query.get('limit')!r}")
-        if self.faults.offers is not None:
-            limit = min(limit, self.faults.offers)
+        if self.faults.on("vast.offers"):
+            limit = min(limit, self.faults.value("vast.offers"))
         return _json({"offers": found[:limit]})
 
     # --- instances ---------------------------------------------------------------------------
@@ -501,8 +458,8 @@ class FakeVast(Resource):
         body = await request.json()
         if not isinstance(body, dict):
             return _error(400, "invalid_args", "the body must be a JSON object")
-        if n in self.faults.reject_create:
-            return _error(400, "invalid_args", f"create call {n} rejected (fault knob reject_create)")
+        if n in self.faults.value("vast.reject_create"):
+            return _error(400, "invalid_args", f"create call {n} rejected (failpoint vast.reject_create)")
         offer = next((o for o in self.catalogue if str(o["id"]) == request.match_info["id"]), None)
         if offer is None or not offer["rentable"]:
             return _error(404, "no_such_ask", f"offer {request.match_info['id']} is not available")
@@ -531,7 +488,7 @@ class FakeVast(Resource):
         self.instances[inst.id] = inst
         inst.boot = asyncio.ensure_future(self._boot(inst))
         log.info("created instance %d from offer %d (%s)", inst.id, offer["id"], inst.label)
-        if n in self.faults.hold_create:  # rented, but the answer is held (a client that gives up never sees it)
+        if n in self.faults.value("vast.hold_create"):  # rented, but the answer is held (a lost answer)
             await self._released.wait()
         return _json({"success": True, "new_contract": inst.id, "instance_api_key": inst.container_key})
 
@@ -563,8 +520,9 @@ class FakeVast(Resource):
         if inst is None:
             return _error(404, "no_such_instance", f"instance {request.match_info['id']} does not exist")
         inst.destroy_attempts += 1
-        if inst.stage is not None and inst.destroy_attempts <= self.faults.destroy_fails.get(inst.stage, 0):
-            return _error(500, "server_error", f"destroy of {inst.id} failed (fault knob destroy_fails)")
+        failing = self.faults.value("vast.destroy_fails").get(inst.stage, 0) if inst.stage is not None else 0
+        if inst.destroy_attempts <= failing:
+            return _error(500, "server_error", f"destroy of {inst.id} failed (failpoint vast.destroy_fails)")
         # vast.ai answers at once and tears the container down behind the answer
         self._destroy(inst)
         return _json({"success": True})
@@ -619,9 +577,9 @@ class FakeVast(Resource):
     async def _boot(self, inst: Instance) -> None:
         await asyncio.sleep(0.05)
         inst.actual_status, inst.status_msg = "loading", f"Pulling image {inst.image}"
-        if inst.stage in self.faults.never_running:
+        if inst.stage in self.faults.value("vast.never_running"):
             return  # stuck pulling, as a host with a broken registry mirror would be
-        await asyncio.sleep(self.faults.boot_delay)
+        await asyncio.sleep(self.faults.value("vast.boot_delay"))
         inst.proc = ChildProcess(f"instance-{inst.id}", self.node_argv, self._node_env(inst))
         try:
             await inst.proc.start()
@@ -638,32 +596,27 @@ class FakeVast(Resource):
             log.info("instance %d %s; stderr:\n%s", inst.id, how, inst.proc.stderr_tail())
 
     def _node_env(self, inst: Instance) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("PP_", "SEED_ADDR", "VAST_", "CONTAINER_"))}
-        env.update(inst.env)
-        env.update(
-            CONTAINER_ID=str(inst.id),
-            CONTAINER_API_KEY=inst.container_key,
-            VAST_URL=self.url,
-            PYTHONUNBUFFERED="1",
-            PP_EXIT_ON_STDIN_EOF="1",  # a node never outlives the emulator that started it
+        """The create call's env over this process's (less any node variable), plus what vast.ai's
+        host agent adds and the node-side failpoints of the instance's stage."""
+        stage = inst.stage
+        node = NodeEnv(
+            container_id=inst.id,
+            container_api_key=inst.container_key,
+            vast_url=self.url,
+            exit_on_stdin_eof=True,  # a node never outlives the emulator that started it
+            failpoints=str(self.faults.for_stage(stage)),
         )
+        if stage in self.faults.value("vast.no_join"):
+            try:
+                seed = PeerAddr.parse(NodeEnv.read(inst.env, "seed").get("seed", ""))
+                node = node.replace(seed=PeerAddr(seed.id, (UNREACHABLE,)).ticket())
+            except ValueError:
+                node = node.replace(seed="0" * 63)  # not even an address
+        if stage in self.faults.value("vast.stall_worker"):
+            node = node.replace(worker_ready_timeout=3.0)  # the node gives up on its stalled worker after 3 s
+        env = {**process_env(NodeEnv()), **inst.env, **node.to_env()}
         if self.gpus:
             env["CUDA_VISIBLE_DEVICES"] = self.gpus[(inst.number - 1) % len(self.gpus)]
-        stage = inst.stage
-        if stage in self.faults.no_join and "SEED_ADDR" in env:
-            try:
-                seed = PeerAddr.parse(env["SEED_ADDR"])
-                env["SEED_ADDR"] = PeerAddr(seed.id, (UNREACHABLE,)).ticket()
-            except ValueError:
-                env["SEED_ADDR"] = "0" * 63  # not even an address
-        if stage in self.faults.stall_worker:  # the node gives up on its worker after 3 s
-            stall = Path(self._tmp.name) / "stalled_worker.py"
-            stall.write_text("import time\ntime.sleep(3600)  # never prints the ready line\n")
-            env.update(PP_WORKER=str(stall), PP_WORKER_READY_TIMEOUT="3")
-        hooks = (("no-names", self.faults.no_names), ("empty-text", self.faults.empty_text))
-        chosen = [name for name, stages in hooks if stage in stages]  # symptoms only the node can show
-        if chosen:
-            env["PP_FAULT"] = ",".join(chosen)
         return env
 
     async def _stop(self, inst: Instance) -> None:
@@ -673,14 +626,14 @@ class FakeVast(Resource):
             await inst.proc.stop(grace=5.0)
 
     async def _kill_after_tokens(self) -> None:
-        f = self.faults
+        stage, after = self.faults.value("vast.kill_stage"), self.faults.value("vast.kill_after_tokens")
         while True:
             await asyncio.sleep(0.02)
             events = [e for i in self.instances.values() if i.proc for e in i.proc.events]
             sampled = max((e.get("n", 0) for e in events if e.get("event") == "token"), default=0)
-            if sampled >= f.kill_after_tokens:
+            if sampled >= after:
                 for inst in self.instances.values():
-                    if inst.stage == f.kill_stage and inst.proc is not None:
+                    if inst.stage == stage and inst.proc is not None:
                         log.warning("killing instance %d (stage %s) after %d tokens", inst.id, inst.stage, sampled)
                         inst.proc.signal(signal.SIGKILL)
                 return
@@ -721,7 +674,11 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="pp-fake-vast", description=__doc__.split("\n\n")[0])
     p.add_argument("--host", default="127.0.0.1", help="an IP literal on loopback (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=0, help="0 picks a free port (default)")
-    p.add_argument("--faults", default="", help="fault knobs as JSON, e.g. '{\"reject_create\": [2]}'")
+    p.add_argument(
+        "--faults",
+        default=None,
+        help="failpoints, as in PP_FAILPOINTS (its default), e.g. 'vast.reject_create=2;vast.no_join=1'",
+    )
     p.add_argument("--catalogue", type=Path, help="a JSON file with a list of offers (default: a built-in set)")
     p.add_argument("--node-command", default="", help="what an instance runs (default: pp-gpu-node in this Python)")
     p.add_argument("--gpus", default="", help="this host's GPUs, e.g. 0,1: each instance gets one in turn")
@@ -729,11 +686,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.host not in ("127.0.0.1", "::1", "localhost"):
         p.error(f"--host must be loopback (127.0.0.1 or ::1), got {args.host!r}: the emulator runs local processes")
     try:
-        faults = Faults.from_json(args.faults)
+        faults = failpoints.parse(args.faults) if args.faults is not None else failpoints.active()
+        level = NodeEnv.from_env(only=("log_level",)).log_level
         catalogue = json.loads(args.catalogue.read_text()) if args.catalogue else None
     except (ValueError, OSError) as e:
         p.error(str(e))
-    logging.basicConfig(level=os.environ.get("PP_LOG_LEVEL", "WARNING"), stream=sys.stderr)
+    logging.basicConfig(level=level, stream=sys.stderr)
     # the key: from VAST_API_KEY if set (so clients can be pointed at us), else a fresh one
     api_key = os.environ.get("VAST_API_KEY") or None
 

@@ -6,7 +6,7 @@
 
 The orchestrator (this process) is the seed member. It generates every member's secret key, so
 it knows each endpoint id before an instance boots and the allowlist admits nobody else. Each
-instance gets ``STAGE``, ``NUM_STAGES``, ``SEED_ADDR``, ``MODEL`` and the cluster settings in its
+instance gets its ``NodeEnv`` (stage, stage count, seed, model, key, the cluster settings) in its
 create call's ``env``, and a label ``ppsmoke-<run id>-stage<i>`` by which it can be found again.
 
 Phases and their deadlines (the spec's): *rent* (fewer offers than stages, or a rejected create,
@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import DEFAULT_IMAGE
+from ..nodeenv import DEFAULTS, NodeEnv
 from ..protocol import STATUS_ACTOR, PhaseError
 from ..runtime.cluster import converge, resolve_names
 from ..runtime.codec import ActorAddress, MemberStatus, NodeStatus, NodeStatusQuery
@@ -47,21 +48,21 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class RunConfig:
-    num_stages: int = 2
-    model: str = "smollm2:135m"
-    wire_dtype: str = "bf16"
+    num_stages: int = DEFAULTS.num_stages
+    model: str = DEFAULTS.model
+    wire_dtype: str = DEFAULTS.wire_dtype
     image: str = DEFAULT_IMAGE
     disk_gb: float = 20.0
     query: OfferQuery = field(default_factory=OfferQuery)
-    network: str = "local"  # local: loopback, relays off, SEED_ADDR a ticket; wan: ids, n0 discovery and relays
+    network: str = DEFAULTS.network  # local: loopback, relays off, the seed a ticket; wan: ids, discovery, relays
     polls: int = 60  # the spec's boot polls
     poll_interval: float = 3.0
     converge_timeout: float = 120.0  # the spec's SWIM deadline
-    load_timeout: float = 240.0  # the workers' ready deadline
+    load_timeout: float = DEFAULTS.worker_ready_timeout  # the workers' ready deadline
     resolve_timeout: float = 60.0  # the spec's name deadline
-    node_ttl: float = 900.0  # a node removes itself after this long, whatever happens
-    orphan_grace: float = 60.0  # ... or once it has lost the orchestrator for this long
-    extra_env: Mapping[str, str] = field(default_factory=dict)
+    node_ttl: float = DEFAULTS.ttl  # a node removes itself after this long, whatever happens
+    orphan_grace: float = DEFAULTS.orphan_grace  # ... or once it has lost the orchestrator for this long
+    extra_env: Mapping[str, str] = field(default_factory=dict)  # raw variables over each node's NodeEnv
 
     def __post_init__(self) -> None:
         if self.num_stages < 2:
@@ -213,22 +214,22 @@ class Deployment(Resource):
     def _env(self, stage: int) -> dict[str, str]:
         c = self.config
         assert self.seed is not None
-        return {
-            "STAGE": str(stage),
-            "NUM_STAGES": str(c.num_stages),
-            "SEED_ADDR": self.seed.ticket() if c.network == "local" else self.seed.id,
-            "MODEL": c.model,
-            "PP_NODE_KEY": self.keys.keys[1 + stage].hex(),
-            "PP_ALLOWED_IDS": ",".join(self.keys.ids),
-            "PP_NETWORK": c.network,
-            "PP_SWIM": c.swim.to_env(),
-            "PP_WIRE_DTYPE": c.wire_dtype,
-            "PP_JOIN_TIMEOUT": str(c.converge_timeout),
-            "PP_WORKER_READY_TIMEOUT": str(c.load_timeout),
-            "PP_TTL": str(c.node_ttl),
-            "PP_ORPHAN_GRACE": str(c.orphan_grace),
-            **c.extra_env,
-        }
+        node = NodeEnv(
+            stage=stage,
+            num_stages=c.num_stages,
+            seed=self.seed.ticket() if c.network == "local" else self.seed.id,
+            model=c.model,
+            node_key=self.keys.keys[1 + stage],
+            allowed_ids=tuple(self.keys.ids),
+            network=c.network,
+            swim=c.swim.to_env(),
+            wire_dtype=c.wire_dtype,
+            join_timeout=c.converge_timeout,
+            worker_ready_timeout=c.load_timeout,
+            ttl=c.node_ttl,
+            orphan_grace=c.orphan_grace,
+        )
+        return {**node.to_env(), **c.extra_env}
 
     async def boot(self) -> None:
         t = self._begin("boot")

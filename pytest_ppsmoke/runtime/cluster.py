@@ -5,8 +5,8 @@
 
 The orchestrator generates every member's secret key, so it knows every endpoint id before a
 member starts and the allowlist keeps anybody else out. Members are started with the environment
-a rented instance gets (``STAGE``, ``NUM_STAGES``, ``SEED_ADDR``, ``PP_NODE_KEY``,
-``PP_ALLOWED_IDS``, plus ``extra_env`` such as ``MODEL``). ``node_module`` picks what runs:
+a rented instance gets (a ``NodeEnv``: stage, stage count, seed, key, allowed ids), plus
+``extra_env``, raw variables over it (such as the model's). ``node_module`` picks what runs:
 ``pytest_ppsmoke.stage.gpu_node`` (a stage with its tinygrad worker) or ``pytest_ppsmoke.runtime.member``
 (a bare member that only registers the stage names).
 
@@ -30,9 +30,10 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from ..nodeenv import DEFAULTS, NodeEnv, process_env
 from ..protocol import PhaseError, cluster_names, stage_names
 from .codec import ActorAddress, MembersQuery, MemberStatus, MembersView
-from .localproc import ChildProcess, ClusterKeys, member_env
+from .localproc import ChildProcess, ClusterKeys
 from .node import NODE_ACTOR, Node, NodeConfig
 from .resource import Resource
 from .swim import SwimConfig
@@ -109,7 +110,7 @@ class LocalCluster(Resource):
     swim: SwimConfig = field(default_factory=SwimConfig.loopback)
     node_module: str = "pytest_ppsmoke.runtime.member"
     boot_timeout: float = 60.0
-    load_timeout: float = 600.0
+    load_timeout: float = DEFAULTS.worker_ready_timeout
     converge_timeout: float = 120.0  # the spec's SWIM deadline
     resolve_timeout: float = 60.0  # the spec's name deadline
     on_phase: Callable[[str, float], None] | None = None
@@ -135,21 +136,19 @@ class LocalCluster(Resource):
         t = time.monotonic()
         self.seed = Node(NodeConfig(secret_key=self.keys.keys[0], allowed=frozenset(self.keys.ids), swim=self.swim))
         await self.seed.start()
-        swim_env = self.swim.to_env()
         for stage in range(self.num_stages):
-            env = member_env(
-                self.keys.keys[1 + stage],
-                self.keys.ids,
-                self.seed.ticket(),
-                stage_names(stage, self.num_stages),
-                swim_env,
-                {
-                    "STAGE": str(stage),
-                    "NUM_STAGES": str(self.num_stages),
-                    "PP_EXIT_ON_STDIN_EOF": "1",  # the node goes when this process does, however it dies
-                    **(self.extra_env or {}),
-                },
+            node = NodeEnv(
+                stage=stage,
+                num_stages=self.num_stages,
+                seed=self.seed.ticket(),
+                node_key=self.keys.keys[1 + stage],
+                allowed_ids=tuple(self.keys.ids),
+                names=tuple(stage_names(stage, self.num_stages)),
+                swim=self.swim.to_env(),
+                worker_ready_timeout=self.load_timeout,
+                exit_on_stdin_eof=True,  # the node goes when this process does, however it dies
             )
+            env = {**process_env(node), **(self.extra_env or {})}
             proc = ChildProcess(f"pp-stage-{stage}", [sys.executable, "-m", self.node_module], env)
             self.members.append(proc)
             await proc.start()

@@ -15,9 +15,10 @@ import signal
 import sys
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any
 
+from ..nodeenv import DEFAULTS, NodeEnv, process_env
 from .transport import endpoint_id, new_secret_key
 
 
@@ -148,7 +149,7 @@ async def _lines(stream: asyncio.StreamReader) -> AsyncIterator[bytes]:
 
 async def stop_on_stdin_eof(stop: asyncio.Event) -> None:
     """In a child started by :class:`ChildProcess`: set ``stop`` when stdin reaches EOF, which
-    happens when the parent dies, however it dies (``PP_EXIT_ON_STDIN_EOF=1`` turns this on)."""
+    happens when the parent dies, however it dies (``NodeEnv.exit_on_stdin_eof`` turns this on)."""
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
@@ -157,20 +158,14 @@ async def stop_on_stdin_eof(stop: asyncio.Event) -> None:
     stop.set()
 
 
-def watch_parent(stop: asyncio.Event) -> asyncio.Task[None] | None:
-    if os.environ.get("PP_EXIT_ON_STDIN_EOF") != "1":
-        return None
-    return asyncio.ensure_future(stop_on_stdin_eof(stop))
-
-
-def stop_event() -> tuple[asyncio.Event, asyncio.Task[None] | None]:
-    """In a child process: an event set by SIGTERM, SIGINT or (opt-in) the parent's death; the
-    task watching the parent is returned so that the child can cancel it on the way out."""
+def stop_event(watch_parent: bool) -> tuple[asyncio.Event, asyncio.Task[None] | None]:
+    """In a child process: an event set by SIGTERM, SIGINT or (``watch_parent``) the parent's
+    death; the task watching the parent is returned so that the child can cancel it on the way out."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    return stop, watch_parent(stop)
+    return stop, asyncio.ensure_future(stop_on_stdin_eof(stop)) if watch_parent else None
 
 
 def emit(obj: dict[str, Any]) -> None:
@@ -179,9 +174,9 @@ def emit(obj: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-def configure_child_logging(tag: str) -> None:
+def configure_child_logging(tag: str, level: str = DEFAULTS.log_level) -> None:
     logging.basicConfig(
-        level=os.environ.get("PP_LOG_LEVEL", "WARNING"),
+        level=level,
         format=f"%(asctime)s {tag} %(name)s %(levelname)s %(message)s",
         stream=sys.stderr,
     )
@@ -191,24 +186,21 @@ def member_env(
     key: bytes,
     allowed: list[str],
     seed_ticket: str | None,
-    names: list[str] = (),  # type: ignore[assignment]
+    names: Iterable[str] = (),
     swim: str = "",
     extra: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PP_", "SEED_ADDR"))}
-    env.update(
-        PP_NODE_KEY=key.hex(),
-        PP_ALLOWED_IDS=",".join(allowed),
-        PP_NAMES=",".join(names),
-        PP_SWIM=swim,
-        PP_NETWORK="local",
-        PYTHONUNBUFFERED="1",
-        PP_EXIT_ON_STDIN_EOF="1",
+    """The environment of a bare member (or a node) on this machine that exits with its parent."""
+    node = NodeEnv(
+        node_key=key,
+        allowed_ids=tuple(allowed),
+        seed=seed_ticket or "",
+        names=tuple(names),
+        swim=swim,
+        network="local",
+        exit_on_stdin_eof=True,
     )
-    if seed_ticket:
-        env["SEED_ADDR"] = seed_ticket
-    env.update(extra or {})
-    return env
+    return {**process_env(node), **(extra or {})}
 
 
 def member_process(name: str, env: Mapping[str, str]) -> ChildProcess:

@@ -1,10 +1,10 @@
 """A bare cluster member: joins, registers names, reports membership events.
 
-    PP_NODE_KEY=... PP_ALLOWED_IDS=... SEED_ADDR=<ticket> PP_NAMES=pp-entry,pp-stage-0 \\
-        python -m pytest_ppsmoke.runtime.member
+    env = member_env(key, allowed_ids, seed_ticket, ["pp-entry", "pp-stage-0"])   # through NodeEnv
+    member_process("m1", env)       # python -m pytest_ppsmoke.runtime.member
 
 It is what the membership tests and benchmarks run as a separate process, and a handy probe when
-a cluster misbehaves. Each name in ``PP_NAMES`` is registered for this node's ``node`` actor
+a cluster misbehaves. Each name in ``NodeEnv.names`` is registered for this node's ``node`` actor
 (which answers Echo, MembersQuery, ResolveQuery and Register). stdout carries one JSON object per
 line: ``{"event": "ready", "id": ..., "ticket": ...}`` once joined, then every membership event.
 SIGTERM or SIGINT leaves the cluster cleanly.
@@ -17,14 +17,15 @@ import os
 import sys
 import time
 
+from ..nodeenv import NodeEnv
 from .codec import MemberStatus
 from .localproc import configure_child_logging, emit, stop_event
 from .node import NODE_ACTOR, Node, NodeConfig
 from .swim import MemberEvent
 
 
-async def run(config: NodeConfig, names: list[str]) -> None:
-    stop, parent = stop_event()
+async def run(config: NodeConfig, names: tuple[str, ...], watch_parent: bool = False) -> None:
+    stop, parent = stop_event(watch_parent)
     node = Node(config)
     await node.start(join=False)
     try:
@@ -55,14 +56,14 @@ async def run(config: NodeConfig, names: list[str]) -> None:
 
 
 def main() -> None:
-    configure_child_logging("member")
     try:
-        config = NodeConfig.from_env()
+        env = NodeEnv.from_env()
+        config = NodeConfig.from_nodeenv(env)
     except ValueError as e:
         sys.exit(f"pytest_ppsmoke.runtime.member: {e}")
-    names = [n.strip() for n in os.environ.get("PP_NAMES", "").split(",") if n.strip()]
+    configure_child_logging("member", env.log_level)
     try:
-        asyncio.run(run(config, names))
+        asyncio.run(run(config, env.names, env.exit_on_stdin_eof))
     except TimeoutError as e:
         sys.exit(f"pytest_ppsmoke.runtime.member: {e}")
 

@@ -17,12 +17,12 @@ import asyncio
 import inspect
 import itertools
 import logging
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..nodeenv import DEFAULTS, NodeEnv
 from . import codec
 from .codec import (
     ActorAddress,
@@ -68,7 +68,7 @@ class NodeConfig:
     seed: str | None = None
     local: bool = True
     swim: SwimConfig = field(default_factory=SwimConfig.loopback)
-    join_timeout: float = 30.0
+    join_timeout: float = DEFAULTS.join_timeout
     request_timeout: float = 10.0
     max_frame: int = codec.DEFAULT_MAX_FRAME
 
@@ -82,38 +82,21 @@ class NodeConfig:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> NodeConfig:
-        """Read ``PP_NODE_KEY`` (64 hex), ``PP_ALLOWED_IDS`` (comma-separated endpoint ids),
-        ``SEED_ADDR`` (endpoint id or ticket), ``PP_NETWORK`` (local or wan), ``PP_SWIM``
-        (overrides such as ``suspicion_timeout=3``) and ``PP_JOIN_TIMEOUT`` (seconds)."""
-        env = os.environ if env is None else env
-        raw = env.get("PP_NODE_KEY", "")
-        try:
-            key = bytes.fromhex(raw)
-        except ValueError:
-            key = b""
-        if len(key) != 32:
-            # never echo the value: it is a secret
-            raise ValueError(f"PP_NODE_KEY must be 64 hex characters (a 32-byte key), got {len(raw)} characters")
-        network = env.get("PP_NETWORK", "local")
-        if network not in ("local", "wan"):
-            raise ValueError(f"PP_NETWORK must be 'local' or 'wan', got {network!r}")
-        allowed_ids = [i.strip().lower() for i in env.get("PP_ALLOWED_IDS", "").split(",") if i.strip()]
-        for i in allowed_ids:
-            if not re.fullmatch(r"[0-9a-f]{64}", i):
-                raise ValueError(f"PP_ALLOWED_IDS entry {i!r} is not an endpoint id (64 hex characters)")
-        swim = SwimConfig.loopback() if network == "local" else SwimConfig.wan()
-        if env.get("PP_SWIM"):
-            swim = swim.with_overrides(env["PP_SWIM"])
-        try:
-            join_timeout = float(env.get("PP_JOIN_TIMEOUT", "30"))
-        except ValueError:
-            raise ValueError(f"PP_JOIN_TIMEOUT must be a number of seconds, got {env['PP_JOIN_TIMEOUT']!r}") from None
+        """The node's settings from its environment (``NodeEnv``: the key, the allowed ids, the
+        seed, the network, SWIM overrides, the join deadline)."""
+        return cls.from_nodeenv(NodeEnv.from_env(env))
+
+    @classmethod
+    def from_nodeenv(cls, env: NodeEnv) -> NodeConfig:
+        swim = SwimConfig.loopback() if env.network == "local" else SwimConfig.wan()
+        if env.swim:
+            swim = swim.with_overrides(env.swim)
         return cls(
-            secret_key=key,
-            join_timeout=join_timeout,
-            allowed=frozenset(allowed_ids) if allowed_ids else None,
-            seed=env.get("SEED_ADDR") or None,
-            local=network == "local",
+            secret_key=env.require("node_key"),
+            join_timeout=env.join_timeout,
+            allowed=frozenset(env.allowed_ids) if env.allowed_ids else None,
+            seed=env.seed or None,
+            local=env.network == "local",
             swim=swim,
         )
 
@@ -176,7 +159,7 @@ class Node(Resource):
     # --- identity ----------------------------------------------------------------------------
 
     def ticket(self) -> str:
-        """What other nodes need to reach this one with no discovery (``SEED_ADDR`` on loopback)."""
+        """What other nodes need to reach this one with no discovery (``NodeEnv.seed`` on loopback)."""
         return self.transport.ticket()
 
     def address(self, actor: str, node: str | None = None) -> ActorAddress:

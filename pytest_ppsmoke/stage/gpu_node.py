@@ -1,8 +1,8 @@
 """``pp-gpu-node``: one pipeline stage as a cluster member, configured by its environment.
 
-Environment (design.md): ``STAGE``, ``NUM_STAGES``, ``SEED_ADDR``, ``MODEL``, the cluster keys
-(``PP_NODE_KEY``, ``PP_ALLOWED_IDS``), plus ``PP_WIRE_DTYPE`` (bf16), ``PP_JIT`` (1),
-``PP_MAX_CONTEXT`` (1024), ``PP_WORKER_READY_TIMEOUT`` (600 s), ``PP_WORKER`` (the worker script).
+Environment: :class:`~pytest_ppsmoke.nodeenv.NodeEnv` (the stage and stage count, the seed, the
+model, the cluster keys, the wire dtype, the worker's settings and deadline, the node's own
+time-to-live; the table is docs/nodeenv.md).
 
 The node joins the cluster first (so the orchestrator sees it boot), starts the tinygrad worker,
 and registers its names only once the worker is ready: resolving ``pp-entry`` then means the
@@ -28,15 +28,16 @@ import contextlib
 import itertools
 import json
 import logging
-import os
 import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
+from .. import failpoints
 from ..cloud.vast import DEFAULT_URL, VastClient, VastError
+from ..nodeenv import NodeEnv, inherited
 from ..protocol import STAGE_ACTOR, STATUS_ACTOR, stage_names
 from ..runtime.codec import (
     Accepted,
@@ -66,7 +67,6 @@ from .bridge import WorkerBridge, WorkerDied, WorkerError
 
 log = logging.getLogger(__name__)
 
-FAULTS = ("no-names", "empty-text")  # PP_FAULT: symptoms the emulator's fault knobs ask a node to show
 HOP_TIMEOUT = 30.0  # a send to the next stage
 NAME_TIMEOUT = 60.0  # the spec's deadline for a name
 COMPUTE_TIMEOUT = 600.0  # one worker call (a cold prefill compiles kernels)
@@ -90,10 +90,8 @@ class StageActor:
         stage: int,
         num_stages: int,
         wire: WireDtype,
-        faults: frozenset[str] = frozenset(),
     ) -> None:
         assert bridge.ready is not None
-        self.faults = faults
         self.node, self.bridge = node, bridge
         self.stage, self.num_stages, self.wire = stage, num_stages, wire
         self.first, self.last = stage == 0, stage == num_stages - 1
@@ -308,7 +306,7 @@ class StageActor:
             entry = await self._addr("pp-stage-0")
             if done:
                 text = (await self._compute("detokenize", token_ids=self.tokens))["text"]
-                if "empty-text" in self.faults:
+                if failpoints.on("node.empty_text"):
                     text = ""
                 assert self.reply_to is not None
                 await self.node.send(
@@ -377,49 +375,33 @@ class Settings:
     ready_timeout: float
     ttl: float  # a hard limit on the node's life
     orphan_grace: float  # how long the node lives on once it has lost the orchestrator (the seed)
-    faults: frozenset[str] = frozenset()
+    env: NodeEnv = field(default_factory=NodeEnv)  # what the rest came from (the worker's part, the container)
 
     @classmethod
     def from_env(cls) -> Settings:
         """Everything the node reads from its environment, checked before anything starts."""
-        stage = int(os.environ.get("STAGE", "0"))
-        num_stages = int(os.environ.get("NUM_STAGES", "2"))
-        stage_names(stage, num_stages)  # validates both
-        worker = Path(os.environ.get("PP_WORKER") or default_worker_path())
+        env = NodeEnv.from_env()
+        worker = Path(env.worker) if env.worker else default_worker_path()
         if not worker.is_file():
-            raise ValueError(f"worker script {worker} not found; set PP_WORKER to pp_tinygrad_worker.py")
-        faults = frozenset(f for f in os.environ.get("PP_FAULT", "").split(",") if f)
-        if faults - set(FAULTS):
-            raise ValueError(f"PP_FAULT {sorted(faults - set(FAULTS))[0]!r} is unknown; expected {', '.join(FAULTS)}")
+            raise ValueError(f"worker script {worker} not found; set {NodeEnv.var('worker')} to pp_tinygrad_worker.py")
         return cls(
-            NodeConfig.from_env(),
-            stage,
-            num_stages,
-            WireDtype.parse(os.environ.get("PP_WIRE_DTYPE", "bf16")),
+            NodeConfig.from_nodeenv(env),
+            env.stage,
+            env.num_stages,
+            WireDtype.parse(env.wire_dtype),
             worker,
-            _seconds("PP_WORKER_READY_TIMEOUT", 600),
-            _seconds("PP_TTL", 1800),
-            _seconds("PP_ORPHAN_GRACE", 60),
-            faults,
+            env.worker_ready_timeout,
+            env.ttl,
+            env.orphan_grace,
+            env,
         )
-
-
-def _seconds(name: str, default: float) -> float:
-    raw = os.environ.get(name, "")
-    try:
-        value = float(raw) if raw else default
-    except ValueError:
-        value = -1
-    if value <= 0:
-        raise ValueError(f"{name} must be a positive number of seconds, got {raw!r}")
-    return value
 
 
 async def guard_lifetime(node: Node, settings: Settings, stop: asyncio.Event) -> None:
     """The node's own time-to-live: it removes itself when it has lost the orchestrator for
     ``orphan_grace`` seconds, or when ``ttl`` has passed, so that no rented GPU outlives a run
-    whose orchestrator died. On vast.ai it destroys its own instance (``CONTAINER_ID`` and
-    ``CONTAINER_API_KEY``, set by vast.ai's host agent); anywhere it then exits."""
+    whose orchestrator died. On vast.ai it destroys its own instance (``NodeEnv.container_id`` and
+    ``container_api_key``, set by vast.ai's host agent); anywhere it then exits."""
     seed = settings.config.seed
     seed_id = PeerAddr.parse(seed).id if seed else None
     started = seen = time.monotonic()
@@ -438,18 +420,18 @@ async def guard_lifetime(node: Node, settings: Settings, stop: asyncio.Event) ->
             continue
         log.warning("removing itself: %s", reason)
         emit({"event": "expired", "reason": reason})
-        await destroy_own_instance()
+        await destroy_own_instance(settings.env)
         stop.set()
         return
 
 
-async def destroy_own_instance() -> None:
-    instance, key = os.environ.get("CONTAINER_ID"), os.environ.get("CONTAINER_API_KEY")
-    if not instance or not key:
+async def destroy_own_instance(env: NodeEnv) -> None:
+    instance, key = env.container_id, env.container_api_key
+    if instance is None or not key:
         return  # not on vast.ai (or its emulator): exiting is all there is to do
     try:
-        async with VastClient(key, os.environ.get("VAST_URL") or DEFAULT_URL, timeout=10, attempts=4) as vast:
-            gone = await vast.destroy_instance(int(instance))
+        async with VastClient(key, env.vast_url or DEFAULT_URL, timeout=10, attempts=4) as vast:
+            gone = await vast.destroy_instance(instance)
         log.warning("destroyed own instance %s%s", instance, "" if gone else " (it was already gone)")
     except (VastError, ValueError) as e:
         log.error("could not destroy own instance %s: %s; exiting anyway", instance, e)
@@ -471,12 +453,15 @@ async def _unless_stopped(coro: Any, stop: asyncio.Event) -> asyncio.Task[Any] |
 
 async def run(settings: Settings) -> None:
     stage, num_stages = settings.stage, settings.num_stages
-    stop, parent = stop_event()
+    stop, parent = stop_event(settings.env.exit_on_stdin_eof)
     node = Node(settings.config)
     status = StatusActor(stage)
     node.add_actor(STATUS_ACTOR, status)  # answers as soon as the node has joined
-    env = {**os.environ, "PP_WIRE_DTYPE": settings.wire.name}
-    bridge = WorkerBridge([sys.executable, str(settings.worker)], env, f"pp-stage-{stage}")
+    worker_env = settings.env.replace(stage=stage, num_stages=num_stages, wire_dtype=settings.wire.name).for_worker()
+    argv = [sys.executable, str(settings.worker)]
+    if failpoints.on("node.stall_worker"):  # a worker that never prints its ready line
+        argv = [sys.executable, "-c", "import time; time.sleep(3600)"]
+    bridge = WorkerBridge(argv, {**inherited(), **worker_env.to_env()}, f"pp-stage-{stage}")
     guard: asyncio.Task[None] | None = None
     try:
         # the guard runs from the start: an orchestrator that dies before this node joins leaves
@@ -500,9 +485,9 @@ async def run(settings: Settings) -> None:
             log.error("the worker did not start: %s", e)
             await stop.wait()
             raise
-        actor = StageActor(node, bridge, stage, num_stages, settings.wire, settings.faults)
+        actor = StageActor(node, bridge, stage, num_stages, settings.wire)
         node.add_actor(STAGE_ACTOR, actor)
-        if "no-names" not in settings.faults:
+        if not failpoints.on("node.no_names"):
             for name in stage_names(stage, num_stages):
                 node.register(name, STAGE_ACTOR)
         status.ready(ready)
@@ -524,14 +509,30 @@ async def run(settings: Settings) -> None:
 
 
 def main() -> None:
-    configure_child_logging("pp-gpu-node")
     try:
         settings = Settings.from_env()
+    except ValueError as e:
+        configure_child_logging("pp-gpu-node")
+        _give_up(e, _container())
+    configure_child_logging("pp-gpu-node", settings.env.log_level)
+    try:
         asyncio.run(run(settings))
     except (ValueError, TimeoutError, WorkerDied, WorkerError) as e:
-        # a node that cannot serve does not keep a rented GPU: it destroys its own instance
-        asyncio.run(destroy_own_instance())
-        sys.exit(f"pp-gpu-node: {e}")
+        _give_up(e, settings.env)
+
+
+def _give_up(error: BaseException, env: NodeEnv) -> NoReturn:
+    # a node that cannot serve does not keep a rented GPU: it destroys its own instance
+    asyncio.run(destroy_own_instance(env))
+    sys.exit(f"pp-gpu-node: {error}")
+
+
+def _container() -> NodeEnv:
+    """Just what the node needs to destroy its own instance, when the rest of its environment is bad."""
+    try:
+        return NodeEnv.from_env(only=("container_id", "container_api_key", "vast_url"))
+    except ValueError:
+        return NodeEnv()
 
 
 if __name__ == "__main__":

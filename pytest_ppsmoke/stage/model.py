@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-import os
 import re
 import time
 from collections.abc import Callable
@@ -276,14 +275,6 @@ def reference_tokens(name: str, prompt: str, max_tokens: int, wire: WireDtype, n
     while out[-1] not in tok.end_ids and len(out) < max_tokens:
         out.append(step([out[-1]], len(ids) + len(out) - 1))
     return out
-
-
-def env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name, str(default))
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"{name} must be an integer, got {raw!r}") from None
 
 
 def tinygrad_version() -> str:

@@ -1,0 +1,324 @@
+"""Failpoints: named places where a fault can be switched on, in the manner of fail-rs and gofail.
+
+Every point is declared once, in :data:`POINTS`, with the row of the spec's error table it
+serves. Points are off unless one environment variable names them::
+
+    PP_FAILPOINTS="vast.reject_create=2;vast.boot_delay=0.05"     # the emulator's points
+    PP_FAILPOINTS="node.no_names;node.empty_text"                  # a node's points
+
+``vast.*`` points are evaluated by the vast.ai emulator (``cloud/fake_vast.py``); ``node.*``
+points by ``pp-gpu-node``. The emulator switches a node's points on by writing this variable into
+that node's environment (``NodeEnv.failpoints``); a real image never sets it. Code asks whether a
+point is on, and nothing else in the product reads fault settings::
+
+    if failpoints.on("node.empty_text"):
+        text = ""
+
+Tests configure points in process, as fail-rs's ``cfg`` / ``FailScenario`` do::
+
+    with failpoints.scoped({"vast.offers": 1}):
+        ...
+    failpoints.cfg("node.no_names"); failpoints.remove("node.no_names")
+
+or hand a parsed scenario to the emulator (``FakeVast(faults="vast.no_join=1")``). Unknown
+names and bad values raise ValueError naming the point and what it takes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+ENV = "PP_FAILPOINTS"
+
+# the rows of the spec's error table (section 6), and the rule under it
+ROW_OFFERS = "Fewer than 2 GPU offers available"
+ROW_CREATE = "Either instance creation rejected"
+ROW_RUNNING = "Either instance never reaches `running`"
+ROW_CONVERGE = "Cluster never converges to 3 members"
+ROW_RESOLVE = "`pp-entry` or `pp-exit` never resolves"
+ROW_READY = "Either worker never reports ready"
+ROW_TEXT = "Stage 1 reports `done` but no text accumulated"
+ROW_DROP = "Either node drops out mid-decode"
+ROW_DESTROY = "Destroy fails for either instance"
+RULE_DESTROY = "Any path that allocates an instance also destroys it"
+
+
+# --- value kinds: each parses the text of PP_FAILPOINTS or a Python value, and prints it back ---
+
+
+@dataclass(frozen=True)
+class Kind:
+    what: str  # the expected form, for errors
+    parse: Callable[[Any], Any]  # raises ValueError or TypeError on a bad value
+    show: Callable[[Any], str]
+
+
+def _flag(v: Any) -> bool:
+    if v is True or v in ("", "on"):
+        return True
+    if v is False or v == "off":
+        return False
+    raise ValueError
+
+
+def _count(v: Any) -> int:
+    if isinstance(v, (bool, float)):
+        raise ValueError
+    n = int(v)
+    if n < 0:
+        raise ValueError
+    return n
+
+
+def _seconds(v: Any) -> float:
+    if isinstance(v, bool):
+        raise ValueError
+    s = float(v)
+    if not s >= 0:  # also refuses NaN
+        raise ValueError
+    return s
+
+
+def _numbers(v: Any) -> frozenset[int]:
+    if isinstance(v, str):
+        return frozenset(_count(x) for x in v.split(",") if x.strip())
+    if isinstance(v, int):
+        return frozenset({_count(v)})
+    return frozenset(_count(x) for x in v)
+
+
+def _counts(v: Any) -> dict[int, int]:
+    if isinstance(v, str):
+        pairs = [item.split(":") for item in v.split(",") if item.strip()]
+        if any(len(p) != 2 for p in pairs):
+            raise ValueError
+        return {_count(a): _count(b) for a, b in pairs}
+    return {_count(a): _count(b) for a, b in dict(v).items()}
+
+
+FLAG = Kind("nothing, 'on' or 'off'", _flag, lambda v: "")
+COUNT = Kind("an integer >= 0", _count, str)
+SECONDS = Kind("a number of seconds >= 0", _seconds, lambda v: f"{v:g}")
+NUMBERS = Kind("integers >= 0, comma-separated (e.g. 1,2)", _numbers, lambda v: ",".join(map(str, sorted(v))))
+COUNTS = Kind(
+    "stage:count pairs, comma-separated (e.g. 1:6)",
+    _counts,
+    lambda v: ",".join(f"{a}:{b}" for a, b in sorted(v.items())),
+)
+
+
+@dataclass(frozen=True)
+class Point:
+    name: str
+    kind: Kind
+    row: str  # the spec error row it serves
+    doc: str  # what happens when it is on
+    default: Any = None  # its value when off
+    node: str | None = None  # vast.* points that pick stages: the node point they switch on there
+
+
+POINTS: dict[str, Point] = {
+    p.name: p
+    for p in (
+        Point("vast.offers", COUNT, ROW_OFFERS, "offer searches answer only the first n matching offers"),
+        Point("vast.reject_create", NUMBERS, ROW_CREATE, "these create calls (1-based) get HTTP 400", frozenset()),
+        Point("vast.never_running", NUMBERS, ROW_RUNNING, "these stages' instances stay `loading`", frozenset()),
+        Point("vast.boot_delay", SECONDS, ROW_RUNNING, "seconds every instance spends `loading` (a slow boot)", 0.2),
+        Point(
+            "vast.no_join",
+            NUMBERS,
+            ROW_CONVERGE,
+            "these stages' nodes get a seed address that answers nothing (a firewall)",
+            frozenset(),
+        ),
+        Point(
+            "vast.no_names", NUMBERS, ROW_RESOLVE, "node.no_names in these stages' nodes", frozenset(), "node.no_names"
+        ),
+        Point(
+            "vast.stall_worker",
+            NUMBERS,
+            ROW_READY,
+            "node.stall_worker in these stages' nodes, whose worker deadline becomes 3 s",
+            frozenset(),
+            "node.stall_worker",
+        ),
+        Point(
+            "vast.empty_text",
+            NUMBERS,
+            ROW_TEXT,
+            "node.empty_text in these stages' nodes",
+            frozenset(),
+            "node.empty_text",
+        ),
+        Point(
+            "vast.kill_stage", COUNT, ROW_DROP, "SIGKILL this stage's instance once vast.kill_after_tokens were sampled"
+        ),
+        Point("vast.kill_after_tokens", COUNT, ROW_DROP, "how many tokens vast.kill_stage waits for", 1),
+        Point(
+            "vast.destroy_fails", COUNTS, ROW_DESTROY, "stage:n: the first n destroys of that stage get HTTP 500", {}
+        ),
+        Point(
+            "vast.burst_429",
+            COUNT,
+            ROW_CREATE,
+            "of every vast.throttle_every API calls the first n get HTTP 429 (to be absorbed, not taken for a "
+            "rejection)",
+            0,
+        ),
+        Point("vast.throttle_every", COUNT, ROW_CREATE, "the period of vast.burst_429, in API calls", 8),
+        Point(
+            "vast.api_latency", SECONDS, RULE_DESTROY, "seconds before each answer (a slow link; a long teardown)", 0.0
+        ),
+        Point(
+            "vast.hold_create",
+            NUMBERS,
+            RULE_DESTROY,
+            "these create calls rent, but their answer waits for FakeVast.release() (a lost answer)",
+            frozenset(),
+        ),
+        Point("node.no_names", FLAG, ROW_RESOLVE, "the node loads its worker but registers no names", False),
+        Point(
+            "node.stall_worker",
+            FLAG,
+            ROW_READY,
+            "the node starts, in place of its worker, a process that never reports ready",
+            False,
+        ),
+        Point("node.empty_text", FLAG, ROW_TEXT, "the last stage reports done with empty text", False),
+    )
+}
+
+
+def _point(name: str) -> Point:
+    p = POINTS.get(name)
+    if p is None:
+        raise ValueError(f"unknown failpoint {name!r}; known: {', '.join(POINTS)}")
+    return p
+
+
+def _value(name: str, raw: Any) -> Any:
+    p = _point(name)
+    try:
+        return p.kind.parse(raw)
+    except (TypeError, ValueError):
+        raise ValueError(f"failpoint {name!r} takes {p.kind.what}, got {raw!r}") from None
+
+
+# --- a scenario: which points are on, with their values -----------------------------------------
+
+
+@dataclass(frozen=True, eq=True)
+class Scenario:
+    """A validated set of points that are on. Empty: every point is off."""
+
+    points: dict[str, Any] = field(default_factory=dict)
+
+    def on(self, name: str) -> bool:
+        _point(name)
+        return name in self.points
+
+    def value(self, name: str) -> Any:
+        """The point's value when it is on, its default when it is off."""
+        return self.points[name] if name in self.points else _point(name).default
+
+    def for_stage(self, stage: int | None) -> Scenario:
+        """The node points that this scenario's stage-picking ``vast.*`` points switch on in ``stage``."""
+        on = {p.node: True for p in POINTS.values() if p.node and stage in self.value(p.name)}
+        return Scenario(on)
+
+    def __str__(self) -> str:
+        """The PP_FAILPOINTS text of this scenario (``parse`` reads it back)."""
+        items = []
+        for name in POINTS:
+            if name in self.points:
+                shown = POINTS[name].kind.show(self.points[name])
+                items.append(f"{name}={shown}" if shown else name)
+        return ";".join(items)
+
+    def __bool__(self) -> bool:
+        return bool(self.points)
+
+
+def parse(spec: str | Mapping[str, Any] | Scenario | None) -> Scenario:
+    """``"name;name=value;..."`` (PP_FAILPOINTS's form) or ``{name: value}`` -> a Scenario.
+    A flag set to ``off`` (or False) is left out."""
+    if isinstance(spec, Scenario):
+        return spec
+    if spec is None:
+        return Scenario()
+    if isinstance(spec, str):
+        pairs: list[tuple[str, Any]] = []
+        for item in filter(None, (s.strip() for s in spec.split(";"))):
+            name, _, raw = item.partition("=")
+            pairs.append((name.strip(), raw.strip()))
+    else:
+        pairs = list(spec.items())
+    points = {}
+    for name, raw in pairs:
+        v = _value(name, raw)
+        if v is not False:
+            points[name] = v
+    return Scenario(points)
+
+
+# --- the process's points: PP_FAILPOINTS, overlaid by cfg() / remove() / scoped() ---------------
+
+_OFF = object()
+_overrides: dict[str, Any] = {}
+
+
+@functools.lru_cache(maxsize=8)
+def _from_env(text: str) -> Scenario:
+    try:
+        return parse(text)
+    except ValueError as e:
+        raise ValueError(f"{ENV}: {e}") from None
+
+
+def active() -> Scenario:
+    """This process's points: those ``PP_FAILPOINTS`` names, changed by ``cfg``/``remove``/``scoped``."""
+    base = _from_env(os.environ.get(ENV, ""))
+    if not _overrides:
+        return base
+    points = {**base.points, **_overrides}
+    return Scenario({k: v for k, v in points.items() if v is not _OFF})
+
+
+def on(name: str) -> bool:
+    """Whether the point is on in this process (the check at the point itself)."""
+    return active().on(name)
+
+
+def value(name: str) -> Any:
+    return active().value(name)
+
+
+def cfg(name: str, value: Any = True) -> None:
+    """Switch a point on in this process (fail-rs's ``cfg``); ``value`` as in PP_FAILPOINTS or typed."""
+    v = _value(name, value)
+    _overrides[name] = _OFF if v is False else v
+
+
+def remove(name: str) -> None:
+    """Switch a point off in this process, whatever PP_FAILPOINTS says."""
+    _point(name)
+    _overrides[name] = _OFF
+
+
+@contextlib.contextmanager
+def scoped(spec: str | Mapping[str, Any] | Scenario) -> Iterator[Scenario]:
+    """Points on for the duration of a ``with`` block (fail-rs's ``FailScenario``); afterwards
+    every point is as it was."""
+    scenario = parse(spec)
+    saved = dict(_overrides)
+    _overrides.update(scenario.points)
+    try:
+        yield active()
+    finally:
+        _overrides.clear()
+        _overrides.update(saved)

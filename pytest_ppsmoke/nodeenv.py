@@ -1,0 +1,313 @@
+"""The node's environment: the one place that names its variables and their defaults.
+
+A rented instance is configured by environment only (the create call's ``env``); so are the
+nodes that ``LocalCluster`` and the emulator start, the bare members of the tests, and the
+tinygrad worker a node starts. Every writer builds a :class:`NodeEnv` and calls ``to_env()``;
+every reader calls ``NodeEnv.from_env()``::
+
+    env = NodeEnv(stage=1, num_stages=2, seed=ticket, node_key=key).to_env()   # the orchestrator
+    node = NodeEnv.from_env()                                                  # pp-gpu-node
+
+``to_env()`` writes the fields that differ from their defaults; ``from_env()`` reads every
+variable (an empty one counts as unset), checks it, and raises ValueError naming the variable
+and the form it expects. The secret fields (``node_key``, ``container_api_key``) never appear in a
+repr or an error message. The table of variables, with who sets each: ``docs/nodeenv.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import failpoints
+
+WIRE_DTYPES = ("bf16", "f16", "f32")  # runtime/codec.py's WireDtype names; a test keeps them equal
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+NETWORKS = ("local", "wan")
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+# --- forms: how a value is written, read back and checked ---------------------------------------
+
+
+@dataclass(frozen=True)
+class Form:
+    expected: str  # for errors: "must be <expected>, got ..."
+    convert: Callable[[str], Any] = str  # text -> value; ValueError when it is not of the form
+    check: Callable[[Any], str | None] = lambda v: None  # a typed value's error (after the name), or None
+    show: Callable[[Any], str] = str
+    secret: bool = False  # errors never show the value
+
+
+def _integer(least: int, expected: str = "") -> Form:
+    expected = expected or f"an integer >= {least}"
+
+    def convert(raw: str) -> int:
+        n = int(raw)
+        if n < least:
+            raise ValueError
+        return n
+
+    def check(v: Any) -> str | None:
+        ok = isinstance(v, int) and not isinstance(v, bool) and v >= least
+        return None if ok else f"must be {expected}, got {v!r}"
+
+    return Form(expected, convert, check)
+
+
+def _check_seconds(v: Any) -> str | None:
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+    return None if ok else f"must be a positive number of seconds, got {v!r}"
+
+
+def _choice(options: tuple[str, ...], expected: str, unknown: str = "") -> Form:
+    def check(v: Any) -> str | None:
+        if v in options:
+            return None
+        return (
+            f"names an unknown {unknown} {v!r}; expected one of {expected}"
+            if unknown
+            else f"must be {expected}, got {v!r}"
+        )
+
+    return Form(expected, str, check)
+
+
+def _flag(raw: str) -> bool:
+    if raw not in ("0", "1"):
+        raise ValueError
+    return raw == "1"
+
+
+def _key_from_hex(raw: str) -> bytes:
+    try:
+        key = bytes.fromhex(raw)
+    except ValueError:
+        key = b""
+    if len(key) != 32:
+        raise ValueError(f"must be 64 hex characters (a 32-byte key), got {len(raw)} characters")
+    return key
+
+
+def _check_key(v: Any) -> str | None:
+    ok = isinstance(v, bytes) and len(v) == 32
+    return None if ok else f"must be 64 hex characters (a 32-byte key), got {2 * len(v)} characters"
+
+
+def _csv(raw: str) -> tuple[str, ...]:
+    return tuple(p.strip() for p in raw.split(",") if p.strip())
+
+
+def _check_ids(v: Any) -> str | None:
+    bad = next((i for i in v if not _HEX64.fullmatch(i)), None)
+    return None if bad is None else f"entry {bad!r} is not an endpoint id (64 hex characters)"
+
+
+def _check_failpoints(v: Any) -> str | None:
+    try:
+        failpoints.parse(v)
+    except ValueError as e:
+        return f"is not a failpoint setting: {e}"
+    return None
+
+
+TEXT = Form("text")
+SECONDS = Form("a number of seconds", float, _check_seconds, lambda v: f"{v:g}")
+FLAG = Form("1 or 0", _flag, show=lambda v: "1" if v else "0")
+KEY = Form("64 hex characters (a 32-byte key)", _key_from_hex, _check_key, bytes.hex, secret=True)
+SECRET = Form("a key", secret=True)
+IDS = Form("endpoint ids, comma-separated", lambda raw: tuple(i.lower() for i in _csv(raw)), _check_ids, ",".join)
+NAMES = Form("names, comma-separated", _csv, show=",".join)
+FAILPOINTS = Form("name[=value] items, ';'-separated", str, _check_failpoints)
+
+ORCHESTRATOR = "the orchestrator"
+AGENT = "vast.ai's host agent; the emulator"
+
+
+@dataclass(frozen=True)
+class Var:
+    """One variable of the contract: its name, its form, what it means and who sets it."""
+
+    name: str
+    form: Form
+    doc: str
+    by: str
+
+
+def _var(default: Any, name: str, form: Form, doc: str, by: str = ORCHESTRATOR) -> Any:
+    return field(default=default, repr=not form.secret, metadata={"var": Var(name, form, doc, by)})
+
+
+@dataclass(frozen=True)
+class NodeEnv:
+    """Everything a node process reads from its environment; one field per variable."""
+
+    # the pipeline (design.md's node environment)
+    stage: int = _var(0, "STAGE", _integer(0), "this node's stage, 0-based")
+    num_stages: int = _var(2, "NUM_STAGES", _integer(2), "stages in the pipeline")
+    seed: str = _var(
+        "", "SEED_ADDR", TEXT, "the seed's endpoint id, or a ticket where there is no discovery (loopback)"
+    )
+    model: str = _var("smollm2:135m", "MODEL", TEXT, "a model name (the model table) or a GGUF path")
+    # the cluster
+    node_key: bytes = _var(b"", "PP_NODE_KEY", KEY, "this node's secret key, 64 hex; never logged or reported")
+    allowed_ids: tuple[str, ...] = _var((), "PP_ALLOWED_IDS", IDS, "the endpoint ids that may connect (empty: any)")
+    network: str = _var(
+        "local",
+        "PP_NETWORK",
+        _choice(NETWORKS, "'local' or 'wan'"),
+        "local: loopback, relays off; wan: discovery and relays",
+        "the orchestrator; the image sets wan",
+    )
+    swim: str = _var("", "PP_SWIM", TEXT, "SWIM settings over the network's defaults, e.g. suspicion_timeout=5")
+    join_timeout: float = _var(30.0, "PP_JOIN_TIMEOUT", SECONDS, "seconds to join through the seed")
+    names: tuple[str, ...] = _var(
+        (), "PP_NAMES", NAMES, "names a bare member registers (runtime/member.py)", "LocalCluster, tests"
+    )
+    # the stage and its worker
+    wire_dtype: str = _var(
+        "bf16", "PP_WIRE_DTYPE", _choice(WIRE_DTYPES, ", ".join(WIRE_DTYPES), "wire dtype"), "hidden states on the wire"
+    )
+    max_context: int = _var(1024, "PP_MAX_CONTEXT", _integer(1), "the worker's KV cache, in positions", "the user")
+    jit: bool = _var(True, "PP_JIT", FLAG, "1: compiled decode (TinyJit); 0: the spec's uncompiled forward", "the user")
+    worker: str = _var(
+        "", "PP_WORKER", TEXT, "the worker script (empty: the installed pp_tinygrad_worker.py)", "the user"
+    )
+    worker_ready_timeout: float = _var(
+        240.0,
+        "PP_WORKER_READY_TIMEOUT",
+        SECONDS,
+        "seconds for the worker's ready line; the orchestrator's load deadline",
+    )
+    # the node's own time-to-live
+    ttl: float = _var(
+        900.0, "PP_TTL", SECONDS, "seconds after which the node destroys its own instance, whatever happens"
+    )
+    orphan_grace: float = _var(60.0, "PP_ORPHAN_GRACE", SECONDS, "seconds the node outlives a lost orchestrator")
+    container_id: int | None = _var(
+        None, "CONTAINER_ID", _integer(0, "an instance id (an integer)"), "the instance this node runs on", AGENT
+    )
+    container_api_key: str = _var(
+        "", "CONTAINER_API_KEY", SECRET, "a key that may destroy this instance only; never logged", AGENT
+    )
+    vast_url: str = _var(
+        "", "VAST_URL", TEXT, "the REST API to destroy the instance through (empty: vast.ai's)", "the emulator"
+    )
+    # processes on this machine
+    exit_on_stdin_eof: bool = _var(
+        False, "PP_EXIT_ON_STDIN_EOF", FLAG, "1: stop when stdin ends (the parent died)", "LocalCluster, the emulator"
+    )
+    log_level: str = _var(
+        "WARNING",
+        "PP_LOG_LEVEL",
+        _choice(LOG_LEVELS, "one of " + ", ".join(LOG_LEVELS)),
+        "the level of the log on stderr",
+        "the user",
+    )
+    failpoints: str = _var(
+        "", failpoints.ENV, FAILPOINTS, "failpoints on in this node (docs/lifecycle.md)", "the emulator"
+    )
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value == f.default:
+                continue
+            var: Var = f.metadata["var"]
+            problem = var.form.check(value)
+            if problem is not None:
+                raise ValueError(f"{var.name} {problem}")
+        if not self.stage < self.num_stages:
+            raise ValueError(
+                f"STAGE and NUM_STAGES: stage {self.stage} of {self.num_stages} is not a valid stage "
+                "(expected 0 <= STAGE < NUM_STAGES)"
+            )
+
+    # --- reading and writing ------------------------------------------------------------------
+
+    @staticmethod
+    def var(name: str) -> str:
+        """The variable that carries field ``name`` (for messages that tell the user what to set)."""
+        return _VARS[name].name
+
+    @classmethod
+    def read(cls, env: Mapping[str, str], *names: str) -> dict[str, Any]:
+        """The fields among ``names`` whose variable is set (non-empty) in ``env``, converted;
+        ValueError naming the variable when one is not of its form."""
+        out = {}
+        for name in names:
+            var = _VARS[name]
+            raw = env.get(var.name, "")
+            if raw == "":
+                continue
+            try:
+                out[name] = var.form.convert(raw)
+            except ValueError as e:
+                if str(e).startswith("must"):  # the converter's own words (a secret's never hold it)
+                    raise ValueError(f"{var.name} {e}") from None
+                got = f"{len(raw)} characters" if var.form.secret else repr(raw)
+                raise ValueError(f"{var.name} must be {var.form.expected}, got {got}") from None
+        return out
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, only: Iterable[str] | None = None) -> NodeEnv:
+        """Read ``env`` (default: this process's environment); with ``only``, just those fields,
+        the rest keep their defaults."""
+        env = os.environ if env is None else env
+        return cls(**cls.read(env, *(only if only is not None else _VARS)))
+
+    def to_env(self) -> dict[str, str]:
+        """The variables of every field that differs from its default."""
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value != f.default:
+                var: Var = f.metadata["var"]
+                out[var.name] = "" if value is None else var.form.show(value)
+        return out
+
+    def require(self, name: str) -> Any:
+        """The value of field ``name``; ValueError naming its variable when it is not set."""
+        value = getattr(self, name)
+        if value is None or value in ("", b"", ()):
+            var = _VARS[name]
+            raise ValueError(f"{var.name} is not set; expected {var.form.expected}")
+        return value
+
+    def for_worker(self) -> NodeEnv:
+        """What a node hands its tinygrad worker: the stage, the model and how to run it."""
+        keep = ("stage", "num_stages", "model", "wire_dtype", "max_context", "jit", "log_level")
+        return NodeEnv(**{k: getattr(self, k) for k in keep})
+
+    def replace(self, **changes: Any) -> NodeEnv:
+        return dataclasses.replace(self, **changes)
+
+
+_VARS: dict[str, Var] = {f.name: f.metadata["var"] for f in dataclasses.fields(NodeEnv)}
+DEFAULTS = NodeEnv()  # what a node assumes for a variable that is not set
+
+
+def variables() -> list[Var]:
+    """Every variable of the contract, in field order (docs/nodeenv.md lists them)."""
+    return list(_VARS.values())
+
+
+def inherited(parent: Mapping[str, str] | None = None) -> dict[str, str]:
+    """What a node started on this machine keeps of its parent's environment: everything but the
+    contract's variables (it gets those from its own NodeEnv only) and anything named PP_*,
+    VAST_* or CONTAINER_* (so that neither a stale setting nor the user's vast.ai key leaks in)."""
+    parent = os.environ if parent is None else parent
+    return {k: v for k, v in parent.items() if k not in _NAMES and not k.startswith(("PP_", "VAST_", "CONTAINER_"))}
+
+
+def process_env(node: NodeEnv, parent: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The whole environment of a node process started here: the parent's (as ``inherited``),
+    then ``node``'s variables."""
+    return {**inherited(parent), **node.to_env(), "PYTHONUNBUFFERED": "1"}
+
+
+_NAMES = frozenset(v.name for v in _VARS.values())

@@ -1,0 +1,122 @@
+"""The node's environment: one contract, written and read by the same class."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from pytest_ppsmoke import nodeenv
+from pytest_ppsmoke.cloud.lifecycle import RunConfig
+from pytest_ppsmoke.nodeenv import DEFAULTS, NodeEnv
+from pytest_ppsmoke.runtime.cluster import LocalCluster
+from pytest_ppsmoke.runtime.codec import WireDtype
+
+pytestmark = pytest.mark.local
+
+KEY = bytes(range(32))
+CONTAINER_KEY = "ck-NEVER-SHOW-ME"
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "nodeenv.md"
+
+
+def full() -> NodeEnv:
+    """A value for every field, none of them the default."""
+    return NodeEnv(
+        stage=1,
+        num_stages=3,
+        seed="ab" * 32,
+        model="llama3.2:1b",
+        node_key=KEY,
+        allowed_ids=("cd" * 32, "ef" * 32),
+        network="wan",
+        swim="suspicion_timeout=5",
+        join_timeout=12.5,
+        names=("pp-stage-1",),
+        wire_dtype="f16",
+        max_context=256,
+        jit=False,
+        worker="/w.py",
+        worker_ready_timeout=30,
+        ttl=600,
+        orphan_grace=5,
+        container_id=123,
+        container_api_key=CONTAINER_KEY,
+        vast_url="http://127.0.0.1:1",
+        exit_on_stdin_eof=True,
+        log_level="INFO",
+        failpoints="node.no_names",
+    )
+
+
+def test_every_field_round_trips_and_defaults_write_nothing() -> None:
+    env = full()
+    written = env.to_env()
+    assert len(written) == len(dataclasses.fields(NodeEnv)) and all(isinstance(v, str) for v in written.values())
+    assert NodeEnv.from_env(written) == env
+    assert NodeEnv().to_env() == {} and NodeEnv.from_env({}) == DEFAULTS
+    assert NodeEnv.from_env({v.name: "" for v in nodeenv.variables()}) == DEFAULTS  # empty is unset
+    assert NodeEnv.from_env(written, only=("stage", "ttl")) == NodeEnv(stage=1, ttl=600)
+
+
+def test_secrets_never_show() -> None:
+    env = full()
+    assert KEY.hex() not in repr(env) and CONTAINER_KEY not in repr(env)
+    bad = "zz" * 32
+    with pytest.raises(ValueError, match=r"PP_NODE_KEY must be 64 hex characters \(a 32-byte key\), got 64") as e:
+        NodeEnv.from_env({"PP_NODE_KEY": bad})
+    assert bad not in str(e.value)
+    with pytest.raises(ValueError, match="PP_NODE_KEY is not set; expected 64 hex characters"):
+        NodeEnv().require("node_key")
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"STAGE": "one"}, "STAGE must be an integer >= 0, got 'one'"),
+        ({"NUM_STAGES": "1"}, "NUM_STAGES must be an integer >= 2, got '1'"),
+        ({"STAGE": "2"}, "STAGE and NUM_STAGES: stage 2 of 2 is not a valid stage"),
+        ({"PP_NETWORK": "lan"}, "PP_NETWORK must be 'local' or 'wan', got 'lan'"),
+        ({"PP_ALLOWED_IDS": "xyz"}, "PP_ALLOWED_IDS entry 'xyz' is not an endpoint id (64 hex characters)"),
+        ({"PP_JOIN_TIMEOUT": "soon"}, "PP_JOIN_TIMEOUT must be a number of seconds, got 'soon'"),
+        ({"PP_TTL": "0"}, "PP_TTL must be a positive number of seconds, got 0.0"),
+        ({"PP_WIRE_DTYPE": "fp8"}, "PP_WIRE_DTYPE names an unknown wire dtype 'fp8'; expected one of bf16, f16, f32"),
+        ({"PP_JIT": "yes"}, "PP_JIT must be 1 or 0, got 'yes'"),
+        ({"CONTAINER_ID": "i-1"}, "CONTAINER_ID must be an instance id (an integer), got 'i-1'"),
+        ({"PP_LOG_LEVEL": "loud"}, "PP_LOG_LEVEL must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL, got 'loud'"),
+    ],
+)
+def test_a_bad_value_names_the_variable_and_the_form(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ValueError) as e:
+        NodeEnv.from_env(env)
+    assert str(e.value).startswith(message)
+
+
+def test_a_child_inherits_no_node_variable_and_no_vast_key() -> None:
+    parent = {"PATH": "/bin", "CUDA": "1", "PP_TTL": "5", "PP_OTHER": "x", "SEED_ADDR": "s", "VAST_API_KEY": "k"}
+    assert nodeenv.inherited(parent) == {"PATH": "/bin", "CUDA": "1"}
+    env = nodeenv.process_env(NodeEnv(stage=1), parent)
+    assert env == {"PATH": "/bin", "CUDA": "1", "STAGE": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def test_one_default_per_variable_for_every_side() -> None:
+    assert set(nodeenv.WIRE_DTYPES) == {d.name for d in WireDtype}
+    rc = RunConfig()
+    assert (rc.load_timeout, rc.node_ttl, rc.orphan_grace) == (
+        DEFAULTS.worker_ready_timeout,
+        DEFAULTS.ttl,
+        DEFAULTS.orphan_grace,
+    )
+    assert (rc.num_stages, rc.model, rc.wire_dtype, rc.network) == (2, DEFAULTS.model, "bf16", DEFAULTS.network)
+    assert LocalCluster().load_timeout == DEFAULTS.worker_ready_timeout
+
+
+def test_the_docs_list_every_variable_with_its_default() -> None:
+    lines = [line.split("|") for line in DOCS.read_text().splitlines() if line.startswith("| `")]
+    defaults = {cells[1].strip(" `"): cells[3].strip() for cells in lines}  # variable -> default column
+    for f in dataclasses.fields(NodeEnv):
+        var = f.metadata["var"]
+        assert var.name in defaults, f"{var.name} is missing from docs/nodeenv.md"
+        unset = f.default in (None, "", (), b"")
+        want = "(unset" if unset else f"`{var.form.show(f.default)}`"
+        assert defaults[var.name].startswith(want), (var.name, defaults[var.name], want)
