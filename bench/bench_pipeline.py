@@ -84,34 +84,31 @@ def figures(r: Any) -> dict[str, Any]:
         "generated": len(r.token_ids),
         "decode_s": r.timings["decode"],
         "decode_tokens_per_s": r.timings["decode_tokens_per_s"],
-        "steady_tokens_per_s": steady_rate(
-            [c["at"] + c["s"] for c in r.stages[-1]["compute"] if c["op"] == "forward_and_sample"]
-        ),
+        "steady_tokens_per_s": steady_rate([c.at + c.s for c in r.stages[-1].compute if c.op == "forward_and_sample"]),
         "hops": r.hops,
         "per_token_ms": breakdown(r.stages),
         "token_ids": r.token_ids,
     }
 
 
-def breakdown(stages: list[dict[str, Any]]) -> dict[str, float]:
+def breakdown(stages: list[Any]) -> dict[str, float]:
     """Medians over decode steps (after the first SKIP) of where one token's time goes (2 stages)."""
     med = statistics.median
 
-    def calls(stage: dict[str, Any], op: str) -> list[dict[str, Any]]:
-        return [c for c in stage["compute"] if c["op"] == op and (c["position"] or 0) > 0][SKIP:]
+    def calls(stage: Any, op: str) -> list[Any]:
+        """``stage``: a codec.StageStats; its compute records of ``op`` in decode."""
+        return [c for c in stage.compute if c.op == op and (c.position or 0) > 0][SKIP:]
 
     s0, s1 = calls(stages[0], "decode_step"), calls(stages[-1], "forward_and_sample")
-    ends = [c["at"] + c["s"] for c in s1]
-    received = {a["position"]: a["received_at"] for a in stages[-1]["activations_in"]}
-    hops = [
-        received[h["position"]] - h["sent_at"] for h in stages[0]["hops_out"][1 + SKIP :] if h["position"] in received
-    ]
+    ends = [c.at + c.s for c in s1]
+    received = {a.position: a.at for a in stages[-1].activations_in}
+    hops = [received[h.position] - h.at for h in stages[0].hops_out[1 + SKIP :] if h.position in received]
     out = {
         "period": med(b - a for a, b in itertools.pairwise(ends)),
-        "stage0_call": med(c["s"] for c in s0),
-        "stage0_in_worker": med(c["worker_s"] for c in s0),
-        "stage1_call": med(c["s"] for c in s1),
-        "stage1_in_worker": med(c["worker_s"] for c in s1),
+        "stage0_call": med(c.s for c in s0),
+        "stage0_in_worker": med(c.worker_s or 0.0 for c in s0),
+        "stage1_call": med(c.s for c in s1),
+        "stage1_in_worker": med(c.worker_s or 0.0 for c in s1),
         "activation_hop": med(hops),
     }
     out["rest"] = out["period"] - out["stage0_call"] - out["stage1_call"] - out["activation_hop"]

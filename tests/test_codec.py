@@ -46,6 +46,8 @@ def strategy_for(kind: codec._Kind) -> st.SearchStrategy[object]:
         return st.integers(0, kind.max)
     if isinstance(kind, codec._Bool):
         return st.booleans()
+    if isinstance(kind, codec._Float):
+        return st.floats(allow_nan=False, allow_infinity=False)
     if isinstance(kind, codec._Str):
         return st.text(max_size=20)
     if isinstance(kind, codec._Bytes):
@@ -219,3 +221,13 @@ def test_message_dataclasses_are_frozen() -> None:
 def test_a_hidden_state_with_too_many_dimensions_is_refused_cheaply() -> None:
     with pytest.raises(ValueError, match="hidden state has 9 dimensions; at most 8 are accepted"):
         Hidden(int(WireDtype.f32), (1,) * 9, b"\0\0\0\0")
+
+
+def test_a_stage_figure_that_is_not_a_finite_number_is_refused_both_ways() -> None:
+    bad = codec.StageStats(1, 7, float("nan"))
+    with pytest.raises(codec.MalformedMessage, match="f64 field needs a finite number, got nan"):
+        codec.encode_frame(Envelope("stage", "", 0, True), bad)
+    good = codec.encode_frame(Envelope("stage", "", 0, True), codec.StageStats(1, 7, 1.5))
+    nan = bytes(good).replace(struct.pack(">d", 1.5), struct.pack(">d", float("inf")))
+    with pytest.raises(codec.MalformedMessage, match="f64 field must be finite, got inf"):
+        codec.decode_frame(nan)

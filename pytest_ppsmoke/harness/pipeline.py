@@ -15,7 +15,6 @@ machines, the byte counts do not) and ``KvInfo``.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import statistics
 import time
@@ -49,7 +48,7 @@ class InferenceResult:
     timings: dict[str, float]
     hops: dict[str, Any]
     kv: list[KvInfo]
-    stages: list[dict[str, Any]] = field(repr=False)
+    stages: list[StageStats] = field(repr=False)
 
     def kv_summary(self) -> list[dict[str, Any]]:
         """Each stage's cached block range and fill, as the reports give it."""
@@ -146,7 +145,7 @@ async def run_inference(
             st = await seed.request(addr, StageStatsQuery(), timeout=30)
             info = await seed.request(addr, KvInfoQuery(), timeout=30)
             assert isinstance(st, StageStats) and isinstance(info, KvInfo)
-            stages.append(json.loads(st.json))
+            stages.append(st)
             kv.append(info)
     except (RemoteError, TimeoutError, ConnectionError, LookupError) as e:
         # the answer stands; only the per-stage figures are missing
@@ -171,15 +170,15 @@ def _rate(generated: int, decode_s: float) -> float:
 
 
 def _figures(
-    response: InferenceResponse, stages: list[dict[str, Any]], kv: list[KvInfo], started: float, finished: float
+    response: InferenceResponse, stages: list[StageStats], kv: list[KvInfo], started: float, finished: float
 ) -> InferenceResult:
     if not stages:
         inference = round(finished - started, 4)
         timings = {"prefill": inference, "decode": 0.0, "decode_tokens_per_s": 0.0, "inference": inference}
         return InferenceResult(response.text, list(response.token_ids), [], timings, {}, [], [])
     last = stages[-1]
-    samples = [c for c in last["compute"] if c["op"] == "forward_and_sample"]
-    first_token_at = samples[0]["at"] + samples[0]["s"]
+    samples = [c for c in last.compute if c.op == "forward_and_sample"]
+    first_token_at = samples[0].at + samples[0].s
     generated = len(response.token_ids)
     decode_s = finished - first_token_at
     timings = {
@@ -190,25 +189,20 @@ def _figures(
     }
     hops: dict[str, Any] = {}
     for i, st in enumerate(stages[:-1]):
-        nxt = stages[i + 1]["activations_in"]
-        received = {(a["position"], a["seq_len"]): a["received_at"] for a in nxt}
+        received = {(a.position, a.seq_len): a.at for a in stages[i + 1].activations_in}
         for phase, want_prefill in (("prefill", True), ("decode", False)):
-            out = [h for h in st["hops_out"] if (h["position"] == 0) == want_prefill]
-            lat = [
-                received[(h["position"], h["seq_len"])] - h["sent_at"]
-                for h in out
-                if (h["position"], h["seq_len"]) in received
-            ]
+            out = [h for h in st.hops_out if (h.position == 0) == want_prefill]
+            lat = [received[(h.position, h.seq_len)] - h.at for h in out if (h.position, h.seq_len) in received]
             hops.setdefault(f"pp-stage-{i}->pp-stage-{i + 1}", {})[phase] = {
                 "count": len(out),
-                "bytes_each": sorted({h["bytes"] for h in out}),
-                "bytes_total": sum(h["bytes"] for h in out),
+                "bytes_each": sorted({h.bytes for h in out}),
+                "bytes_total": sum(h.bytes for h in out),
                 "median_s": round(statistics.median(lat), 6) if lat else None,
             }
     return InferenceResult(
         response.text,
         list(response.token_ids),
-        stages[0].get("prompt_token_ids", []),
+        list(stages[0].prompt_token_ids),
         timings,
         hops,
         kv,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import struct
 import types
 import typing
@@ -31,7 +32,7 @@ from typing import Annotated, Any, ClassVar, Union
 import numpy as np
 
 MAGIC = b"PP"
-VERSION = 2  # 2: NodeStatus carries the worker's dim, blocks and context as fields, not JSON
+VERSION = 2  # 2: NodeStatus and StageStats carry typed fields, not JSON
 HEADER = struct.Struct(">2sBBI")
 HEADER_SIZE = HEADER.size
 DEFAULT_MAX_FRAME = 64 << 20  # room for a long prefill of a 1B model in f32 (prompt_len * 8 KiB)
@@ -101,6 +102,24 @@ class _Int(_Kind):
     def decode(self, buf: memoryview, off: int) -> tuple[Any, int]:
         _need(buf, off, self.s.size, self.name)
         return self.s.unpack_from(buf, off)[0], off + self.s.size
+
+
+class _Float(_Kind):
+    """An IEEE 754 double, big-endian: times and durations in the stages' figures."""
+
+    s = struct.Struct(">d")
+
+    def encode(self, out: bytearray, value: Any) -> None:
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+            raise MalformedMessage(f"f64 field needs a finite number, got {value!r}")
+        out += self.s.pack(value)
+
+    def decode(self, buf: memoryview, off: int) -> tuple[Any, int]:
+        _need(buf, off, 8, "f64")
+        (value,) = self.s.unpack_from(buf, off)
+        if not math.isfinite(value):
+            raise MalformedMessage(f"f64 field must be finite, got {value!r}")
+        return value, off + 8
 
 
 class _Bool(_Kind):
@@ -264,6 +283,7 @@ _STR = _Str()
 U8 = Annotated[int, _Int("B", "u8")]
 U32 = Annotated[int, _Int("I", "u32")]
 U64 = Annotated[int, _Int("Q", "u64")]
+F64 = Annotated[float, _Float()]
 NodeId = Annotated[str, _Id()]
 
 
@@ -660,12 +680,44 @@ class StageStatsQuery(Message):
     pass
 
 
+@wire_struct
+@dataclass(frozen=True)
+class HopRecord:
+    """One activation as a stage sent it (``at``: when the send began; ``send_s``: how long the
+    write took) or received it (``at``: when it arrived; ``send_s`` 0). Wall-clock times."""
+
+    position: U32
+    seq_len: U32
+    bytes: U64
+    at: F64
+    send_s: F64 = 0.0
+
+
+@wire_struct
+@dataclass(frozen=True)
+class ComputeRecord:
+    """One call into the worker: ``s`` as the node saw it (bridge included), ``worker_s`` inside
+    the worker (tinygrad and base64), when the worker says."""
+
+    op: str
+    position: U32 | None
+    at: F64
+    s: F64
+    worker_s: F64 | None = None
+
+
 @message(43)
 @dataclass(frozen=True)
 class StageStats(Message):
-    """A stage's figures for its last request as JSON (activations in, hops out, compute times)."""
+    """A stage's figures for its last request: activations in, hops out, compute times."""
 
-    json: str
+    stage: U32
+    request_id: U64 | None = None
+    accepted_at: F64 | None = None  # stage 0: when it accepted the InferenceRequest
+    prompt_token_ids: tuple[U32, ...] = ()
+    activations_in: tuple[HopRecord, ...] = ()
+    hops_out: tuple[HopRecord, ...] = ()
+    compute: tuple[ComputeRecord, ...] = ()
 
 
 @message(45)

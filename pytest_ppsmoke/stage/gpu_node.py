@@ -25,8 +25,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import itertools
-import json
 import logging
 import sys
 import time
@@ -42,8 +42,10 @@ from ..protocol import STAGE_ACTOR, STATUS_ACTOR, stage_names
 from ..runtime.codec import (
     Accepted,
     ActorAddress,
+    ComputeRecord,
     FirstToken,
     Hidden,
+    HopRecord,
     InferenceRequest,
     InferenceResponse,
     KvInfo,
@@ -104,7 +106,7 @@ class StageActor:
         self.reply_to: ActorAddress | None = None
         self.max_tokens = 0
         self.tokens: list[int] = []
-        self.stats: dict[str, Any] = {}
+        self.stats = StageStats(stage)  # the last request's figures, replaced as they grow
         self._addr_cache: dict[str, ActorAddress] = {}
         self._failed: set[int] = set()
         self._progress_at = time.monotonic()
@@ -128,41 +130,30 @@ class StageActor:
         nxt = await self._addr(f"pp-stage-{self.stage + 1}")
         started = time.time()
         await self.node.send(nxt, act, sender=STAGE_ACTOR, timeout=HOP_TIMEOUT)
-        self.stats["hops_out"].append(
-            {
-                "to": f"pp-stage-{self.stage + 1}",
-                "position": act.position,
-                "seq_len": act.seq_len,
-                "bytes": len(act.hidden.data),
-                "sent_at": started,
-                "send_s": round(time.time() - started, 6),
-            }
-        )
+        hop = HopRecord(act.position, act.seq_len, len(act.hidden.data), started, round(time.time() - started, 6))
+        self._record(hops_out=(*self.stats.hops_out, hop))
+
+    def _record(self, **changes: Any) -> None:
+        self.stats = dataclasses.replace(self.stats, **changes)
 
     def _new_request(self, request_id: int, reply_to: ActorAddress | None, max_tokens: int) -> None:
         self.busy, self.reply_to, self.max_tokens, self.tokens = request_id, reply_to, max_tokens, []
         self._progress_at = time.monotonic()
         self._addr_cache.clear()
-        self.stats = {
-            "stage": self.stage,
-            "request_id": request_id,
-            "activations_in": [],
-            "hops_out": [],
-            "compute": [],
-        }
+        self.stats = StageStats(self.stage, request_id)
 
     async def _compute(self, op: str, **fields: Any) -> dict[str, Any]:
         started = time.time()
         reply = await self.bridge.call(op, COMPUTE_TIMEOUT, **fields)
-        self.stats.setdefault("compute", []).append(
-            {
-                "op": op,
-                "position": fields.get("position"),
-                "at": started,
-                "s": round(time.time() - started, 6),  # as the node sees it: bridge included
-                "worker_s": reply.get("worker_s"),  # inside the worker: tinygrad and base64
-            }
+        worker_s = reply.get("worker_s")
+        call = ComputeRecord(
+            op,
+            fields.get("position"),
+            started,
+            round(time.time() - started, 6),  # as the node sees it: bridge included
+            float(worker_s) if isinstance(worker_s, (int, float)) else None,  # inside the worker
         )
+        self._record(compute=(*self.stats.compute, call))
         return reply
 
     async def _fail(self, request_id: int, error: BaseException | str) -> None:
@@ -230,7 +221,7 @@ class StageActor:
             raise ValueError(f"max_tokens must be at least 1, got {msg.max_tokens}")
         rid = next(self._ids)
         self._new_request(rid, msg.reply_to, msg.max_tokens)
-        self.stats["accepted_at"] = time.time()
+        self._record(accepted_at=time.time())
         self.node.spawn(self._prefill(rid, msg.prompt))
         return Accepted(rid)
 
@@ -242,7 +233,7 @@ class StageActor:
                     f"prompt of {len(ids)} tokens + max_tokens {self.max_tokens} "
                     f"exceed the context of {self.max_context}"
                 )
-            self.stats["prompt_token_ids"] = ids
+            self._record(prompt_token_ids=tuple(ids))
             reply = await self._compute("embed_and_forward", tokens=ids, position=0)
             act = StageActivation(rid, 0, len(ids), True, self._hidden(reply), self.reply_to, self.max_tokens)
             await self._send_activation(act)
@@ -270,9 +261,8 @@ class StageActor:
         elif msg.request_id != self.busy:
             raise ValueError(f"activation for request {msg.request_id}, but {self.name} serves {self.busy}")
         h = msg.hidden
-        self.stats["activations_in"].append(
-            {"position": msg.position, "seq_len": msg.seq_len, "bytes": len(h.data), "received_at": time.time()}
-        )
+        received = HopRecord(msg.position, msg.seq_len, len(h.data), time.time())
+        self._record(activations_in=(*self.stats.activations_in, received))
         async with self._ends_on_failure(msg.request_id):
             if h.wire_dtype is not self.wire or tuple(h.shape) != (msg.seq_len, self.dim):
                 raise ValueError(
@@ -338,7 +328,7 @@ class StageActor:
         return KvInfo(self.stage, lo, hi, tuple(info["blocks_cached"]), info["filled"])
 
     def on_stage_stats_query(self, msg: StageStatsQuery, ctx: Context) -> StageStats:
-        return StageStats(json.dumps(self.stats))
+        return self.stats
 
 
 class StatusActor:
