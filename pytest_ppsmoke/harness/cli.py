@@ -154,7 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     r.finish()
     if r.text:
         print(r.text)  # the answer, even when something failed afterwards (a destroy)
-    if not r.ok:
+    if r.teardown_error:  # said apart, also after an earlier failure: something may still be billing
+        print(f"pp-smoke-run: WARNING: {r.teardown_error}", file=sys.stderr)
+    if not r.ok and r.error != r.teardown_error:
         print(f"pp-smoke-run: failed at {r.headline()}", file=sys.stderr)
     print(
         f"pp-smoke-run: {r.destroyed()} of {len(r.instances)} instance(s) destroyed; cost ${r.cost_usd:.4f}",

@@ -227,6 +227,7 @@ class SmokeRun(Resource):
                 try:
                     await self.deployment.close()
                 except PhaseError as e:
+                    r.teardown_error = str(e)
                     r.fail(e.phase, str(e))
                     if self.failure is None:
                         self.failure = e

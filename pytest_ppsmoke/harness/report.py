@@ -49,6 +49,7 @@ class Report:
     instances: list[dict[str, Any]] = field(default_factory=list)  # id, offer, price, final state
     cost_usd: float = 0.0
     creates_sent: int = 0  # create calls sent to vast.ai: nothing can be billing when 0
+    teardown_error: str | None = None  # what could not be destroyed, even when an earlier failure is the error
     left_after_teardown: list[dict[str, Any]] | None = None  # vast.ai's list of the run's label, after
     emulator: dict[str, list[int]] | None = None  # the embedded emulator's own record (local mode)
 
