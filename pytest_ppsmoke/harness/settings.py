@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import DEFAULT_IMAGE
+from ..nodeenv import DEFAULTS as NODE
 
 MODES = ("local", "vastai")
 WIRE_DTYPES = ("bf16", "f16", "f32")  # runtime.codec.WireDtype's names (a test keeps them equal)
@@ -165,15 +166,27 @@ OPTIONS: tuple[Option, ...] = (
     _opt("polls", "status polls until running (default 60)", _int_at_least(1), 60, group="deadlines"),
     _opt("poll_interval", "seconds between polls (default 3; local 0.25)", _positive, group="deadlines"),
     _opt("converge_timeout", "SWIM convergence, seconds (default 120)", _positive, 120.0, group="deadlines"),
-    _opt("load_timeout", "workers ready, seconds (default 240)", _positive, 240.0, group="deadlines"),
+    _opt(
+        "load_timeout",
+        f"workers ready, seconds (default {NODE.worker_ready_timeout:.0f})",
+        _positive,
+        NODE.worker_ready_timeout,
+        group="deadlines",
+    ),
     _opt("resolve_timeout", "stage names, seconds (default 60)", _positive, 60.0, group="deadlines"),
     _opt("teardown_timeout", "destroying everything, seconds (default 120)", _positive, 120.0, group="deadlines"),
-    _opt("node_ttl", "a node's own time-to-live, seconds (default 900)", _positive, 900.0, group="deadlines"),
+    _opt(
+        "node_ttl",
+        f"a node's own time-to-live, seconds (default {NODE.ttl:.0f})",
+        _positive,
+        NODE.ttl,
+        group="deadlines",
+    ),
     _opt(
         "orphan_grace",
-        "how long a node outlives a lost orchestrator, seconds (default 60)",
+        f"how long a node outlives a lost orchestrator, seconds (default {NODE.orphan_grace:.0f})",
         _positive,
-        60.0,
+        NODE.orphan_grace,
         group="deadlines",
     ),
 )
@@ -203,11 +216,11 @@ class Settings:
     polls: int = 60
     poll_interval: float = 0.25
     converge_timeout: float = 120.0
-    load_timeout: float = 240.0
+    load_timeout: float = NODE.worker_ready_timeout
     resolve_timeout: float = 60.0
     teardown_timeout: float = 120.0
-    node_ttl: float = 900.0
-    orphan_grace: float = 60.0
+    node_ttl: float = NODE.ttl
+    orphan_grace: float = NODE.orphan_grace
 
     @property
     def local(self) -> bool:
