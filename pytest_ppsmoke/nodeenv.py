@@ -146,7 +146,7 @@ def _var(default: Any, name: str, form: Form, doc: str, by: str = ORCHESTRATOR) 
 class NodeEnv:
     """Everything a node process reads from its environment; one field per variable."""
 
-    # the pipeline (design.md's node environment)
+    # the pipeline
     stage: int = _var(0, "STAGE", _integer(0), "this node's stage, 0-based")
     num_stages: int = _var(2, "NUM_STAGES", _integer(2), "stages in the pipeline")
     seed: str = _var(

@@ -4,8 +4,8 @@
         ...  # a VastClient, pp-smoke-run --vast-url, or the official vastai CLI
 
 It serves the paths, methods, JSON fields, status values and error codes that vast.ai serves
-(facts.md): ``POST /api/v0/bundles/`` (offers from a catalogue, filtered by the query's
-``{field: {op: value}}`` and ordered), ``PUT /api/v0/asks/{id}/`` (create), ``GET``/``PUT``/
+(as its official client, ``vastai`` 1.9, calls them): ``POST /api/v0/bundles/`` (offers from a
+catalogue, filtered by the query's ``{field: {op: value}}`` and ordered), ``PUT /api/v0/asks/{id}/`` (create), ``GET``/``PUT``/
 ``DELETE /api/v0/instances/{id}/`` (show, label, destroy), ``GET /api/v0/instances/`` and the
 paginated ``GET /api/v1/instances/``. Every call needs ``Authorization: Bearer <key>``.
 

