@@ -5,8 +5,9 @@
 
 It serves the paths, methods, JSON fields, status values and error codes that vast.ai serves
 (as its official client, ``vastai`` 1.9, calls them): ``POST /api/v0/bundles/`` (offers from a
-catalogue, filtered by the query's ``{field: {op: value}}`` and ordered), ``PUT /api/v0/asks/{id}/`` (create), ``GET``/``PUT``/
-``DELETE /api/v0/instances/{id}/`` (show, label, destroy), ``GET /api/v0/instances/`` and the
+catalogue, filtered by the query's ``{field: {op: value}}`` and ordered), ``PUT
+/api/v0/asks/{id}/`` (create), ``GET``/``PUT``/``DELETE /api/v0/instances/{id}/`` (show, label,
+destroy), ``GET /api/v0/instances/`` and the
 paginated ``GET /api/v1/instances/``. Every call needs ``Authorization: Bearer <key>``.
 
 An instance is a ``pp-gpu-node`` process started with the create call's ``env`` plus what
