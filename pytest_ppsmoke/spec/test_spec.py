@@ -137,6 +137,7 @@ def test_teardown_leaves_no_instance_with_the_runs_label(ppsmoke_teardown: Smoke
         pytest.skip(f"nothing to destroy: no instance was created (the deployment failed at {report.failed_phase})")
     assert report.instances and all(i["final_state"] in ("destroyed", "destroying") for i in report.instances)
     left = report.left_after_teardown
+    assert left is not None, "vast.ai's list of the run's instances could not be read after the teardown"
     assert left == [], f"still rented: {[(i.get('id'), i.get('label')) for i in left or []]}"
     if report.emulator is not None:
         assert report.emulator["live_instances"] == []
