@@ -1,11 +1,14 @@
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
+import pytest
 import pytest_asyncio
 
 from pytest_ppsmoke.runtime.node import Node, NodeConfig
-from pytest_ppsmoke.runtime.swim import SwimConfig
 
 NodeFactory = Callable[..., "AsyncIterator[Node]"]
 
@@ -31,10 +34,14 @@ async def nodes() -> AsyncIterator[Callable[..., object]]:
     assert not errors, errors
 
 
-def cluster_configs(n: int, swim: SwimConfig | None = None) -> list[NodeConfig]:
-    """n configs that allow each other; the first is the seed (set ``seed`` on the rest)."""
-    configs = [NodeConfig.generate(swim=swim or SwimConfig.loopback()) for _ in range(n)]
-    allowed = frozenset(c.id for c in configs)
-    for c in configs:
-        c.allowed = allowed
-    return configs
+@pytest.fixture(scope="session")
+def repo_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The checkout built into a wheel once (``pip wheel --no-deps``): what a wheel install gets,
+    and what the image's ``pip install /src`` installs (pip builds the same wheel first)."""
+    out = tmp_path_factory.mktemp("wheel")
+    root = Path(__file__).resolve().parent.parent
+    build = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(root)]
+    done = subprocess.run(build, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    [wheel] = out.glob("pytest_ppsmoke-*.whl")
+    return wheel

@@ -6,13 +6,12 @@ import json
 import os
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from .procs import TEST_TAG, node_processes
+from .helpers import CLI, SYNTH, TEST_TAG, alive, descendants, node_processes, run_cli, without_key
 
 pytestmark = pytest.mark.local
 
@@ -21,27 +20,12 @@ TAG = f"cli-{os.getpid()}"
 
 
 def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "VAST_API_KEY"} | {TEST_TAG: TAG}
-    return subprocess.run(
-        [sys.executable, "-m", "pytest_ppsmoke.harness.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
+    return run_cli(*args, env=without_key() | {TEST_TAG: TAG}, timeout=timeout)
 
 
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"  # a zombie still answers kill(0)
-
-
-def test_local_run_says_hello_reports_everything_and_leaves_nothing(tmp_path: Path) -> None:
+def test_local_run_says_hello_reports_everything_and_leaves_nothing(tmp_path: Path, synth_model: str) -> None:
     report_path = tmp_path / "r.json"
-    out = run("--local", "-v", "--max-tokens", "16", "--report", str(report_path))
+    out = run("--local", "-v", "--model", synth_model, "--max-tokens", "16", "--report", str(report_path))
     assert out.returncode == 0, out.stderr[-3000:]
     for phase in ("rent", "boot", "converge", "load", "resolve", "prefill", "decode", "teardown"):
         assert f"] {phase}" in out.stdout
@@ -50,16 +34,17 @@ def test_local_run_says_hello_reports_everything_and_leaves_nothing(tmp_path: Pa
     assert report["text"].strip() and report["text"] in out.stdout
     assert 1 <= len(report["token_ids"]) <= 16 and len(report["prompt_token_ids"]) > 5
     ids = [i["id"] for i in report["instances"]]
+    half = SYNTH.blocks // 2
     assert report["split"] == [
-        {"stage": 0, "blocks": [0, 15], "instance": ids[0]},
-        {"stage": 1, "blocks": [15, 30], "instance": ids[1]},
+        {"stage": 0, "blocks": [0, half], "instance": ids[0]},
+        {"stage": 1, "blocks": [half, SYNTH.blocks], "instance": ids[1]},
     ]
     assert set(report["timings"]) >= {
         "rent", "boot", "converge", "load", "resolve", "prefill", "decode", "teardown", "total", "decode_tokens_per_s"
     }  # fmt: skip
     hop = report["hops"]["pp-stage-0->pp-stage-1"]
-    assert hop["prefill"]["bytes_each"] == [len(report["prompt_token_ids"]) * 576 * 2]  # bf16
-    assert hop["decode"]["bytes_each"] == [576 * 2]
+    assert hop["prefill"]["bytes_each"] == [len(report["prompt_token_ids"]) * SYNTH.dim * 2]  # bf16
+    assert hop["decode"]["bytes_each"] == [SYNTH.dim * 2]
     filled = len(report["prompt_token_ids"]) + len(report["token_ids"]) - 1
     assert [k["filled"] for k in report["kv"]] == [filled, filled]
     # the two cheapest offers that match, each destroyed, and the cost from dph_total x time
@@ -105,26 +90,10 @@ def test_bad_arguments_say_what_was_expected(args: list[str], message: str) -> N
     assert message in out.stderr
 
 
-def _children(pid: int) -> set[int]:
-    """Every descendant of ``pid`` (nodes and their workers)."""
-    parents: dict[int, int] = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                parents[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-    found, frontier = set(), {pid}
-    while frontier:
-        frontier = {c for c, p in parents.items() if p in frontier} - found
-        found |= frontier
-    return found
-
-
-def _start(tmp_path: Path) -> tuple[subprocess.Popen[str], Path]:
+def _start(tmp_path: Path, model: str) -> tuple[subprocess.Popen[str], Path]:
     report = tmp_path / "r.json"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest_ppsmoke.harness.cli", "--local", "--report", str(report)],
+        [*CLI, "--local", "--model", model, "--report", str(report)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     assert proc.stdout is not None
@@ -137,7 +106,7 @@ def _start(tmp_path: Path) -> tuple[subprocess.Popen[str], Path]:
 def _spawned(pid: int, want: int = 4, seconds: float = 30) -> set[int]:
     """The nodes and their workers, once all of them exist (a node starts its worker after joining)."""
     deadline = time.monotonic() + seconds
-    while len(found := _children(pid)) < want and time.monotonic() < deadline:
+    while len(found := descendants(pid)) < want and time.monotonic() < deadline:
         time.sleep(0.1)
     return found
 
@@ -149,8 +118,8 @@ def _wait_gone(pids: set[int], seconds: float) -> set[int]:
     return left
 
 
-def test_nodes_exit_when_the_orchestrator_is_killed_outright(tmp_path: Path) -> None:
-    proc, _ = _start(tmp_path)
+def test_nodes_exit_when_the_orchestrator_is_killed_outright(tmp_path: Path, synth_model: str) -> None:
+    proc, _ = _start(tmp_path, synth_model)
     spawned = _spawned(proc.pid)
     assert len(spawned) >= 4
     proc.kill()  # no teardown at all; the embedded emulator dies too, and its nodes see stdin EOF

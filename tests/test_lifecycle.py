@@ -2,7 +2,8 @@
 report, and what is left rented or running afterwards.
 
 The emulator runs in this test's event loop, so its records are checked directly; its instances
-are real ``pp-gpu-node`` processes with real SmolLM2 workers. Each row of the spec's error table
+are real ``pp-gpu-node`` processes whose workers run the session's synthetic model (nothing here
+checks tokens or text). Each row of the spec's error table
 is driven through a failpoint, and SIGINT/SIGTERM are sent during each phase. Every run uses a
 distinctive API key and checks that it appears nowhere: stdout, stderr (with -v logging), the
 report, or the nodes' logs.
@@ -16,7 +17,6 @@ import json
 import os
 import re
 import signal
-import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -27,7 +27,7 @@ import pytest_asyncio
 
 from pytest_ppsmoke.cloud.fake_vast import FakeVast
 
-from .procs import TEST_TAG, node_processes
+from .helpers import CLI, SMOLLM2, TEST_TAG, node_processes
 
 pytestmark = pytest.mark.local
 
@@ -38,12 +38,14 @@ TAG = f"lifecycle-{os.getpid()}"  # in the environment of every node this module
 class Smoke:
     """One ``pp-smoke-run --local --vast-url <emulator>`` subprocess."""
 
+    model = SMOLLM2.name  # the tests here set the synthetic model (_orchestration_only)
+
     def __init__(self, fake: FakeVast, tmp_path: Path, *args: str, mode: str = "--local") -> None:
         self.fake = fake
         self.report_path = tmp_path / "report.json"
-        self.argv = [sys.executable, "-m", "pytest_ppsmoke.harness.cli", mode, "--vast-url", fake.url, *args]
+        self.argv = [*CLI, mode, "--vast-url", fake.url, *args]
         if mode != "--reap":
-            self.argv += ["--report", str(self.report_path), "-v"]
+            self.argv += ["--model", self.model, "--report", str(self.report_path), "-v"]
         self.lines: list[str] = []
         self.stderr = ""
         self._new = asyncio.Event()
@@ -95,6 +97,13 @@ class Smoke:
 
     def report(self) -> dict[str, Any]:
         return json.loads(self.report_path.read_text())  # type: ignore[no-any-return]
+
+
+@pytest.fixture(autouse=True)
+def _orchestration_only(synth_model: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every run here uses the session's synthetic model: these tests check what is rented,
+    destroyed, reported and left running, not tokens or text."""
+    monkeypatch.setattr(Smoke, "model", synth_model)
 
 
 @pytest_asyncio.fixture
@@ -158,8 +167,8 @@ ROWS = {
     ),
     "the cluster never converges": (
         "vast.no_join=1",
-        ["--converge-timeout", "10"],
-        r"failed at converge: 2 of 3 members alive after 10 s; missing: instance \d+ \(stage 1\), last seen running",
+        ["--converge-timeout", "5"],
+        r"failed at converge: 2 of 3 members alive after 5 s; missing: instance \d+ \(stage 1\), last seen running",
         2,
     ),
     "pp-entry never resolves": (
@@ -182,7 +191,7 @@ ROWS = {
     ),
     "a node drops out mid-decode": (
         "vast.kill_stage=1;vast.kill_after_tokens=3",
-        [],
+        ["--max-tokens", "512"],  # still decoding when the kill comes
         r"failed at decode: pp-stage-(1 \(\w+\) dropped out of the cluster mid-request|0: )",
         2,
     ),
@@ -266,7 +275,7 @@ SIGNAL_CASES = {
     "converge": (signal.SIGINT, "vast.no_join=1", ["--converge-timeout", "60"], lambda s: s.wait_line("boot")),
     "load": (signal.SIGTERM, "", [], lambda s: s.wait_line("converge")),
     "prefill": (signal.SIGINT, "", [], lambda s: s.wait_line("resolve")),
-    "decode": (signal.SIGTERM, "", [], _tokens_flowing),
+    "decode": (signal.SIGTERM, "", ["--max-tokens", "512"], _tokens_flowing),  # still decoding when the signal comes
     "teardown": (signal.SIGINT, "vast.api_latency=0.3", ["--max-tokens", "3"], lambda s: s.wait_line("decode")),
 }
 

@@ -4,7 +4,6 @@ guard destroys its own instance through the API with the container's key, and on
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -18,11 +17,9 @@ from pytest_ppsmoke.runtime.codec import WireDtype
 from pytest_ppsmoke.runtime.node import Node, NodeConfig
 from pytest_ppsmoke.stage.gpu_node import Settings, guard_lifetime
 
-from .conftest import cluster_configs
+from .helpers import SLEEPER, cluster_configs
 
 pytestmark = pytest.mark.local
-
-SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
 
 
 def settings(config: NodeConfig, ttl: float, grace: float) -> Settings:

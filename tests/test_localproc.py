@@ -10,6 +10,8 @@ import pytest
 
 from pytest_ppsmoke.runtime.localproc import ChildError, ChildProcess
 
+from .helpers import alive
+
 pytestmark = pytest.mark.local
 
 
@@ -58,12 +60,4 @@ async def test_a_cancelled_stop_still_kills_the_whole_group() -> None:
         await stopping
     await asyncio.sleep(0.3)
     for pid in (child.pid, ready["grandchild"]):
-        assert _state(pid) in ("gone", "Z"), f"pid {pid} still running"
-
-
-def _state(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2]
-    except FileNotFoundError:
-        return "gone"
+        assert not alive(pid), f"pid {pid} still running"

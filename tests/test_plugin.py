@@ -16,11 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from .procs import TEST_TAG, node_processes
+from .helpers import SYNTH, TEST_TAG, node_processes
 
 pytestmark = pytest.mark.local
-
-pytest_plugins = ["pytester"]
 
 SHOW_SETTINGS = """
 import json
@@ -151,13 +149,20 @@ def test_fails_with_instances_rented(ppsmoke_instances):
     ids=["failing test", "timeout"],
 )
 def test_finalizers_destroy_everything_after_a_failure_or_a_timeout(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, body: str, args: list[str], outcome: str
+    pytester: pytest.Pytester,
+    monkeypatch: pytest.MonkeyPatch,
+    synth_model: str,
+    body: str,
+    args: list[str],
+    outcome: str,
 ) -> None:
     pytester.makepyfile(FAILING.format(body=body))
     report = pytester.path / "r.json"
     tag = f"plugin-{os.getpid()}-{len(args)}"
     monkeypatch.setenv(TEST_TAG, tag)  # the nodes inherit it, through the emulator
-    result = pytester.runpytest_subprocess("-m", "local", "--ppsmoke-report", str(report), *args)
+    result = pytester.runpytest_subprocess(
+        "-m", "local", "--ppsmoke-model", synth_model, "--ppsmoke-report", str(report), *args
+    )  # fmt: skip
     result.assert_outcomes(failed=1)
     assert outcome in result.stdout.str()
     figures = json.loads(report.read_text())
@@ -171,9 +176,13 @@ def test_finalizers_destroy_everything_after_a_failure_or_a_timeout(
 KEY = "vk-JUNIT-5b1e07c2-NEVER-IN-XML"
 
 
-def test_the_spec_suite_passes_and_junit_carries_the_figures(pytester: pytest.Pytester, tmp_path: Path) -> None:
+def test_the_spec_suite_passes_and_junit_carries_the_figures(
+    pytester: pytest.Pytester, tmp_path: Path, synth_model: str
+) -> None:
     """``pytest --pyargs pytest_ppsmoke.spec -m local``, against an emulator that requires a
-    distinctive key: every spec test passes, every test carries the figures, the key is nowhere."""
+    distinctive key: every spec test passes, every test carries the figures, the key is nowhere.
+    On the synthetic model, whose random weights make no words: the test of coherent text is left
+    out here (the suite runs the spec tests on SmolLM2 too, ``testpaths``)."""
     emulator = subprocess.Popen(
         [sys.executable, "-m", "pytest_ppsmoke.cloud.fake_vast"],
         stdout=subprocess.PIPE, text=True, env={**os.environ, "VAST_API_KEY": KEY},
@@ -185,14 +194,16 @@ def test_the_spec_suite_passes_and_junit_carries_the_figures(pytester: pytest.Py
         result = pytester.runpytest_subprocess(
             "--pyargs", "pytest_ppsmoke.spec", "-m", "local", "-p", "no:cacheprovider", "--ppsmoke-mode", "local",
             "--vast-url", url, "--vastai-key", KEY, "--ppsmoke-max-tokens", "12", f"--junitxml={xml}", "-rA",
+            "--ppsmoke-model", synth_model, "-k", "not test_output_is_coherent_text",
         )  # fmt: skip
     finally:
         emulator.terminate()
         emulator.wait(30)
-    result.assert_outcomes(passed=7)
+    result.assert_outcomes(passed=6, deselected=1)
     out = result.stdout.str()
-    assert "pytest-ppsmoke: local, smollm2:135m, 2 stages, bf16" in out  # the terminal summary
-    assert "pp-stage-0->pp-stage-1 decode: 11 x [1152] B" in out
+    assert f"pytest-ppsmoke: local, {synth_model}, 2 stages, bf16" in out  # the terminal summary
+    hop = SYNTH.dim * 2  # bytes of one token's hidden state in bf16
+    assert f"pp-stage-0->pp-stage-1 decode: 11 x [{hop}] B" in out
     text = xml.read_text()
     assert KEY not in text and KEY not in out and "vk-JUNIT" not in text
     cases = ET.fromstring(text).iter("testcase")
@@ -203,7 +214,7 @@ def test_the_spec_suite_passes_and_junit_carries_the_figures(pytester: pytest.Py
         assert len(props["ppsmoke_instances"].split(",")) == 2
         if case.get("name") in ("test_output_is_coherent_text", "test_teardown_leaves_no_instance_with_the_runs_label"):
             assert float(props["ppsmoke_time_decode_tokens_per_s"]) > 0
-            assert props["ppsmoke_hop_pp-stage-0->pp-stage-1_decode_bytes"] == "[1152]"
+            assert props["ppsmoke_hop_pp-stage-0->pp-stage-1_decode_bytes"] == f"[{hop}]"
 
 
 INTERRUPTED = """
@@ -218,14 +229,15 @@ def test_waits_to_be_interrupted(ppsmoke_instances):
 
 
 def test_ctrl_c_runs_the_finalizers_and_destroys_everything(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, synth_model: str
 ) -> None:
     pytester.makepyfile(INTERRUPTED)
     tag = f"plugin-{os.getpid()}-sigint"
     monkeypatch.setenv(TEST_TAG, tag)
     report = pytester.path / "r.json"
+    argv = ["-m", "local", "-p", "no:cacheprovider", "--ppsmoke-model", synth_model, "--ppsmoke-report", str(report)]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-m", "local", "-p", "no:cacheprovider", "--ppsmoke-report", str(report)],
+        [sys.executable, "-m", "pytest", *argv],
         cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     rented = pytester.path / "rented"

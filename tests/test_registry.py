@@ -8,7 +8,7 @@ import pytest
 
 from pytest_ppsmoke.runtime.codec import Echo
 
-from .conftest import cluster_configs
+from .helpers import cluster_configs
 
 pytestmark = pytest.mark.local
 

@@ -11,7 +11,7 @@ from pytest_ppsmoke.runtime.codec import MemberState, MemberStatus
 from pytest_ppsmoke.runtime.node import NodeConfig
 from pytest_ppsmoke.runtime.swim import SwimConfig
 
-from .conftest import cluster_configs
+from .helpers import cluster_configs
 
 pytestmark = pytest.mark.local
 

@@ -15,7 +15,7 @@ from pytest_ppsmoke.runtime.codec import Echo, Envelope, ErrorReply, NextToken
 from pytest_ppsmoke.runtime.node import Node, NodeConfig, RemoteError
 from pytest_ppsmoke.runtime.transport import ALPN, PeerAddr, Transport, TransportError, endpoint_id, endpoint_options
 
-from .conftest import cluster_configs
+from .helpers import cluster_configs
 
 pytestmark = pytest.mark.local
 

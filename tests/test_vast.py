@@ -23,9 +23,9 @@ from pytest_ppsmoke import failpoints
 from pytest_ppsmoke.cloud.fake_vast import FakeVast, default_catalogue, match_offer
 from pytest_ppsmoke.cloud.vast import Offer, OfferQuery, VastClient, VastError
 
-pytestmark = pytest.mark.local
+from .helpers import SLEEPER
 
-SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
+pytestmark = pytest.mark.local
 KEY = "vk-test-0123456789abcdef-DISTINCT"
 
 

@@ -1,0 +1,139 @@
+"""The suite's session: the two models, tinygrad's device, and a check after every test module
+that none of the processes it started (nodes, workers, emulators) is left running.
+
+Every process a test module starts inherits ``PPSMOKE_TEST_TAG=<session>-<module>`` (the
+emulator passes it on to its nodes, and the nodes to their workers), so a leak is found by its
+tag, never confused with another run on the same machine, and killed so that it cannot slow or
+disturb the tests after it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import SMOLLM2, SYNTH, SYNTH_SEED, TEST_TAG, tagged_processes
+
+pytest_plugins = ["pytester"]
+
+SESSION_TAG = f"pytest-{os.getpid()}"
+LEAK_GRACE = 20.0  # seconds a module's processes get to exit after its last fixture is torn down
+
+
+@pytest.fixture(scope="session")
+def synth_model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The path of the session's synthetic GGUF (``tests.helpers.SYNTH``), written once: the
+    model of every test that checks orchestration rather than tokens or text."""
+    from pytest_ppsmoke.stage.synth import write
+
+    path = tmp_path_factory.mktemp("models") / f"synth-{SYNTH.blocks}x{SYNTH.dim}-seed{SYNTH_SEED}.gguf"
+    write(path, SYNTH, SYNTH_SEED)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> str:
+    """SmolLM2's model name, once it is known to be installed: the model of the tests of tokens
+    and text. Without it they fail with the command that installs it."""
+    from pytest_ppsmoke.stage.model import ModelError, resolve_model  # tinygrad: only when needed
+
+    try:
+        resolve_model(SMOLLM2.name)
+    except ModelError as e:
+        pytest.fail(f"{e} (the tests of tokens and text run on SmolLM2)", pytrace=False)
+    return SMOLLM2.name
+
+
+def _tinygrad_devices() -> list[str]:
+    """The device names tinygrad reads from the environment (its ``runtime/ops_*.py``), found
+    without importing tinygrad."""
+    spec = importlib.util.find_spec("tinygrad")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    runtime = Path(next(iter(spec.submodule_search_locations))) / "runtime"
+    return [p.stem.removeprefix("ops_").upper() for p in runtime.glob("ops_*.py")]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _tinygrad_on_the_cpu(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Without a device in the environment, every process that starts tinygrad probes all its
+    backends first (about 1.5 s here, in each worker of each cluster). A session with no ``gpu``
+    test and no device chosen names the CPU, which is what that probe finds on such a machine."""
+    chosen = os.environ.get("DEV") or any(os.environ.get(d) == "1" for d in _tinygrad_devices())
+    if chosen or any(item.get_closest_marker("gpu") for item in request.session.items):
+        yield
+        return
+    os.environ["CPU"] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop("CPU", None)
+
+
+def _reap(prefix: str, grace: float) -> dict[int, str]:
+    """Waits up to ``grace`` for the processes tagged ``prefix...`` to exit; kills and returns
+    those that did not."""
+    deadline = time.monotonic() + grace
+    while (left := tagged_processes(prefix)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return left
+
+
+def _describe(left: dict[int, str]) -> str:
+    lines = []
+    for pid, tag in sorted(left.items()):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            cmd = "?"
+        lines.append(f"  pid {pid} ({tag}): {cmd[:200]}")
+    return "\n".join(lines)
+
+
+def _holds_the_plugins_session(module: pytest.Module) -> bool:
+    """The plugin's session fixtures outlive the module that starts them (the test that tears
+    them down runs last in the session): its processes are checked at the session's end."""
+    return any(
+        name.startswith("ppsmoke_")
+        for item in module.session.items
+        if item.nodeid.startswith(module.nodeid + "::")
+        for name in getattr(item, "fixturenames", ())
+    )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_process_left_by_the_module(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Tags what the module starts; after its last fixture, nothing with the tag may be running."""
+    tag = f"{SESSION_TAG}-{request.module.__name__}"
+    before = os.environ.get(TEST_TAG)
+    os.environ[TEST_TAG] = tag
+    try:
+        yield tag
+    finally:
+        if before is None:
+            os.environ.pop(TEST_TAG, None)
+        else:
+            os.environ[TEST_TAG] = before
+    if _holds_the_plugins_session(request.node):
+        return
+    left = _reap(tag, LEAK_GRACE)
+    if left:
+        pytest.fail(f"{request.module.__name__} left processes running (now killed):\n{_describe(left)}", pytrace=False)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_process_left_by_the_session() -> Iterator[None]:
+    yield
+    left = _reap(SESSION_TAG + "-", LEAK_GRACE)
+    if left:
+        pytest.fail(f"the session left processes running (now killed):\n{_describe(left)}", pytrace=False)
