@@ -1,6 +1,6 @@
 """The node image, checked as far as this machine allows (no Docker engine here): the Dockerfile's
 rules, then its install steps replayed in a clean virtual environment whose ``pp-gpu-node``
-entrypoint serves a real run through the emulator (a synthetic model, so it stays quick)."""
+entrypoint serves a real run through the emulator (the session's synthetic model: quick)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,15 @@ import asyncio
 import json
 import os
 import re
+import site
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
 
 from pytest_ppsmoke.cloud.fake_vast import FakeVast
-from pytest_ppsmoke.stage.synth import SHAPES, write
 
 pytestmark = pytest.mark.local
 
@@ -62,15 +63,32 @@ def test_the_dockerfile_follows_its_rules() -> None:
     assert "pip install /src" in runs and "rm -rf /var/lib/apt/lists/*" in runs
 
 
+def site_dirs() -> list[str]:
+    """Where this interpreter finds its packages: a virtual environment's own site-packages (and
+    the system's, if it was made with them), or the system's."""
+    dirs = [*site.getsitepackages(), sysconfig.get_path("purelib"), sysconfig.get_path("platlib")]
+    if site.ENABLE_USER_SITE:
+        dirs.append(site.getusersitepackages())
+    return list(dict.fromkeys(d for d in dirs if Path(d).is_dir()))
+
+
 @pytest.fixture
-def installed(tmp_path: Path) -> Path:
+def installed(tmp_path: Path, repo_wheel: Path) -> Path:
     """The Dockerfile's steps: a virtual environment, then ``pip install`` of the source tree (not
-    editable); the dependencies come from this machine's site-packages instead of the network.
-    Returns the environment's ``pp-gpu-node``."""
+    editable; its wheel, which pip builds first anyway, is built once per session). The
+    dependencies come from this interpreter's environment instead of the network, whether that
+    is the system's or a virtual environment's: a ``.pth`` file puts its site-packages after the
+    new environment's own (``--system-site-packages`` would give the base interpreter's, which
+    lack them when this one is a venv). Returns the new environment's ``pp-gpu-node``."""
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120)
-    install = [str(venv / "bin" / "pip"), "install", "-q", "--no-deps", str(ROOT)]
-    pip = subprocess.run(install, capture_output=True, text=True, timeout=600)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    where = [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"]
+    purelib = Path(subprocess.run(where, capture_output=True, text=True, check=True, timeout=60).stdout.strip())
+    (purelib / "_this_environment.pth").write_text("".join(f"{d}\n" for d in site_dirs()))
+    # this interpreter's pip installs into the new environment (which has none), offline
+    install = [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", "--no-index"]
+    pip = subprocess.run([*install, str(repo_wheel)], capture_output=True, text=True, timeout=300)
     assert pip.returncode == 0, pip.stderr[-2000:]
     probe = "import pytest_ppsmoke.stage.gpu_node as g; print(g.__file__); print(g.default_worker_path())"
     where = subprocess.run(  # not from the checkout: python -c puts the working directory first on the path
@@ -84,14 +102,14 @@ def installed(tmp_path: Path) -> Path:
     return entrypoint
 
 
-async def test_the_images_install_steps_give_a_working_entrypoint(installed: Path, tmp_path: Path) -> None:
+async def test_the_images_install_steps_give_a_working_entrypoint(
+    installed: Path, tmp_path: Path, synth_model: str
+) -> None:
     entrypoint = installed
-    model = tmp_path / "tiny.gguf"
-    write(model, SHAPES["tiny"])
     async with FakeVast(node_argv=[str(entrypoint)]) as fake:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "pytest_ppsmoke.harness.cli", "--local", "--vast-url", fake.url,
-            "--model", str(model),
+            "--model", synth_model,
             "--max-tokens", "6", "--report", str(tmp_path / "r.json"),
             env={**os.environ, "VAST_API_KEY": fake.api_key},
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
