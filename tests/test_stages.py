@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from pytest_ppsmoke.stage.model import ModelError, StageModel, Tokenizer, layer_range, load_model, resolve_model
 
 pytestmark = pytest.mark.local
+
+
+@pytest.fixture(scope="module")
+def smollm2_loaded(smollm2: str) -> tuple[Any, dict[str, Any]]:
+    """SmolLM2 parsed once (lazily: nothing realized), for this module's two tests."""
+    return load_model(smollm2, 256)
 
 
 @pytest.mark.parametrize(
@@ -36,8 +44,8 @@ def test_model_names_resolve_or_say_what_is_expected() -> None:
         resolve_model("llama9")
 
 
-def test_a_stage_realizes_only_what_it_owns() -> None:
-    model, kv = load_model("smollm2:135m", 256)
+def test_a_stage_realizes_only_what_it_owns(smollm2_loaded: tuple[Any, dict[str, Any]]) -> None:
+    model, kv = smollm2_loaded  # the only test that uses the model itself, which a StageModel trims
     dropped_block = model.blk[3].attn_q.weight
     kept_block = model.blk[20].attn_q.weight
     stage = StageModel(model, kv, 1, 2)
@@ -50,8 +58,8 @@ def test_a_stage_realizes_only_what_it_owns() -> None:
         stage.embed_and_forward([1, 2], 0)
 
 
-def test_the_smollm2_chat_turn_matches_its_gguf_template() -> None:
-    _, kv = load_model("smollm2:135m", 256)
+def test_the_smollm2_chat_turn_matches_its_gguf_template(smollm2_loaded: tuple[Any, dict[str, Any]]) -> None:
+    _, kv = smollm2_loaded
     tok = Tokenizer(kv)
     text = tok.tok.decode(tok.chat("Say hello"))
     assert text == (

@@ -1,4 +1,5 @@
-"""worker/pp_tinygrad_worker.py over its stdin/stdout JSON protocol, with the real SmolLM2 weights."""
+"""worker/pp_tinygrad_worker.py over its stdin/stdout JSON protocol, with the real SmolLM2 weights
+(its tokens and text are checked); the configuration errors on the session's synthetic model."""
 
 from __future__ import annotations
 
@@ -15,14 +16,17 @@ import pytest
 
 from pytest_ppsmoke.runtime.codec import Hidden, WireDtype
 
+from .helpers import SMOLLM2
+
 pytestmark = pytest.mark.local
 
+DIM, BLOCKS, HALF = SMOLLM2.dim, SMOLLM2.blocks, SMOLLM2.blocks // 2
 WORKER = Path(__file__).resolve().parent.parent / "worker" / "pp_tinygrad_worker.py"
 
 
 class Worker:
     def __init__(self, **env: str) -> None:
-        full = {**os.environ, "MODEL": "smollm2:135m", "PP_MAX_CONTEXT": "128", **env}
+        full = {**os.environ, "MODEL": SMOLLM2.name, "PP_MAX_CONTEXT": "128", **env}
         self.proc = subprocess.Popen(
             [sys.executable, str(WORKER)], env=full, text=True,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -42,31 +46,40 @@ class Worker:
 
 
 @pytest.fixture(scope="module")
-def last_stage() -> Iterator[tuple[Worker, dict]]:
-    w = Worker(STAGE="1", NUM_STAGES="2", PP_WIRE_DTYPE="bf16")
-    ready = w.line()
-    yield w, ready
-    w.proc.kill()
-    w.proc.wait()
+def workers(smollm2: str) -> Iterator[dict[int, Worker]]:
+    """Both stages of a two-stage split, started together so that they load side by side."""
+    started = {
+        0: Worker(STAGE="0", NUM_STAGES="2", PP_WIRE_DTYPE="f32"),
+        1: Worker(STAGE="1", NUM_STAGES="2", PP_WIRE_DTYPE="bf16"),
+    }
+    yield started
+    for w in started.values():
+        w.proc.kill()
+        w.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def last_stage(workers: dict[int, Worker]) -> tuple[Worker, dict]:
+    return workers[1], workers[1].line()
 
 
 def test_ready_line_comes_first_and_describes_the_stage(last_stage: tuple[Worker, dict]) -> None:
     _, ready = last_stage
     assert ready["status"] == "ready" and isinstance(ready["pid"], int)
-    assert (ready["stage"], ready["num_stages"], ready["range"], ready["num_blocks"]) == (1, 2, [15, 30], 30)
-    assert (ready["dim"], ready["wire_dtype"], ready["jit"]) == (576, "bf16", True)
+    assert (ready["stage"], ready["num_stages"], ready["range"], ready["num_blocks"]) == (1, 2, [HALF, BLOCKS], BLOCKS)
+    assert (ready["dim"], ready["wire_dtype"], ready["jit"]) == (DIM, "bf16", True)
     assert 2 in ready["end_ids"]  # <|im_end|>
 
 
 def test_bad_requests_get_errors_that_name_the_value_and_the_worker_goes_on(last_stage: tuple[Worker, dict]) -> None:
     w, _ = last_stage
-    good = base64.b64encode(Hidden.from_array(np.zeros((2, 576), np.float32), "bf16").data).decode()
+    good = base64.b64encode(Hidden.from_array(np.zeros((2, DIM), np.float32), "bf16").data).decode()
     cases = [
         ({"op": "fly", "request_id": 1}, "unknown op 'fly'; expected one of embed_and_forward"),
         ({"op": "forward_and_sample", "request_id": 2, "hidden_b64": "!!!", "position": 0, "seq_len": 2},
          "hidden_b64 is not valid base64"),
         ({"op": "forward_and_sample", "request_id": 3, "hidden_b64": good, "position": 0, "seq_len": 3},
-         "hidden state of shape (3, 576) in bf16 needs 3456 bytes, got 2304"),
+         f"hidden state of shape (3, {DIM}) in bf16 needs {3 * DIM * 2} bytes, got {2 * DIM * 2}"),
         ({"op": "forward_and_sample", "request_id": 4, "hidden_b64": good, "position": 0, "seq_len": 2, "dtype": "f32"},
          "hidden dtype 'f32' differs from this worker's wire dtype bf16"),
         ({"op": "forward_and_sample", "request_id": 5, "hidden_b64": good, "position": 127, "seq_len": 2},
@@ -75,7 +88,7 @@ def test_bad_requests_get_errors_that_name_the_value_and_the_worker_goes_on(last
          "position must be a non-negative integer, got -1"),
         ({"op": "embed_and_forward", "request_id": 7, "tokens": [1, 2], "position": 0},
          "stage 1 has no embedding: embed_and_forward runs on stage 0"),
-        ({"op": "detokenize", "request_id": 8, "token_ids": [10**9]}, "outside the vocabulary of 49152"),
+        ({"op": "detokenize", "request_id": 8, "token_ids": [10**9]}, f"outside the vocabulary of {SMOLLM2.vocab}"),
     ]  # fmt: skip
     for req, message in cases:
         reply = w.ask(req)
@@ -87,19 +100,19 @@ def test_bad_requests_get_errors_that_name_the_value_and_the_worker_goes_on(last
     assert "bad request line: RecursionError" in w.ask("[" * 100_000 + "]" * 100_000)["error"]
     # still serving, and a real forward pass works after all that
     reply = w.ask({"op": "forward_and_sample", "request_id": 9, "hidden_b64": good, "position": 0, "seq_len": 2})
-    assert reply["request_id"] == 9 and 0 <= reply["token_id"] < 49152
+    assert reply["request_id"] == 9 and 0 <= reply["token_id"] < SMOLLM2.vocab
     info = w.ask({"op": "kv_info", "request_id": 10})
-    assert info["blocks_cached"] == list(range(15, 30)) and info["filled"] == 2
+    assert info["blocks_cached"] == list(range(HALF, BLOCKS)) and info["filled"] == 2
     assert w.ask({"op": "detokenize", "request_id": 11, "token_ids": [57, 5248, 2]})["text"] == "I'm"
 
 
-def test_shutdown_answers_and_exits_cleanly() -> None:
-    w = Worker(STAGE="0", NUM_STAGES="2", PP_WIRE_DTYPE="f32")
+def test_shutdown_answers_and_exits_cleanly(workers: dict[int, Worker]) -> None:
+    w = workers[0]  # no other test uses it
     assert w.line()["status"] == "ready"
     ids = w.ask({"op": "tokenize", "request_id": 1, "prompt": "Say hello"})["token_ids"]
     assert ids[:1] == [1] and ids[-4:] == [1, 520, 9531, 198]  # ends with "<|im_start|>assistant\n"
     out = w.ask({"op": "embed_and_forward", "request_id": 2, "tokens": ids, "position": 0})
-    h = Hidden(int(WireDtype.f32), (out["seq_len"], 576), base64.b64decode(out["hidden_b64"])).to_array()
+    h = Hidden(int(WireDtype.f32), (out["seq_len"], DIM), base64.b64decode(out["hidden_b64"])).to_array()
     assert out["seq_len"] == len(ids) and np.isfinite(h).all() and h.std() > 0
     bye = w.ask({"op": "shutdown", "request_id": 3})
     assert (bye["request_id"], bye["status"]) == (3, "bye")
@@ -115,8 +128,8 @@ def test_shutdown_answers_and_exits_cleanly() -> None:
         ({"PP_WIRE_DTYPE": "fp8"}, "unknown wire dtype 'fp8'"),
     ],
 )
-def test_bad_configuration_exits_with_a_clear_message(env: dict[str, str], message: str) -> None:
-    w = Worker(**env)
+def test_bad_configuration_exits_with_a_clear_message(env: dict[str, str], message: str, synth_model: str) -> None:
+    w = Worker(**({"MODEL": synth_model} | env))
     assert w.proc.wait(timeout=120) == 2
     assert w.proc.stderr is not None and message in w.proc.stderr.read()
 
