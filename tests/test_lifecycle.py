@@ -167,8 +167,8 @@ ROWS = {
     ),
     "the cluster never converges": (
         "vast.no_join=1",
-        ["--converge-timeout", "5"],
-        r"failed at converge: 2 of 3 members alive after 5 s; missing: instance \d+ \(stage 1\), last seen running",
+        ["--converge-timeout", "10"],
+        r"failed at converge: 2 of 3 members alive after 10 s; missing: instance \d+ \(stage 1\), last seen running",
         2,
     ),
     "pp-entry never resolves": (
