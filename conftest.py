@@ -77,26 +77,21 @@ def _tinygrad_on_the_cpu(request: pytest.FixtureRequest) -> Iterator[None]:
         os.environ.pop("CPU", None)
 
 
-def _reap(prefix: str, grace: float) -> dict[int, str]:
-    """Waits up to ``grace`` for the processes tagged ``prefix...`` to exit; kills and returns
-    those that did not."""
+def _reap(prefix: str, grace: float) -> str:
+    """Waits up to ``grace`` for the processes tagged ``prefix...`` to exit; kills those that did
+    not and says which they were ("" if none)."""
     deadline = time.monotonic() + grace
     while (left := tagged_processes(prefix)) and time.monotonic() < deadline:
         time.sleep(0.2)
-    for pid in left:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    return left
-
-
-def _describe(left: dict[int, str]) -> str:
     lines = []
     for pid, tag in sorted(left.items()):
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             cmd = "?"
-        lines.append(f"  pid {pid} ({tag}): {cmd[:200]}")
+        lines.append(f"  pid {pid} ({tag}): {cmd.strip()[:200]}")
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     return "\n".join(lines)
 
 
@@ -128,7 +123,7 @@ def _no_process_left_by_the_module(request: pytest.FixtureRequest) -> Iterator[s
         return
     left = _reap(tag, LEAK_GRACE)
     if left:
-        pytest.fail(f"{request.module.__name__} left processes running (now killed):\n{_describe(left)}", pytrace=False)
+        pytest.fail(f"{request.module.__name__} left processes running (now killed):\n{left}", pytrace=False)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -136,4 +131,4 @@ def _no_process_left_by_the_session() -> Iterator[None]:
     yield
     left = _reap(SESSION_TAG + "-", LEAK_GRACE)
     if left:
-        pytest.fail(f"the session left processes running (now killed):\n{_describe(left)}", pytrace=False)
+        pytest.fail(f"the session left processes running (now killed):\n{left}", pytrace=False)
