@@ -17,18 +17,8 @@ from pytest_ppsmoke.harness import cli
 from pytest_ppsmoke.harness.report import Report
 from pytest_ppsmoke.harness.settings import OPTIONS, WIRE_DTYPES, Settings
 from pytest_ppsmoke.runtime.codec import WireDtype
-from pytest_ppsmoke.stage import synth
 
 pytestmark = pytest.mark.local
-
-pytest_plugins = ["pytester"]
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("model") / "tiny.gguf"
-    synth.write(path, synth.SHAPES["tiny"])
-    return path
 
 
 def _keys(value: Any, prefix: str = "") -> set[str]:
@@ -54,12 +44,13 @@ def test_infer(ppsmoke_inference):
 
 
 def test_the_cli_and_the_plugin_write_the_same_report(
-    pytester: pytest.Pytester, tiny_model: Path, tmp_path: Path
+    pytester: pytest.Pytester, synth_model: str, tmp_path: Path
 ) -> None:
     """The same run through both faces: the same keys at every level, the same settings, and
-    both report a passed run with every instance destroyed."""
+    both report a passed run with every instance destroyed. The plugin runs with no asyncio
+    plugin at all (``-p no:asyncio``): it needs none."""
     env = {k: v for k, v in os.environ.items() if k not in ("VAST_API_KEY", "PPSMOKE_MODE", "VAST_URL")}
-    args = ["--model", str(tiny_model), "--max-tokens", "4", "--prompt", "hi"]
+    args = ["--model", synth_model, "--max-tokens", "4", "--prompt", "hi"]
     from_cli = tmp_path / "cli.json"
     out = subprocess.run(
         [sys.executable, "-m", "pytest_ppsmoke.harness.cli", "--local", *args, "--report", str(from_cli)],
@@ -69,7 +60,7 @@ def test_the_cli_and_the_plugin_write_the_same_report(
     pytester.makepyfile(INFER)
     from_plugin = tmp_path / "plugin.json"
     result = pytester.runpytest_subprocess(
-        "--ppsmoke-mode", "local", "-p", "no:cacheprovider", "--ppsmoke-report", str(from_plugin),
+        "--ppsmoke-mode", "local", "-p", "no:cacheprovider", "-p", "no:asyncio", "--ppsmoke-report", str(from_plugin),
         *(a.replace("--", "--ppsmoke-", 1) if a.startswith("--") else a for a in args),
     )  # fmt: skip
     result.assert_outcomes(passed=1)
@@ -78,7 +69,7 @@ def test_the_cli_and_the_plugin_write_the_same_report(
     assert set(a) == {f.name for f in Report.__dataclass_fields__.values()}
     for r in (a, b):
         assert r["ok"] is True and r["exit_code"] == 0 and r["error"] is None
-        assert (r["mode"], r["model"], r["prompt"], r["max_tokens"]) == ("local", str(tiny_model), "hi", 4)
+        assert (r["mode"], r["model"], r["prompt"], r["max_tokens"]) == ("local", synth_model, "hi", 4)
         assert r["creates_sent"] == 2 and r["left_after_teardown"] == [] and r["emulator"]["live_instances"] == []
         assert [i["final_state"] for i in r["instances"]] == ["destroyed", "destroyed"]
         assert 1 <= len(r["token_ids"]) <= 4
@@ -134,6 +125,6 @@ def test_a_failed_rent_shows_once_in_one_line_with_no_traceback(pytester: pytest
     assert "127.0.0.1:9" in first[0] and "check the API key, the network and --vast-url" in first[0]
     assert out.count("the deployment failed at rent; the error is shown at test_spec.py::") == 5
     assert out.count("searching offers failed") == 1
-    for absent in ("Traceback", "pytest_asyncio", "harness/", "During handling", "billing", KEY):
+    for absent in ("Traceback", "harness/", "plugin.py", "During handling", "billing", KEY):
         assert absent not in out, absent
     assert "nothing to destroy: no instance was created (the deployment failed at rent)" in out
