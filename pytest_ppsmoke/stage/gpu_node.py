@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import dataclasses
 import itertools
 import logging
 import sys
@@ -84,6 +83,31 @@ def default_worker_path() -> Path:
     return installed if installed.is_file() else here.parent / "worker" / "pp_tinygrad_worker.py"
 
 
+@dataclass
+class Figures:
+    """A stage's figures for its request as they grow (appends on the per-token path cost
+    nothing); ``StageStats`` is their snapshot on the wire."""
+
+    stage: int
+    request_id: int | None = None
+    accepted_at: float | None = None
+    prompt_token_ids: list[int] = field(default_factory=list)
+    activations_in: list[HopRecord] = field(default_factory=list)
+    hops_out: list[HopRecord] = field(default_factory=list)
+    compute: list[ComputeRecord] = field(default_factory=list)
+
+    def snapshot(self) -> StageStats:
+        return StageStats(
+            self.stage,
+            self.request_id,
+            self.accepted_at,
+            tuple(self.prompt_token_ids),
+            tuple(self.activations_in),
+            tuple(self.hops_out),
+            tuple(self.compute),
+        )
+
+
 class StageActor:
     def __init__(
         self,
@@ -106,7 +130,7 @@ class StageActor:
         self.reply_to: ActorAddress | None = None
         self.max_tokens = 0
         self.tokens: list[int] = []
-        self.stats = StageStats(stage)  # the last request's figures, replaced as they grow
+        self.stats = Figures(stage)  # the last request's, as they grow
         self._addr_cache: dict[str, ActorAddress] = {}
         self._failed: set[int] = set()
         self._progress_at = time.monotonic()
@@ -131,16 +155,13 @@ class StageActor:
         started = time.time()
         await self.node.send(nxt, act, sender=STAGE_ACTOR, timeout=HOP_TIMEOUT)
         hop = HopRecord(act.position, act.seq_len, len(act.hidden.data), started, round(time.time() - started, 6))
-        self._record(hops_out=(*self.stats.hops_out, hop))
-
-    def _record(self, **changes: Any) -> None:
-        self.stats = dataclasses.replace(self.stats, **changes)
+        self.stats.hops_out.append(hop)
 
     def _new_request(self, request_id: int, reply_to: ActorAddress | None, max_tokens: int) -> None:
         self.busy, self.reply_to, self.max_tokens, self.tokens = request_id, reply_to, max_tokens, []
         self._progress_at = time.monotonic()
         self._addr_cache.clear()
-        self.stats = StageStats(self.stage, request_id)
+        self.stats = Figures(self.stage, request_id)
 
     async def _compute(self, op: str, **fields: Any) -> dict[str, Any]:
         started = time.time()
@@ -153,7 +174,7 @@ class StageActor:
             round(time.time() - started, 6),  # as the node sees it: bridge included
             float(worker_s) if isinstance(worker_s, (int, float)) else None,  # inside the worker
         )
-        self._record(compute=(*self.stats.compute, call))
+        self.stats.compute.append(call)
         return reply
 
     async def _fail(self, request_id: int, error: BaseException | str) -> None:
@@ -221,7 +242,7 @@ class StageActor:
             raise ValueError(f"max_tokens must be at least 1, got {msg.max_tokens}")
         rid = next(self._ids)
         self._new_request(rid, msg.reply_to, msg.max_tokens)
-        self._record(accepted_at=time.time())
+        self.stats.accepted_at = time.time()
         self.node.spawn(self._prefill(rid, msg.prompt))
         return Accepted(rid)
 
@@ -233,7 +254,7 @@ class StageActor:
                     f"prompt of {len(ids)} tokens + max_tokens {self.max_tokens} "
                     f"exceed the context of {self.max_context}"
                 )
-            self._record(prompt_token_ids=tuple(ids))
+            self.stats.prompt_token_ids = list(ids)
             reply = await self._compute("embed_and_forward", tokens=ids, position=0)
             act = StageActivation(rid, 0, len(ids), True, self._hidden(reply), self.reply_to, self.max_tokens)
             await self._send_activation(act)
@@ -262,7 +283,7 @@ class StageActor:
             raise ValueError(f"activation for request {msg.request_id}, but {self.name} serves {self.busy}")
         h = msg.hidden
         received = HopRecord(msg.position, msg.seq_len, len(h.data), time.time())
-        self._record(activations_in=(*self.stats.activations_in, received))
+        self.stats.activations_in.append(received)
         async with self._ends_on_failure(msg.request_id):
             if h.wire_dtype is not self.wire or tuple(h.shape) != (msg.seq_len, self.dim):
                 raise ValueError(
@@ -328,7 +349,7 @@ class StageActor:
         return KvInfo(self.stage, lo, hi, tuple(info["blocks_cached"]), info["filled"])
 
     def on_stage_stats_query(self, msg: StageStatsQuery, ctx: Context) -> StageStats:
-        return self.stats
+        return self.stats.snapshot()
 
 
 class StatusActor:
