@@ -46,7 +46,15 @@ def test_local_run_says_hello_reports_everything_and_leaves_nothing(tmp_path: Pa
     assert hop["prefill"]["bytes_each"] == [len(report["prompt_token_ids"]) * SYNTH.dim * 2]  # bf16
     assert hop["decode"]["bytes_each"] == [SYNTH.dim * 2]
     filled = len(report["prompt_token_ids"]) + len(report["token_ids"]) - 1
-    assert [k["filled"] for k in report["kv"]] == [filled, filled]
+    assert [k["filled"] for k in report["kv"]] == [
+        [{"blocks": [[0, half]], "positions": [[0, filled]]}],
+        [{"blocks": [[half, SYNTH.blocks]], "positions": [[0, filled]]}],
+    ]
+    assert [(k["cached"], k["prefill_digest_changed"], k["writes"]) for k in report["kv"]] == [
+        ([[0, half]], [], [[0, filled]]), ([[half, SYNTH.blocks]], [], [[0, filled]])
+    ]  # fmt: skip
+    assert report["frames"]["orchestrator"]["decode"]["received"] == {"InferenceResponse": 1}
+    assert report["frames"]["stages"]["pp-stage-0"]["received"]["NextToken"] == len(report["token_ids"])
     # the two cheapest offers that match, each destroyed, and the cost from dph_total x time
     assert [(i["offer"]["gpu_name"], i["dph_total"]) for i in report["instances"]] == [
         ("RTX 3090", 0.21), ("RTX 4090", 0.34)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import struct
 
 import ml_dtypes
@@ -231,3 +232,11 @@ def test_a_stage_figure_that_is_not_a_finite_number_is_refused_both_ways() -> No
     nan = bytes(good).replace(struct.pack(">d", 1.5), struct.pack(">d", float("inf")))
     with pytest.raises(codec.MalformedMessage, match="f64 field must be finite, got inf"):
         codec.decode_frame(nan)
+
+
+def test_the_digest_is_blake2b_of_16_bytes_and_sees_one_flipped_bit() -> None:
+    data = bytearray(np.arange(4096, dtype=np.uint8).tobytes())
+    assert codec.digest(data) == hashlib.blake2b(data, digest_size=16).digest() and codec.DIGEST_SIZE == 16
+    flipped = bytearray(data)
+    flipped[1234] ^= 1
+    assert codec.digest(flipped) != codec.digest(data)

@@ -33,6 +33,16 @@ async def test_echo_round_trip_carries_the_payload_exactly(nodes) -> None:
     assert isinstance(reply, Echo) and reply.payload == big
     assert seed.transport.stats.frames_in >= 2
     assert seed.transport.stats.bytes_in >= len(big)
+    # frames by type and direction, each side counting its own (SWIM's beside them)
+    echo = codec.Echo.type_code
+    assert seed.frame_counts()[echo] == (2, 2) and member.frame_counts()[echo] == (2, 2)
+    await member.send(member.address("node", seed.id), NextToken(1, 2, 3, False), timeout=5)
+    for _ in range(100):
+        if NextToken.type_code in seed.frame_counts():
+            break
+        await asyncio.sleep(0.02)
+    assert seed.frame_counts()[NextToken.type_code] == (0, 1)
+    assert member.frame_counts()[NextToken.type_code] == (1, 0)
 
 
 async def test_unknown_actor_and_unhandled_message_are_errors_not_crashes(nodes) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pytest_ppsmoke.runtime.codec import Hidden, WireDtype
+from pytest_ppsmoke.runtime.codec import Hidden, WireDtype, digest
 
 from .helpers import SMOLLM2
 
@@ -89,6 +89,10 @@ def test_bad_requests_get_errors_that_name_the_value_and_the_worker_goes_on(last
         ({"op": "embed_and_forward", "request_id": 7, "tokens": [1, 2], "position": 0},
          "stage 1 has no embedding: embed_and_forward runs on stage 0"),
         ({"op": "detokenize", "request_id": 8, "token_ids": [10**9]}, f"outside the vocabulary of {SMOLLM2.vocab}"),
+        ({"op": "forward_and_sample", "request_id": 9, "hidden_b64": good, "position": 3, "seq_len": 2,
+          "prefill": True}, "a prefill starts at position 0, got position 3"),
+        ({"op": "forward_and_sample", "request_id": 10, "hidden_b64": good, "position": 0, "seq_len": 2,
+          "prefill": 1}, "prefill must be true or false, got 1"),
     ]  # fmt: skip
     for req, message in cases:
         reply = w.ask(req)
@@ -99,11 +103,46 @@ def test_bad_requests_get_errors_that_name_the_value_and_the_worker_goes_on(last
     assert "bad request line: ValueError" in w.ask('{"op": "kv_info", "x": ' + "9" * 5000 + "}")["error"]
     assert "bad request line: RecursionError" in w.ask("[" * 100_000 + "]" * 100_000)["error"]
     # still serving, and a real forward pass works after all that
-    reply = w.ask({"op": "forward_and_sample", "request_id": 9, "hidden_b64": good, "position": 0, "seq_len": 2})
-    assert reply["request_id"] == 9 and 0 <= reply["token_id"] < SMOLLM2.vocab
-    info = w.ask({"op": "kv_info", "request_id": 10})
-    assert info["blocks_cached"] == list(range(HALF, BLOCKS)) and info["filled"] == 2
-    assert w.ask({"op": "detokenize", "request_id": 11, "token_ids": [57, 5248, 2]})["text"] == "I'm"
+    reply = w.ask({"op": "forward_and_sample", "request_id": 11, "hidden_b64": good, "position": 0, "seq_len": 2})
+    assert reply["request_id"] == 11 and 0 <= reply["token_id"] < SMOLLM2.vocab
+    assert reply["received_digest"] == digest(base64.b64decode(good)).hex()
+    info = w.ask({"op": "kv_info", "request_id": 12})
+    assert (info["range"], info["prefill_len"], info["writes"]) == ([HALF, BLOCKS], 0, [[0, 2]])  # no prefill yet
+    assert w.ask({"op": "detokenize", "request_id": 13, "token_ids": [57, 5248, 2]})["text"] == "I'm"
+
+
+def test_kv_info_reads_every_block_and_the_caches_of_a_sequence(last_stage: tuple[Worker, dict]) -> None:
+    w, _ = last_stage
+    rng = np.random.default_rng(0)
+    prompt, step, other = (
+        base64.b64encode(Hidden.from_array(x.astype(np.float32), "bf16").data).decode()
+        for x in (rng.standard_normal((4, DIM)), rng.standard_normal((1, DIM)), np.ones((4, DIM)))
+    )
+    common = {"op": "forward_and_sample", "request_id": 1}
+    w.ask({**common, "hidden_b64": step, "position": 9, "seq_len": 1})  # a row that the prefill clears
+    w.ask({**common, "hidden_b64": prompt, "position": 0, "seq_len": 4, "prefill": True})
+    w.ask({**common, "hidden_b64": step, "position": 4, "seq_len": 1})
+    info = w.ask({"op": "kv_info", "request_id": 2})
+    assert (info["prefill_len"], info["writes"]) == (4, [[0, 5]])
+    blocks = info["blocks"]
+    assert [b["block"] for b in blocks] == list(range(BLOCKS))
+    for b in blocks[:HALF]:  # stage 0's: not even an object here
+        assert (b["owned"], b["present"], b["weights_realized"], b["cache_shape"], b["filled"]) == (
+            False, False, False, [], []
+        )  # fmt: skip
+    for b in blocks[HALF:]:
+        assert (b["owned"], b["present"], b["weights_realized"]) == (True, True, True)
+        assert b["cache_shape"][0] == 2 and b["cache_shape"][-2] == 128  # K and V, the context
+        assert b["filled"] == [[0, 5]]  # row 9, written before the prefill, was zeroed by it
+        assert len(b["prefill_digest"]) == 32 and b["digest"] == b["prefill_digest"]
+    # a recompute of the prompt over the same positions: same bits, but the writes say so
+    w.ask({**common, "hidden_b64": prompt, "position": 0, "seq_len": 4})
+    again = w.ask({"op": "kv_info", "request_id": 3})
+    assert again["writes"] == [[0, 5], [0, 4]]
+    # a different prompt rewritten at [0, 4) without a prefill: the digest shows it
+    w.ask({**common, "hidden_b64": other, "position": 0, "seq_len": 4})
+    changed = w.ask({"op": "kv_info", "request_id": 4})
+    assert all(b["digest"] != b["prefill_digest"] for b in changed["blocks"][HALF:])
 
 
 def test_shutdown_answers_and_exits_cleanly(workers: dict[int, Worker]) -> None:

@@ -6,9 +6,14 @@ or a GGUF path), the wire dtype (bf16, f16, f32: the dtype of ``hidden_b64``), t
 
 The first line on stdout is ``{"status": "ready", "pid": ..., ...}``; then one JSON reply per
 request line. Hidden states are base64 of raw little-endian bytes in the wire dtype, shape
-``[seq_len, dim]``. Operations::
+``[seq_len, dim]``; a reply that carries one has ``hidden_digest``, and a reply to a request that
+carried one has ``received_digest``: the hex blake2b (``codec.digest``) of the raw bytes this
+worker produced, before base64, and of those it decoded, so that a stage can show that an
+activation arrived as it was sent. ``"prefill": true`` (default false) on a compute call at
+position 0 begins a sequence (``StageModel``: caches zeroed, writes recorded, the prompt's
+positions digested). Operations::
 
-    {"op": "embed_and_forward", "request_id": 1, "tokens": [...], "position": 0}       stage 0
+    {"op": "embed_and_forward", "request_id": 1, "tokens": [...], "position": 0, "prefill": true}  stage 0
     {"op": "decode_step", "request_id": 2, "token_id": 42, "position": 11}              stage 0
     {"op": "forward", "request_id": 3, "hidden_b64": "...", "position": 0, "seq_len": 11}  middle
     {"op": "forward_and_sample", "request_id": 4, "hidden_b64": "...", "position": 0, "seq_len": 11}  last
@@ -34,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from pytest_ppsmoke.nodeenv import NodeEnv
-from pytest_ppsmoke.runtime.codec import Hidden, WireDtype
+from pytest_ppsmoke.runtime.codec import Hidden, WireDtype, digest
 from pytest_ppsmoke.stage.model import StageModel, Tokenizer, load_model
 
 
@@ -52,6 +57,13 @@ def _field(req: dict[str, Any], name: str, kind: type) -> Any:
         raise RequestError(f"{name} must be a list of token ids, got {str(value)[:80]}")
     if kind is str and not isinstance(value, str):
         raise RequestError(f"{name} must be a string, got {type(value).__name__}")
+    return value
+
+
+def _flag(req: dict[str, Any], name: str) -> bool:
+    value = req.get(name, False)
+    if not isinstance(value, bool):
+        raise RequestError(f"{name} must be true or false, got {value!r}")
     return value
 
 
@@ -85,7 +97,8 @@ class Worker:
             "load_s": round(self.load_s, 3),
         }
 
-    def _hidden_in(self, req: dict[str, Any]) -> np.ndarray:
+    def _hidden_in(self, req: dict[str, Any]) -> tuple[np.ndarray, str]:
+        """The request's hidden state, and the digest of the bytes decoded from its base64."""
         raw = _field(req, "hidden_b64", str)
         seq_len = _field(req, "seq_len", int)
         if req.get("dtype", self.wire.name) != self.wire.name:
@@ -97,7 +110,7 @@ class Worker:
         except (binascii.Error, ValueError):
             raise RequestError(f"hidden_b64 is not valid base64 (starts {raw[:16]!r})") from None
         try:
-            return Hidden(int(self.wire), (seq_len, self.model.dim), data).to_array()
+            return Hidden(int(self.wire), (seq_len, self.model.dim), data).to_array(), digest(data).hex()
         except ValueError as e:
             raise RequestError(str(e)) from None
 
@@ -106,6 +119,7 @@ class Worker:
         return {
             "request_id": request_id,
             "hidden_b64": base64.b64encode(h.data).decode(),
+            "hidden_digest": digest(h.data).hex(),  # of the raw wire bytes, before base64
             "seq_len": int(x.shape[0]),
             "dtype": self.wire.name,
         }
@@ -122,17 +136,19 @@ class Worker:
             tokens = self._tokens(_field(req, "tokens", list))
             if not tokens:
                 raise RequestError("tokens must not be empty")
-            return self._hidden_out(rid, m.embed_and_forward(tokens, _field(req, "position", int)))
+            out = m.embed_and_forward(tokens, _field(req, "position", int), _flag(req, "prefill"))
+            return self._hidden_out(rid, out)
         if op == "decode_step":
             token = self._tokens([_field(req, "token_id", int)])
             return self._hidden_out(rid, m.embed_and_forward(token, _field(req, "position", int)))
         if op == "forward":
-            return self._hidden_out(rid, m.forward(self._hidden_in(req), _field(req, "position", int)))
+            hidden, received = self._hidden_in(req)
+            out = m.forward(hidden, _field(req, "position", int), _flag(req, "prefill"))
+            return {**self._hidden_out(rid, out), "received_digest": received}
         if op == "forward_and_sample":
-            return {
-                "request_id": rid,
-                "token_id": m.forward_and_sample(self._hidden_in(req), _field(req, "position", int)),
-            }
+            hidden, received = self._hidden_in(req)
+            token = m.forward_and_sample(hidden, _field(req, "position", int), _flag(req, "prefill"))
+            return {"request_id": rid, "token_id": token, "received_digest": received}
         if op == "tokenize":
             return {"request_id": rid, "token_ids": self.tokenizer.chat(_field(req, "prompt", str))}
         if op == "detokenize":

@@ -198,7 +198,7 @@ class SmokeRun(Resource):
             for i, inst in enumerate(dep.instances)
         ]
         r.text, r.prompt_token_ids, r.token_ids = result.text, result.prompt_token_ids, result.token_ids
-        r.hops, r.kv = result.hops, result.kv_summary()
+        r.hops, r.kv, r.frames = result.hops, result.kv_summary(), result.frames
         r.timings.update(result.timings)
 
     def _take_figures(self) -> None:

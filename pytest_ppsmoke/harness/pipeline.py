@@ -10,6 +10,13 @@ waiting for the deadline. Prefill and decode are timed on this process's clock (
 ``FirstToken``, then the response), so they hold across machines. Per-hop figures come from each
 stage's ``StageStats`` (wall-clock timestamps: the latencies need synchronised clocks across
 machines, the byte counts do not) and ``KvInfo``.
+
+Frames: the seed counts what it sends and receives by message type (``Node.frame_counts``) and
+takes three snapshots: before it sends the request, when the ``FirstToken`` arrives (that frame
+counted: the boundary), and when the ``InferenceResponse`` arrives (counted). Prefill is the
+window between the first two, decode between the last two; each stage's counts cover its request
+from the frame that began it. Membership traffic (``MEMBERSHIP_MESSAGES``) is counted apart, so
+that what is left is the request's own traffic.
 """
 
 from __future__ import annotations
@@ -24,12 +31,15 @@ from typing import Any
 
 from ..protocol import ORCHESTRATOR_ACTOR, PhaseError
 from ..runtime.codec import (
+    MESSAGE_TYPES,
     Accepted,
+    BlockCache,
     FirstToken,
     InferenceRequest,
     InferenceResponse,
     KvInfo,
     KvInfoQuery,
+    Span,
     StageStats,
     StageStatsQuery,
 )
@@ -38,6 +48,14 @@ from ..runtime.node import Context, Node
 from ..runtime.swim import MemberEvent
 
 log = logging.getLogger(__name__)
+
+# SWIM and the name registry: what a node sends and receives whatever the pipeline does
+MEMBERSHIP_MESSAGES = frozenset(
+    {"Ping", "Ack", "PingReq", "Nack", "Join", "Sync", "Gossip", "Register", "ResolveQuery", "Resolved"}
+)
+FINISH_WAIT = 10.0  # how long the figures wait for stage 0 and the last stage to mark the request finished
+
+Counts = dict[int, tuple[int, int]]  # message type code -> (sent, received)
 
 
 @dataclass
@@ -49,10 +67,91 @@ class InferenceResult:
     hops: dict[str, Any]
     kv: list[KvInfo]
     stages: list[StageStats] = field(repr=False)
+    request_id: int | None = None
+    # "orchestrator": {"prefill": window, "decode": window}; "stages": {"pp-stage-i": window}; a
+    # window: {"sent": {type: n}, "received": {type: n}, "membership": {"sent": n, "received": n}}
+    frames: dict[str, Any] = field(default_factory=dict)
 
     def kv_summary(self) -> list[dict[str, Any]]:
-        """Each stage's cached block range and fill, as the reports give it."""
-        return [{"stage": k.stage, "blocks_cached": [k.first_block, k.end_block], "filled": k.filled} for k in self.kv]
+        """Each stage's caches as its worker read them, as the reports give them: the blocks it
+        owns; those present, realized and cached (as [start, end) ranges of block indices); the
+        positions filled, blocks with the same fill grouped; the prompt's length and which caches
+        kept their prefill digest; the writes its calls made."""
+        return [
+            {
+                "stage": k.stage,
+                "blocks": [k.first_block, k.end_block],
+                "present": _ranges(b.block for b in k.blocks if b.present),
+                "realized": _ranges(b.block for b in k.blocks if b.weights_realized),
+                "cached": _ranges(b.block for b in k.blocks if b.cache_shape),
+                "cache_shapes": sorted({tuple(b.cache_shape) for b in k.blocks if b.cache_shape}),
+                "filled": _fills(k.blocks),
+                "prefill_len": k.prefill_len,
+                "prefill_digest_kept": _ranges(
+                    b.block for b in k.blocks if b.prefill_digest and b.digest == b.prefill_digest
+                ),
+                "prefill_digest_changed": _ranges(
+                    b.block for b in k.blocks if b.prefill_digest and b.digest != b.prefill_digest
+                ),
+                "writes": _spans(k.writes),
+            }
+            for k in self.kv
+        ]
+
+
+def _ranges(indices: Any) -> list[list[int]]:
+    """Sorted ints as [start, end) ranges of consecutive ones."""
+    out: list[list[int]] = []
+    for i in sorted(indices):
+        if out and out[-1][1] == i:
+            out[-1][1] = i + 1
+        else:
+            out.append([i, i + 1])
+    return out
+
+
+def _spans(spans: tuple[Span, ...]) -> list[list[int]]:
+    return [[s.start, s.end] for s in spans]
+
+
+def _fills(blocks: tuple[BlockCache, ...]) -> list[dict[str, Any]]:
+    """The cached blocks grouped by the positions filled: [{"blocks": ranges, "positions": spans}]."""
+    groups: dict[tuple[tuple[int, int], ...], list[int]] = {}
+    for b in blocks:
+        if b.cache_shape:
+            groups.setdefault(tuple((s.start, s.end) for s in b.filled), []).append(b.block)
+    return [{"blocks": _ranges(ids), "positions": [list(s) for s in key]} for key, ids in groups.items()]
+
+
+def type_name(code: int) -> str:
+    cls = MESSAGE_TYPES.get(code)
+    return cls.__name__ if cls is not None else f"type {code}"
+
+
+def frame_window(pairs: dict[int, tuple[int, int]]) -> dict[str, Any]:
+    """``{code: (sent, received)}`` counts of a window as the report gives them: by type name,
+    membership traffic apart."""
+    window: dict[str, Any] = {"sent": {}, "received": {}, "membership": {"sent": 0, "received": 0}}
+    for code in sorted(pairs):
+        name = type_name(code)
+        for direction, n in zip(("sent", "received"), pairs[code], strict=True):
+            if not n:
+                continue
+            if name in MEMBERSHIP_MESSAGES:
+                window["membership"][direction] += n
+            else:
+                window[direction][name] = n
+    return window
+
+
+def _between(before: Counts, after: Counts) -> Counts:
+    return {
+        code: (
+            after.get(code, (0, 0))[0] - before.get(code, (0, 0))[0],
+            after.get(code, (0, 0))[1] - before.get(code, (0, 0))[1],
+        )
+        for code in before.keys() | after.keys()
+    }
 
 
 class _Orchestrator:
@@ -62,6 +161,10 @@ class _Orchestrator:
         self.sent_at = time.monotonic()
         self.first_token_at: float | None = None  # this process's clock: no skew between machines
         self.first_token_callback = on_first_token
+        # the seed's frame counts when the request went out, the FirstToken came, the response came
+        self.frames_at_send: Counts = {}
+        self.frames_at_first_token: Counts | None = None
+        self.frames_at_response: Counts | None = None
 
     @property
     def phase(self) -> str:
@@ -70,6 +173,7 @@ class _Orchestrator:
     def on_first_token(self, msg: FirstToken, ctx: Context) -> None:
         if self.request_id in (None, msg.request_id) and self.first_token_at is None:
             self.first_token_at = time.monotonic()
+            self.frames_at_first_token = ctx.node.frame_counts()  # this FirstToken counted
             if self.first_token_callback is not None:
                 self.first_token_callback(self.first_token_at - self.sent_at)
 
@@ -77,6 +181,7 @@ class _Orchestrator:
         if msg.request_id != self.request_id:  # a late answer to an earlier run
             log.info("ignoring an InferenceResponse for request %d", msg.request_id)
         elif not self.response.done():
+            self.frames_at_response = ctx.node.frame_counts()  # this response counted
             self.response.set_result(msg)
 
 
@@ -114,6 +219,7 @@ async def run_inference(
         except LookupError as e:
             raise PhaseError("resolve", str(e)) from None
         started = time.time()
+        orch.frames_at_send = seed.frame_counts()
         orch.sent_at = time.monotonic()
         request = InferenceRequest(seed.address(ORCHESTRATOR_ACTOR), prompt, max_tokens)
         try:
@@ -142,16 +248,18 @@ async def run_inference(
             addr = seed.registry.lookup(f"pp-stage-{i}")
             if addr is None:
                 raise LookupError(f"pp-stage-{i} is no longer registered")
-            st = await seed.request(addr, StageStatsQuery(), timeout=30)
             info = await seed.request(addr, KvInfoQuery(), timeout=30)
-            assert isinstance(st, StageStats) and isinstance(info, KvInfo)
-            stages.append(st)
+            assert isinstance(info, KvInfo)
+            ends = i in (0, num_stages - 1)  # the stages that mark the request finished
+            stages.append(await _stage_stats(seed, addr, response.request_id, ends))
             kv.append(info)
     except (RemoteError, TimeoutError, ConnectionError, LookupError) as e:
         # the answer stands; only the per-stage figures are missing
         log.warning("the stages' figures are incomplete: %s", e)
         stages, kv = [], []
     result = _figures(response, stages, kv, started, finished)
+    result.request_id = response.request_id
+    result.frames = _frames(orch, stages)
     if orch.first_token_at is not None:  # on the orchestrator's own clock
         generated = len(response.token_ids)
         decode_s = done_at - orch.first_token_at
@@ -162,6 +270,41 @@ async def run_inference(
             inference=round(done_at - orch.sent_at, 4),
         )
     return result
+
+
+async def _stage_stats(seed: Node, addr: Any, request_id: int, wait_finished: bool) -> StageStats:
+    """A stage's figures; with ``wait_finished``, once the stage has marked the request finished
+    (stage 0 learns it from the last stage's done NextToken, which races the answer to the seed),
+    or after ``FINISH_WAIT``."""
+    deadline = time.monotonic() + FINISH_WAIT
+    while True:
+        st = await seed.request(addr, StageStatsQuery(), timeout=30)
+        assert isinstance(st, StageStats)
+        if not wait_finished or st.finished_at is not None or st.request_id != request_id:
+            return st
+        if time.monotonic() > deadline:
+            log.warning("pp-stage-%d did not mark request %d finished within %.0f s", st.stage, request_id, FINISH_WAIT)
+            return st
+        await asyncio.sleep(0.02)
+
+
+def _frames(orch: _Orchestrator, stages: list[StageStats]) -> dict[str, Any]:
+    """The frames of the request: the seed's prefill and decode windows, each stage's own."""
+    seed: dict[str, Any] = {}
+    first, last = orch.frames_at_first_token, orch.frames_at_response
+    if first is not None:
+        seed["prefill"] = frame_window(_between(orch.frames_at_send, first))
+        if last is not None:
+            seed["decode"] = frame_window(_between(first, last))
+    elif last is not None:  # no FirstToken: the whole request is one window
+        seed["prefill"] = frame_window(_between(orch.frames_at_send, last))
+    return {
+        "orchestrator": seed,
+        "stages": {
+            f"pp-stage-{st.stage}": frame_window({f.type_code: (f.sent, f.received) for f in st.frames})
+            for st in stages
+        },
+    }
 
 
 def _rate(generated: int, decode_s: float) -> float:

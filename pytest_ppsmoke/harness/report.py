@@ -45,7 +45,8 @@ class Report:
     split: list[dict[str, Any]] = field(default_factory=list)  # each stage's blocks and instance
     timings: dict[str, float] = field(default_factory=dict)  # seconds per phase, total, decode tokens/s
     hops: dict[str, Any] = field(default_factory=dict)  # bytes and time per hop, prefill and decode apart
-    kv: list[dict[str, Any]] = field(default_factory=list)  # each stage's cached blocks and fill
+    kv: list[dict[str, Any]] = field(default_factory=list)  # each stage's caches as its worker read them
+    frames: dict[str, Any] = field(default_factory=dict)  # frames by type: the seed's prefill and decode, each stage's
     instances: list[dict[str, Any]] = field(default_factory=list)  # id, offer, price, final state
     cost_usd: float = 0.0
     creates_sent: int = 0  # create calls sent to vast.ai: nothing can be billing when 0
@@ -103,9 +104,38 @@ class Report:
         for hop, phases in sorted(self.hops.items()):
             for phase, h in phases.items():
                 lines.append(f"{hop} {phase}: {h['count']} x {h['bytes_each']} B, median {h['median_s']} s")
+        for k in self.kv:
+            fill = "; ".join(f"blocks {_ranges(f['blocks'])} at {_ranges(f['positions'])}" for f in k["filled"])
+            kept, changed = _ranges(k["prefill_digest_kept"]) or "no block", _ranges(k["prefill_digest_changed"])
+            lines.append(
+                f"pp-stage-{k['stage']} KV: owns {_ranges([k['blocks']])}, cached {_ranges(k['cached']) or 'none'}"
+                f" ({fill or 'nothing filled'}); prefill of {k['prefill_len']} kept its digest in {kept},"
+                f" changed in {changed or 'none'}"
+            )
+        for who, window in sorted(self.frames.get("orchestrator", {}).items()):
+            lines.append(f"orchestrator frames in {who}: {_window(window)}")
+        for who, window in sorted(self.frames.get("stages", {}).items()):
+            lines.append(f"{who} frames: {_window(window)}")
         for i in self.instances:
             gpu = (i.get("offer") or {}).get("gpu_name", "?")
             lines.append(f"instance {i['id']} stage {i['stage']}: {gpu} ${i['dph_total']}/h, {i['final_state']}")
         failed = f"; failed at {self.failed_phase or 'the start'} (the error is shown above)" if self.error else ""
         lines.append(f"cost ${self.cost_usd:.4f}{failed}")
         return lines
+
+
+def _ranges(ranges: list[list[int]]) -> str:
+    return ", ".join(f"[{a}, {b})" for a, b in ranges)
+
+
+def _window(window: dict[str, Any]) -> str:
+    """One window of frame counts in a line: the request's own by type, membership summed."""
+
+    def line(counts: dict[str, int]) -> str:
+        return ", ".join(f"{name} {n}" for name, n in sorted(counts.items())) or "nothing"
+
+    m = window["membership"]
+    return (
+        f"received {line(window['received'])}; sent {line(window['sent'])}"
+        f" (membership: {m['received']} received, {m['sent']} sent)"
+    )

@@ -20,8 +20,10 @@ change it: an unknown type code is refused on its own (``UnknownMessageType``).
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import enum
+import hashlib
 import math
 import struct
 import types
@@ -32,7 +34,7 @@ from typing import Annotated, Any, ClassVar, Union
 import numpy as np
 
 MAGIC = b"PP"
-VERSION = 2  # 2: NodeStatus and StageStats carry typed fields, not JSON
+VERSION = 3  # 2: NodeStatus and StageStats carry typed fields, not JSON; 3: digests, cache state, frame counts
 HEADER = struct.Struct(">2sBBI")
 HEADER_SIZE = HEADER.size
 DEFAULT_MAX_FRAME = 64 << 20  # room for a long prefill of a 1B model in f32 (prompt_len * 8 KiB)
@@ -341,6 +343,14 @@ def message(code: int) -> Any:
 
 
 # --- hidden states -----------------------------------------------------------------------------
+
+DIGEST_SIZE = 16
+
+
+def digest(data: bytes | bytearray | memoryview) -> bytes:
+    """blake2b of ``data`` in ``DIGEST_SIZE`` bytes: how the stages show that an activation's
+    bytes arrived as they were sent, and that a KV cache's prompt positions were not rewritten."""
+    return hashlib.blake2b(data, digest_size=DIGEST_SIZE).digest()
 
 
 class WireDtype(enum.IntEnum):
@@ -662,16 +672,47 @@ class KvInfoQuery(Message):
     pass
 
 
+@wire_struct
+@dataclass(frozen=True)
+class Span:
+    """Positions ``[start, end)`` of a sequence."""
+
+    start: U32
+    end: U32
+
+
+@wire_struct
+@dataclass(frozen=True)
+class BlockCache:
+    """One block of the model as a stage's worker holds it, read from the block itself, owned or
+    not: whether a block object exists there, whether its weights are realized on the device, its
+    KV cache's shape (empty: no cache), the positions whose K rows are non-zero, and a digest of
+    the cache at positions ``[0, P)`` taken right after prefill and again when asked."""
+
+    block: U32
+    owned: bool
+    present: bool
+    weights_realized: bool
+    cache_shape: tuple[U32, ...] = ()
+    filled: tuple[Span, ...] = ()
+    prefill_digest: bytes = b""
+    digest: bytes = b""
+
+
 @message(41)
 @dataclass(frozen=True)
 class KvInfo(Message):
-    """Which blocks of a stage hold a KV cache, and how many positions its last call filled."""
+    """A stage's KV caches as its worker's tensors hold them: every block of the model, owned or
+    not. ``prefill_len``: P of the sequence under way (0: none yet); ``writes``: the positions the
+    worker's calls wrote into its caches since that prefill, in call order, consecutive calls
+    merged (a clean request of G tokens: the one span ``[0, P + G - 1)``)."""
 
     stage: U32
     first_block: U32
     end_block: U32  # exclusive
-    blocks_cached: tuple[U32, ...]
-    filled: U32
+    prefill_len: U32
+    writes: tuple[Span, ...]
+    blocks: tuple[BlockCache, ...]
 
 
 @message(42)
@@ -684,13 +725,17 @@ class StageStatsQuery(Message):
 @dataclass(frozen=True)
 class HopRecord:
     """One activation as a stage sent it (``at``: when the send began; ``send_s``: how long the
-    write took) or received it (``at``: when it arrived; ``send_s`` 0). Wall-clock times."""
+    write took) or received it (``at``: when it arrived; ``send_s`` 0). Wall-clock times.
+    ``digest``: of the hidden state's raw wire bytes, taken by the worker that produced them (a
+    hop out) or by the worker that decoded them (an activation in)."""
 
     position: U32
     seq_len: U32
     bytes: U64
     at: F64
     send_s: F64 = 0.0
+    request_id: U64 = 0
+    digest: builtins.bytes = b""  # the field ``bytes`` above shadows the type in this class
 
 
 @wire_struct
@@ -706,10 +751,23 @@ class ComputeRecord:
     worker_s: F64 | None = None
 
 
+@wire_struct
+@dataclass(frozen=True)
+class FrameCount:
+    """Frames of one message type (its code) that a node sent and received over the wire."""
+
+    type_code: U8
+    sent: U64
+    received: U64
+
+
 @message(43)
 @dataclass(frozen=True)
 class StageStats(Message):
-    """A stage's figures for its last request: activations in, hops out, compute times."""
+    """A stage's figures for its last request: activations in, hops out, compute times; the
+    frames it sent and received from the frame that began the request on (that frame included)
+    to this answer; ``finished_at``: when its part of the request ended (stage 0: the done
+    NextToken; the last stage: the answer sent; a middle stage cannot tell: None)."""
 
     stage: U32
     request_id: U64 | None = None
@@ -718,6 +776,8 @@ class StageStats(Message):
     activations_in: tuple[HopRecord, ...] = ()
     hops_out: tuple[HopRecord, ...] = ()
     compute: tuple[ComputeRecord, ...] = ()
+    frames: tuple[FrameCount, ...] = ()
+    finished_at: F64 | None = None
 
 
 @message(45)

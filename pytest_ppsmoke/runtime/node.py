@@ -225,6 +225,13 @@ class Node(Resource):
         frame = codec.encode_frame(env, msg)
         await self.transport.send_frame(to.node, frame, self.config.request_timeout if timeout is None else timeout)
 
+    def frame_counts(self) -> dict[int, tuple[int, int]]:
+        """Frames this node has sent and received over the wire so far, by message type code:
+        ``{code: (sent, received)}``. A message to an actor on this node is no frame and is not
+        counted."""
+        sent, received = self.transport.stats.sent_by_type, self.transport.stats.received_by_type
+        return {code: (sent[code], received[code]) for code in sent.keys() | received.keys()}
+
     def spawn(self, coro: Any) -> None:
         """Run ``coro`` in the background; it is cancelled when the node closes."""
         task = asyncio.ensure_future(coro)

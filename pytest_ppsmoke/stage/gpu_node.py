@@ -11,8 +11,14 @@ stage can serve. The flow, for stage i of N:
 - stage 0, on ``InferenceRequest``: tokenize, prefill, ``StageActivation`` to ``pp-stage-1``;
 - middle stages, on ``StageActivation``: forward, ``StageActivation`` to ``pp-stage-{i+1}``;
 - the last stage: forward and sample; ``NextToken`` to ``pp-stage-0``; on an end id or
-  ``max_tokens``, ``InferenceResponse`` to ``reply_to`` (which rides on the prefill activation);
+  ``max_tokens``, that ``NextToken`` is marked done and then ``InferenceResponse`` goes to
+  ``reply_to`` (which rides on the prefill activation): stage 0 is free before the answer is out;
 - stage 0, on ``NextToken``: the decode step, ``StageActivation`` with ``seq_len`` 1.
+
+The evidence a stage keeps of its request (``StageStats``): each activation sent and received
+with the digest of its raw wire bytes, taken by the worker that produced them and by the worker
+that decoded them; the frames the node sent and received, by type, from the frame that began
+the request on. ``KvInfo`` is the worker's reading of its caches (``StageModel.kv_info``).
 
 One request at a time: a second ``InferenceRequest`` while one runs is refused with a "busy"
 error and touches no cache. Any failure on a stage (a worker error or death, an unreachable next
@@ -41,8 +47,10 @@ from ..protocol import STAGE_ACTOR, STATUS_ACTOR, stage_names
 from ..runtime.codec import (
     Accepted,
     ActorAddress,
+    BlockCache,
     ComputeRecord,
     FirstToken,
+    FrameCount,
     Hidden,
     HopRecord,
     InferenceRequest,
@@ -50,11 +58,13 @@ from ..runtime.codec import (
     KvInfo,
     KvInfoQuery,
     MemberStatus,
+    Message,
     NextToken,
     NodeStatus,
     NodeStatusQuery,
     ProbeReport,
     RelayProbe,
+    Span,
     StageActivation,
     StageStats,
     StageStatsQuery,
@@ -95,8 +105,18 @@ class Figures:
     activations_in: list[HopRecord] = field(default_factory=list)
     hops_out: list[HopRecord] = field(default_factory=list)
     compute: list[ComputeRecord] = field(default_factory=list)
+    frames_at_start: dict[int, tuple[int, int]] = field(default_factory=dict)  # the node's counts before the request
+    finished_at: float | None = None
 
-    def snapshot(self) -> StageStats:
+    def snapshot(self, frames_now: dict[int, tuple[int, int]]) -> StageStats:
+        """The figures, with the frames counted since the request began (``frames_now``: the
+        node's counts now)."""
+        frames = []
+        for code in sorted(frames_now.keys() | self.frames_at_start.keys()):
+            sent0, received0 = self.frames_at_start.get(code, (0, 0))
+            sent, received = frames_now.get(code, (0, 0))
+            if sent != sent0 or received != received0:
+                frames.append(FrameCount(code, sent - sent0, received - received0))
         return StageStats(
             self.stage,
             self.request_id,
@@ -105,6 +125,8 @@ class Figures:
             tuple(self.activations_in),
             tuple(self.hops_out),
             tuple(self.compute),
+            tuple(frames),
+            self.finished_at,
         )
 
 
@@ -150,18 +172,36 @@ class StageActor:
     def _hidden(self, reply: dict[str, Any]) -> Hidden:
         return Hidden(int(self.wire), (reply["seq_len"], self.dim), base64.b64decode(reply["hidden_b64"]))
 
-    async def _send_activation(self, act: StageActivation) -> None:
+    async def _send_activation(self, act: StageActivation, reply: dict[str, Any]) -> None:
+        """Send ``act``, whose hidden state the worker's ``reply`` produced; the hop's record
+        carries the worker's digest of those bytes."""
         nxt = await self._addr(f"pp-stage-{self.stage + 1}")
         started = time.time()
         await self.node.send(nxt, act, sender=STAGE_ACTOR, timeout=HOP_TIMEOUT)
-        hop = HopRecord(act.position, act.seq_len, len(act.hidden.data), started, round(time.time() - started, 6))
+        hop = HopRecord(
+            act.position,
+            act.seq_len,
+            len(act.hidden.data),
+            started,
+            round(time.time() - started, 6),
+            act.request_id,
+            bytes.fromhex(reply["hidden_digest"]),
+        )
         self.stats.hops_out.append(hop)
 
-    def _new_request(self, request_id: int, reply_to: ActorAddress | None, max_tokens: int) -> None:
+    def _new_request(
+        self, request_id: int, reply_to: ActorAddress | None, max_tokens: int, began_with: Message, ctx: Context
+    ) -> None:
+        """Begin request ``request_id``; ``began_with``: the message that began it, a frame that
+        the node has already counted when it came from another node (it belongs to the request)."""
         self.busy, self.reply_to, self.max_tokens, self.tokens = request_id, reply_to, max_tokens, []
         self._progress_at = time.monotonic()
         self._addr_cache.clear()
-        self.stats = Figures(self.stage, request_id)
+        frames, code = self.node.frame_counts(), began_with.type_code
+        if ctx.sender.node != self.node.id and code in frames:
+            sent, received = frames[code]
+            frames[code] = (sent, received - 1)
+        self.stats = Figures(self.stage, request_id, frames_at_start=frames)
 
     async def _compute(self, op: str, **fields: Any) -> dict[str, Any]:
         started = time.time()
@@ -241,7 +281,7 @@ class StageActor:
         if msg.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {msg.max_tokens}")
         rid = next(self._ids)
-        self._new_request(rid, msg.reply_to, msg.max_tokens)
+        self._new_request(rid, msg.reply_to, msg.max_tokens, msg, ctx)
         self.stats.accepted_at = time.time()
         self.node.spawn(self._prefill(rid, msg.prompt))
         return Accepted(rid)
@@ -255,9 +295,9 @@ class StageActor:
                     f"exceed the context of {self.max_context}"
                 )
             self.stats.prompt_token_ids = list(ids)
-            reply = await self._compute("embed_and_forward", tokens=ids, position=0)
+            reply = await self._compute("embed_and_forward", tokens=ids, position=0, prefill=True)
             act = StageActivation(rid, 0, len(ids), True, self._hidden(reply), self.reply_to, self.max_tokens)
-            await self._send_activation(act)
+            await self._send_activation(act, reply)
 
     async def on_next_token(self, msg: NextToken, ctx: Context) -> None:
         if msg.request_id != self.busy:
@@ -267,10 +307,12 @@ class StageActor:
         self.tokens.append(msg.token_id)  # so that a failure report says how far decode got
         if msg.done:
             self.busy = None
+            self.stats.finished_at = time.time()
             return
         async with self._ends_on_failure(msg.request_id):
             reply = await self._compute("decode_step", token_id=msg.token_id, position=msg.position)
-            await self._send_activation(StageActivation(msg.request_id, msg.position, 1, False, self._hidden(reply)))
+            act = StageActivation(msg.request_id, msg.position, 1, False, self._hidden(reply))
+            await self._send_activation(act, reply)
 
     # --- later stages ------------------------------------------------------------------------
 
@@ -278,12 +320,19 @@ class StageActor:
         if self.first:
             raise ValueError("stage 0 does not take activations")
         if msg.is_prefill:
-            self._new_request(msg.request_id, msg.reply_to, msg.max_tokens)
+            self._new_request(msg.request_id, msg.reply_to, msg.max_tokens, msg, ctx)
         elif msg.request_id != self.busy:
             raise ValueError(f"activation for request {msg.request_id}, but {self.name} serves {self.busy}")
         h = msg.hidden
-        received = HopRecord(msg.position, msg.seq_len, len(h.data), time.time())
-        self.stats.activations_in.append(received)
+        arrived = time.time()
+
+        def received(reply: dict[str, Any]) -> None:  # the worker's digest of the bytes it decoded
+            hop = HopRecord(
+                msg.position, msg.seq_len, len(h.data), arrived, 0.0, msg.request_id,
+                bytes.fromhex(reply["received_digest"]),
+            )  # fmt: skip
+            self.stats.activations_in.append(hop)
+
         async with self._ends_on_failure(msg.request_id):
             if h.wire_dtype is not self.wire or tuple(h.shape) != (msg.seq_len, self.dim):
                 raise ValueError(
@@ -292,9 +341,15 @@ class StageActor:
                 )
             if not msg.is_prefill and msg.seq_len != 1:
                 raise ValueError(f"decode activation with seq_len {msg.seq_len}; decode carries one position")
-            fields = {"hidden_b64": base64.b64encode(h.data).decode(), "position": msg.position, "seq_len": msg.seq_len}
+            fields = {
+                "hidden_b64": base64.b64encode(h.data).decode(),
+                "position": msg.position,
+                "seq_len": msg.seq_len,
+                "prefill": msg.is_prefill,
+            }
             if not self.last:
                 reply = await self._compute("forward", dtype=self.wire.name, **fields)
+                received(reply)
                 await self._send_activation(
                     StageActivation(
                         msg.request_id,
@@ -304,10 +359,13 @@ class StageActor:
                         self._hidden(reply),
                         msg.reply_to,
                         msg.max_tokens,
-                    )
+                    ),
+                    reply,
                 )
                 return
-            token = (await self._compute("forward_and_sample", dtype=self.wire.name, **fields))["token_id"]
+            reply = await self._compute("forward_and_sample", dtype=self.wire.name, **fields)
+            received(reply)
+            token = reply["token_id"]
             self.tokens.append(token)
             emit({"event": "token", "request_id": msg.request_id, "n": len(self.tokens)})
             if len(self.tokens) == 1 and self.reply_to is not None:  # the orchestrator sees decode begin
@@ -315,8 +373,12 @@ class StageActor:
             position = msg.position + msg.seq_len  # where the new token goes
             done = token in self.end_ids or len(self.tokens) >= self.max_tokens or position >= self.max_context
             entry = await self._addr("pp-stage-0")
+            text = (await self._compute("detokenize", token_ids=self.tokens))["text"] if done else ""
+            # stage 0 first: it is free (and its figures final) before the orchestrator hears the answer
+            await self.node.send(
+                entry, NextToken(msg.request_id, token, position, done), sender=STAGE_ACTOR, timeout=HOP_TIMEOUT
+            )
             if done:
-                text = (await self._compute("detokenize", token_ids=self.tokens))["text"]
                 if failpoints.on("node.empty_text"):
                     text = ""
                 assert self.reply_to is not None
@@ -324,9 +386,7 @@ class StageActor:
                     self.reply_to, InferenceResponse(msg.request_id, text, tuple(self.tokens)), timeout=HOP_TIMEOUT
                 )
                 self.busy = None
-            await self.node.send(
-                entry, NextToken(msg.request_id, token, position, done), sender=STAGE_ACTOR, timeout=HOP_TIMEOUT
-            )
+                self.stats.finished_at = time.time()
 
     # --- introspection -----------------------------------------------------------------------
 
@@ -346,10 +406,24 @@ class StageActor:
     async def on_kv_info_query(self, msg: KvInfoQuery, ctx: Context) -> KvInfo:
         info = await self.bridge.call("kv_info", 30)
         lo, hi = info["range"]
-        return KvInfo(self.stage, lo, hi, tuple(info["blocks_cached"]), info["filled"])
+        blocks = tuple(
+            BlockCache(
+                b["block"],
+                b["owned"],
+                b["present"],
+                b["weights_realized"],
+                tuple(b["cache_shape"]),
+                tuple(Span(*span) for span in b["filled"]),
+                bytes.fromhex(b["prefill_digest"]),
+                bytes.fromhex(b["digest"]),
+            )
+            for b in info["blocks"]
+        )
+        writes = tuple(Span(*span) for span in info["writes"])
+        return KvInfo(self.stage, lo, hi, info["prefill_len"], writes, blocks)
 
     def on_stage_stats_query(self, msg: StageStatsQuery, ctx: Context) -> StageStats:
-        return self.stats.snapshot()
+        return self.stats.snapshot(self.node.frame_counts())
 
 
 class StatusActor:

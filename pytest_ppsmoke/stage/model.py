@@ -11,6 +11,13 @@ Blocks a stage does not own are dropped before anything is realized, so they nev
 Decode (one token) runs through ``TinyJit`` with a symbolic start position, so each stage
 compiles its kernels once; prefill and the spec's uncompiled path (``jit=False``) run eagerly.
 This module imports tinygrad: the node never imports it, only the worker process does.
+
+What the stage holds is read from tinygrad's own objects (:meth:`StageModel.kv_info`): for every
+block of the model, whether a block object exists here (unowned ones are held only weakly, so
+they are gone unless something else keeps them), whether its weights are realized, its KV cache's
+shape, the positions whose K rows are non-zero, and a digest of the prompt's positions right
+after prefill and now. A call flagged ``prefill`` begins a sequence: the caches are zeroed first
+(so non-zero rows are this sequence's), and the calls' writes are recorded from there on.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import importlib.metadata
 import importlib.util
 import re
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,7 +36,7 @@ from tinygrad import Tensor, TinyJit, UOp, nn
 from tinygrad.apps.llm import SimpleTokenizer as _SimpleTokenizer
 from tinygrad.apps.llm import Transformer, models
 
-from ..runtime.codec import WireDtype, round_to_wire
+from ..runtime.codec import WireDtype, digest, round_to_wire
 
 _DTYPES = {np.dtype(np.int32).str: "int32", np.dtype(np.float32).str: "float32"}  # decode inputs
 
@@ -149,6 +157,9 @@ class StageModel:
         self.blocks = model.blk[self.lo : self.hi]
         self.max_context = model.max_context
         self.dim = int(model.token_embd.weight.shape[1])
+        # every block, weakly: what kv_info says of a block this stage does not own is the truth
+        # about that object, which is gone unless something still holds it
+        self._every_block = [weakref.ref(b) for b in model.blk]
         # drop what this stage does not own before anything is realized
         model.blk = [b if self.lo <= i < self.hi else None for i, b in enumerate(model.blk)]
         self.token_embd = model.token_embd if self.first else None
@@ -163,7 +174,9 @@ class StageModel:
         self._jit_embed = TinyJit(self._embed_blocks)
         self._jit_blocks = TinyJit(self._run_blocks)
         self._jit_sample = TinyJit(self._blocks_sample)
-        self.filled = 0  # KV positions written by the last call
+        self.prefill_len = 0  # P of the sequence under way (0: no prefill yet)
+        self._prefill_digests: dict[int, bytes] = {}  # block -> digest of its cache's [0, P) after prefill
+        self.writes: list[list[int]] = []  # [start, end) the calls wrote since the prefill, consecutive ones merged
         self._inputs: dict[tuple[tuple[int, ...], str], Tensor] = {}
 
     # the computations, shared by the compiled and the eager paths
@@ -182,15 +195,52 @@ class StageModel:
         # exactly Transformer.forward's head: greedy argmax of the last position
         return self.output(self.output_norm(x))[:, -1, :].softmax(-1, dtype="float").argmax(-1, keepdim=True)
 
-    def _call(self, fn: Callable[[Tensor, int | UOp], Tensor], jitted: TinyJit, x: np.ndarray, position: int) -> Tensor:
-        """``x``: (1, seq_len) token ids or (1, seq_len, dim) hidden state, on the host."""
-        self._check_position(position, x.shape[1])
-        if self.jit and x.shape[1] == 1 and position > 0:
+    def _call(
+        self, fn: Callable[[Tensor, int | UOp], Tensor], jitted: TinyJit, x: np.ndarray, position: int, prefill: bool
+    ) -> Tensor:
+        """``x``: (1, seq_len) token ids or (1, seq_len, dim) hidden state, on the host.
+        ``prefill``: this call begins a sequence (at position 0)."""
+        seq_len = int(x.shape[1])
+        self._check_position(position, seq_len)
+        if prefill:
+            if position != 0:
+                raise ValueError(f"a prefill starts at position 0, got position {position}")
+            self._begin_sequence()
+        if self.jit and seq_len == 1 and position > 0:
             out = jitted(self._decode_input(x), self._start_pos.bind(position))
         else:
             out = fn(Tensor(x), position).realize()
-        self.filled = position + int(x.shape[1])  # only once the cache really holds them
+        if self.writes and self.writes[-1][1] == position:  # the cache holds them now
+            self.writes[-1][1] = position + seq_len
+        else:
+            self.writes.append([position, position + seq_len])
+        if prefill:  # one read of the caches per request, never per token
+            self.prefill_len = seq_len
+            self._prefill_digests = {i: digest(self._prefix(c, seq_len)) for i, c in self._caches()}
         return out
+
+    def _begin_sequence(self) -> None:
+        """Zero the caches (a raw copy into the buffers the compiled decode uses, no kernel), so
+        that the rows kv_info finds filled are this sequence's; forget the last one's record."""
+        for _, cache in self._caches():
+            buf = cache.uop.buffer
+            buf.copyin(memoryview(bytearray(buf.nbytes)))
+        self.prefill_len, self._prefill_digests, self.writes = 0, {}, []
+
+    def _caches(self) -> list[tuple[int, Tensor]]:
+        """(block index, its cache) for every block object alive here that has a cache."""
+        found = []
+        for i, ref in enumerate(self._every_block):
+            cache = getattr(ref(), "cache_kv", None)
+            if cache is not None:
+                found.append((i, cache))
+        return found
+
+    @staticmethod
+    def _prefix(cache: Tensor | np.ndarray, n: int) -> bytes:
+        """The bytes of positions [0, n) of a cache (2, batch, kv heads, context, head dim): K and V."""
+        arr = cache.numpy() if isinstance(cache, Tensor) else cache
+        return np.ascontiguousarray(arr[..., :n, :]).tobytes()
 
     def _decode_input(self, x: np.ndarray) -> Tensor:
         """A decode step's input, in a device buffer kept from step to step and written with a
@@ -212,25 +262,27 @@ class StageModel:
 
     # --- the stage operations ----------------------------------------------------------------
 
-    def embed_and_forward(self, tokens: list[int], position: int) -> np.ndarray:
-        """Stage 0: embedding + its blocks; returns the hidden state (seq_len, dim) as float32."""
+    def embed_and_forward(self, tokens: list[int], position: int, prefill: bool = False) -> np.ndarray:
+        """Stage 0: embedding + its blocks; returns the hidden state (seq_len, dim) as float32.
+        ``prefill`` (every operation takes it): the call begins a sequence, at position 0."""
         if not self.first:
             raise ValueError(f"stage {self.stage} has no embedding: embed_and_forward runs on stage 0")
-        out = self._call(self._embed_blocks, self._jit_embed, np.array([tokens], dtype=np.int32), position)
+        tokens_in = np.array([tokens], dtype=np.int32)
+        out = self._call(self._embed_blocks, self._jit_embed, tokens_in, position, prefill)
         return np.asarray(out.float().numpy()[0])
 
-    def forward(self, hidden: np.ndarray, position: int) -> np.ndarray:
+    def forward(self, hidden: np.ndarray, position: int, prefill: bool = False) -> np.ndarray:
         """A middle stage: its blocks on the incoming hidden state."""
         if self.first or self.last:
             raise ValueError(f"stage {self.stage} of {self.num_stages} is not a middle stage")
-        out = self._call(self._run_blocks, self._jit_blocks, self._hidden(hidden), position)
+        out = self._call(self._run_blocks, self._jit_blocks, self._hidden(hidden), position, prefill)
         return np.asarray(out.float().numpy()[0])
 
-    def forward_and_sample(self, hidden: np.ndarray, position: int) -> int:
+    def forward_and_sample(self, hidden: np.ndarray, position: int, prefill: bool = False) -> int:
         """The last stage: its blocks, the output norm and head, greedy sampling."""
         if not self.last:
             raise ValueError(f"stage {self.stage} has no output head: forward_and_sample runs on the last stage")
-        out = self._call(self._blocks_sample, self._jit_sample, self._hidden(hidden), position)
+        out = self._call(self._blocks_sample, self._jit_sample, self._hidden(hidden), position, prefill)
         return int(out.item())
 
     def _hidden(self, hidden: np.ndarray) -> np.ndarray:
@@ -239,9 +291,45 @@ class StageModel:
         return np.ascontiguousarray(hidden, dtype=np.float32)[None]
 
     def kv_info(self) -> dict[str, Any]:
-        """Which blocks hold a KV cache, and how many positions the last call filled."""
-        cached = [self.lo + i for i, b in enumerate(self.blocks) if hasattr(b, "cache_kv")]
-        return {"range": [self.lo, self.hi], "blocks_cached": cached, "filled": self.filled}
+        """Every block of the model as this stage holds it, read from tinygrad's objects: one
+        device-to-host copy of each cache there is (SmolLM2: 1.5 MB a block), only when asked.
+        A block's ``filled``: [start, end) spans of the positions whose K rows are non-zero."""
+        blocks = []
+        for i, ref in enumerate(self._every_block):
+            block = ref()
+            state = nn.state.get_state_dict(block) if block is not None else {}
+            weights = [t for name, t in state.items() if name != "cache_kv"]
+            entry: dict[str, Any] = {
+                "block": i,
+                "owned": self.lo <= i < self.hi,
+                "present": block is not None,
+                "weights_realized": bool(weights) and all(t.uop.is_realized for t in weights),
+                "cache_shape": [],
+                "filled": [],
+                "prefill_digest": self._prefill_digests.get(i, b"").hex(),
+                "digest": "",
+            }
+            cache = getattr(block, "cache_kv", None)
+            if cache is not None:
+                arr = cache.numpy()  # (2: K and V, batch, kv heads, context, head dim)
+                keys = arr[0]
+                rows = np.any(keys != 0, axis=tuple(a for a in range(keys.ndim) if a != keys.ndim - 2))
+                entry["cache_shape"] = [int(d) for d in arr.shape]
+                entry["filled"] = _spans(np.flatnonzero(rows))
+                if self.prefill_len:
+                    entry["digest"] = digest(self._prefix(arr, self.prefill_len)).hex()
+            blocks.append(entry)
+        return {"range": [self.lo, self.hi], "prefill_len": self.prefill_len, "writes": self.writes, "blocks": blocks}
+
+
+def _spans(positions: np.ndarray) -> list[list[int]]:
+    """Sorted positions as [start, end) spans of consecutive ones."""
+    if positions.size == 0:
+        return []
+    breaks = np.flatnonzero(np.diff(positions) != 1) + 1
+    starts = positions[np.r_[0, breaks]]
+    ends = positions[np.r_[breaks - 1, positions.size - 1]] + 1
+    return [[int(a), int(b)] for a, b in zip(starts, ends, strict=True)]
 
 
 def unsplit_generate(model: Transformer, prompt_ids: list[int], max_tokens: int, end_ids: set[int]) -> list[int]:
