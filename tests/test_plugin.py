@@ -199,11 +199,12 @@ def test_the_spec_suite_passes_and_junit_carries_the_figures(
     finally:
         emulator.terminate()
         emulator.wait(30)
-    result.assert_outcomes(passed=6, deselected=1)
+    result.assert_outcomes(passed=7, deselected=1)
     out = result.stdout.str()
     assert f"pytest-ppsmoke: local, {synth_model}, 2 stages, bf16" in out  # the terminal summary
     hop = SYNTH.dim * 2  # bytes of one token's hidden state in bf16
     assert f"pp-stage-0->pp-stage-1 decode: 11 x [{hop}] B" in out
+    assert "orchestrator frames in decode: received InferenceResponse 1; sent nothing (membership:" in out
     text = xml.read_text()
     assert KEY not in text and KEY not in out and "vk-JUNIT" not in text
     cases = ET.fromstring(text).iter("testcase")

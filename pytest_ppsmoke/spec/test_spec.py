@@ -70,6 +70,10 @@ def _stages(result: InferenceResult, n: int) -> list[StageStats]:
     return result.stages
 
 
+def _spans(spans: tuple[Span, ...]) -> str:
+    return ", ".join(f"[{s.start}, {s.end})" for s in spans) or "none"
+
+
 def test_every_activation_arrives_as_it_was_sent(
     ppsmoke_session: SmokeSession,
     ppsmoke_inference: InferenceResult,
@@ -151,7 +155,10 @@ def test_kv_cache_lives_on_the_stage_that_owns_the_blocks(
             f"{stage} reported blocks {[b.block for b in x.blocks]}"
         )
         assert x.prefill_len == p, f"{stage}: prefill of {x.prefill_len} positions, the prompt has {p}"
-        assert x.writes == filled, f"{stage} wrote {x.writes} into its caches; expected one pass over [0, {p + g - 1})"
+        assert x.writes == filled, (
+            f"{stage} wrote positions {_spans(x.writes)} into its caches, in that order; "
+            f"expected one pass over [0, {p + g - 1})"
+        )
         for b in x.blocks:
             owner = next(i for i, (lo, hi) in enumerate(split) if lo <= b.block < hi)
             where = f"{stage}, block {b.block} (owned by pp-stage-{owner})"
@@ -164,9 +171,7 @@ def test_kv_cache_lives_on_the_stage_that_owns_the_blocks(
                 f"{where}: present={b.present}, weights realized={b.weights_realized}"
             )
             assert b.cache_shape, f"{where}: no KV cache"
-            assert b.filled == filled, (
-                f"{where}: K rows non-zero at {[(s.start, s.end) for s in b.filled]}; expected [0, {p + g - 1})"
-            )
+            assert b.filled == filled, f"{where}: K rows non-zero at {_spans(b.filled)}; expected [0, {p + g - 1})"
             assert len(b.prefill_digest) == DIGEST_SIZE, f"{where}: no digest was taken after prefill"
             assert b.digest == b.prefill_digest, (
                 f"{where}: positions [0, {p}) changed since prefill "
