@@ -118,12 +118,12 @@ def test_a_failed_rent_shows_once_in_one_line_with_no_traceback(pytester: pytest
         "--pyargs", SPEC_ONLY, "-p", "no:cacheprovider", "--ppsmoke-mode", "vastai",
         "--vastai-key", KEY, "--vast-url", "http://127.0.0.1:9", "-rs",
     )  # fmt: skip
-    result.assert_outcomes(errors=6, skipped=1)
+    result.assert_outcomes(errors=7, skipped=1)
     out = result.stdout.str() + result.stderr.str()
     first = [line for line in out.splitlines() if "deployment failed at rent: searching offers failed" in line]
     assert len(first) == 1, out
     assert "127.0.0.1:9" in first[0] and "check the API key, the network and --vast-url" in first[0]
-    assert out.count("the deployment failed at rent; the error is shown at test_spec.py::") == 5
+    assert out.count("the deployment failed at rent; the error is shown at test_spec.py::") == 6
     assert out.count("searching offers failed") == 1
     for absent in ("Traceback", "harness/", "plugin.py", "During handling", "billing", KEY):
         assert absent not in out, absent
