@@ -20,12 +20,28 @@ import signal
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import pytest_asyncio
 
+from pytest_ppsmoke import failpoints
 from pytest_ppsmoke.cloud.fake_vast import FakeVast
+from pytest_ppsmoke.harness.pipeline import locate_stages
+from pytest_ppsmoke.harness.report import HINTS
+from pytest_ppsmoke.protocol import ORCHESTRATOR_ACTOR, STAGE_ACTOR
+from pytest_ppsmoke.runtime.codec import (
+    ActorAddress,
+    InferenceResponse,
+    MemberState,
+    MemberStatus,
+    NextToken,
+    WireDtype,
+)
+from pytest_ppsmoke.runtime.swim import MemberEvent
+from pytest_ppsmoke.runtime.transport import TransportError
+from pytest_ppsmoke.stage.gpu_node import StageActor
 
 from .helpers import CLI, SMOLLM2, TEST_TAG, node_processes
 
@@ -144,26 +160,54 @@ async def assert_nothing_left(fake: FakeVast, smoke: Smoke, created: int) -> Non
         assert set(re.findall(r"\b[0-9a-f]{64}\b", smoke.stdout + smoke.stderr + report)) <= public
 
 
-# --- the spec's error table, one row per test ---------------------------------------------------
+# --- the spec's error table ---------------------------------------------------------------------
 
+
+def assert_failed_at(smoke: Smoke, report: dict[str, Any], phase: str, message: str) -> re.Match[str]:
+    """Exit 1 (checked by the caller) and the failure as one line: ``failed at <phase>: <message>``
+    with the phase's advice, the same error in the report; the match of ``message``."""
+    lines = [line for line in smoke.stderr.splitlines() if line.startswith("pp-smoke-run: failed at ")]
+    assert len(lines) == 1, smoke.stderr[-3000:]
+    hint = re.escape(HINTS[phase])
+    assert re.fullmatch(rf"pp-smoke-run: failed at {phase}: (?:{message}) \({hint}\)", lines[0]), lines[0]
+    assert report["ok"] is False and report["exit_code"] == 1 and report["failed_phase"] == phase
+    found = re.fullmatch(rf"{phase}: ({message})", report["error"])
+    assert found, report["error"]
+    return found
+
+
+async def assert_all_destroyed(fake: FakeVast, smoke: Smoke, report: dict[str, Any], created: int) -> None:
+    """What the run rented is gone, by the report, by vast.ai's own list and by the emulator."""
+    assert len(report["instances"]) == created
+    assert all(i["final_state"] == "destroyed" for i in report["instances"]), report["instances"]
+    assert f"{created} of {created} instance(s) destroyed" in smoke.stderr
+    assert report["left_after_teardown"] == ([] if report["creates_sent"] else None)
+    await assert_nothing_left(fake, smoke, created)
+
+
+async def failed_run(
+    emulator: Callable[[str], Any], tmp_path: Path, faults: str, *args: str
+) -> tuple[FakeVast, Smoke, dict[str, Any]]:
+    """One ``pp-smoke-run`` against an emulator with ``faults``, which must exit 1."""
+    fake = await emulator(faults)
+    async with Smoke(fake, tmp_path, *args) as smoke:
+        assert await smoke.finish() == 1, smoke.stderr[-3000:]
+    return fake, smoke, smoke.report()
+
+
+def place(report: dict[str, Any], stage: int) -> str:
+    """How a message names a stage and its instance: ``pp-stage-1 on instance N (label)``, as a pattern."""
+    inst = next(i for i in report["instances"] if i["stage"] == stage)
+    return re.escape(f"pp-stage-{stage} on instance {inst['id']} ({inst['label']})")
+
+
+# the rows with one side; each "either" row has a test of its own below, with a case per side
 ROWS = {
     "fewer than 2 offers": (
         "vast.offers=1",
         [],
-        r"failed at rent: 1 offer\(s\) match \(1 GPU, >= 8 GB GPU RAM.*\); 2 are needed",
+        r"failed at rent: 1 offer\(s\) match \(1 GPU, >= 8 GB GPU RAM.*\); 2 are needed.*",
         0,
-    ),
-    "a create rejected": (
-        "vast.reject_create=2",
-        [],
-        r"failed at rent: creating stage 1 on offer \d+ was rejected: vast.ai PUT /api/v0/asks/\d+/: HTTP 400",
-        1,
-    ),
-    "an instance never running": (
-        "vast.never_running=1",
-        ["--polls", "12", "--poll-interval", "0.05"],
-        r"failed at boot: stage 1: instance \d+ not running after 12 polls .*\(last status 'loading': Pulling image",
-        2,
     ),
     "the cluster never converges": (
         "vast.no_join=1",
@@ -174,25 +218,13 @@ ROWS = {
     "pp-entry never resolves": (
         "vast.no_names=0",
         ["--resolve-timeout", "3"],
-        r"failed at resolve: name 'pp-entry' did not resolve within 3 s",
-        2,
-    ),
-    "a worker never ready": (
-        "vast.stall_worker=1",
-        [],
-        r"failed at load: pp-stage-1 on instance \d+ \(stage 1\): pp-stage-1 worker did not report ready within 3 s",
+        r"failed at resolve: name 'pp-entry' did not resolve within 3 s.*",
         2,
     ),
     "done with no text": (
         "vast.empty_text=1",
         ["--max-tokens", "3"],
         r"failed at decode: the last stage reported done with no text \(token ids \[\d+, \d+, \d+\]\)",
-        2,
-    ),
-    "a node drops out mid-decode": (
-        "vast.kill_stage=1;vast.kill_after_tokens=3",
-        ["--max-tokens", "512"],  # still decoding when the kill comes
-        r"failed at decode: pp-stage-(1 \(\w+\) dropped out of the cluster mid-request|0: )",
         2,
     ),
 }
@@ -203,33 +235,191 @@ async def test_error_table_row_exits_1_and_destroys_everything(
     row: str, emulator: Callable[[str], Any], tmp_path: Path
 ) -> None:
     faults, args, message, created = ROWS[row]
-    fake = await emulator(faults)
-    async with Smoke(fake, tmp_path, *args) as smoke:
-        assert await smoke.finish() == 1, smoke.stderr[-3000:]
-    assert re.search(message, smoke.stderr), smoke.stderr[-3000:]
-    report = smoke.report()
-    assert report["ok"] is False and report["exit_code"] == 1
-    assert re.search(message.removeprefix("failed at "), report["error"])
-    assert report["failed_phase"] == message.split()[2].rstrip(":")
-    assert len(report["instances"]) == created
-    assert all(i["final_state"] == "destroyed" for i in report["instances"])
-    assert f"{created} of {created} instance(s) destroyed" in smoke.stderr
-    await assert_nothing_left(fake, smoke, created)
+    fake, smoke, report = await failed_run(emulator, tmp_path, faults, *args)
+    phase = message.split()[2].rstrip(":")
+    assert_failed_at(smoke, report, phase, message.split(": ", 1)[1])
+    await assert_all_destroyed(fake, smoke, report, created)
 
 
-async def test_destroy_that_fails_warns_exits_1_and_reap_sweeps_it(
-    emulator: Callable[[str], Any], tmp_path: Path
+@pytest.mark.parametrize("create", [1, 2], ids=["1st create", "2nd create"])
+async def test_either_create_rejected_names_its_stage_and_destroys_what_was_created(
+    create: int, emulator: Callable[[str], Any], tmp_path: Path
 ) -> None:
-    fake = await emulator("vast.destroy_fails=1:6")  # the client tries 6 times; the 7th would work
+    stage = create - 1
+    fake, smoke, report = await failed_run(emulator, tmp_path, f"vast.reject_create={create}")
+    creates = [status for method, path, status in fake.requests if (method, path[:13]) == ("PUT", "/api/v0/asks/")]
+    assert creates == [200] * stage + [400]  # the rejected one was the last create sent
+    assert report["creates_sent"] == create
+    message = rf"creating stage {stage} on offer \d+ was rejected: vast.ai PUT /api/v0/asks/\d+/: HTTP 400.*"
+    assert_failed_at(smoke, report, "rent", message)
+    assert [i["stage"] for i in report["instances"]] == list(range(stage))
+    await assert_all_destroyed(fake, smoke, report, stage)
+
+
+@pytest.mark.parametrize("stage", [0, 1], ids=["stage 0", "stage 1"])
+async def test_either_instance_never_running_names_it_and_destroys_both(
+    stage: int, emulator: Callable[[str], Any], tmp_path: Path
+) -> None:
+    fake, smoke, report = await failed_run(
+        emulator, tmp_path, f"vast.never_running={stage}", "--polls", "12", "--poll-interval", "0.05"
+    )
+    message = rf"stage {stage}: instance (\d+) not running after 12 polls .*\(last status 'loading': Pulling image .*\)"
+    found = assert_failed_at(smoke, report, "boot", message)
+    stuck = next(i for i in report["instances"] if i["stage"] == stage)
+    assert int(found.group(2)) == stuck["id"] and stuck["status_msg"].startswith("Pulling image")
+    await assert_all_destroyed(fake, smoke, report, 2)
+
+
+@pytest.mark.parametrize("stage", [0, 1], ids=["stage 0", "stage 1"])
+async def test_either_worker_never_ready_names_its_stage_and_instance(
+    stage: int, emulator: Callable[[str], Any], tmp_path: Path
+) -> None:
+    fake, smoke, report = await failed_run(emulator, tmp_path, f"vast.stall_worker={stage}")
+    inst = next(i for i in report["instances"] if i["stage"] == stage)
+    where = rf"pp-stage-{stage} on instance {inst['id']} \(stage {stage}\)"
+    message = rf"{where}: pp-stage-{stage} worker did not report ready within 3 s; its stderr is empty"
+    assert_failed_at(smoke, report, "load", message)
+    # the symptom only a node can show, switched on in that stage's node only (PP_FAILPOINTS)
+    for node in fake.destroyed:
+        assert node.proc is not None
+        points, stalled = node.proc.env.get(failpoints.ENV, ""), node.stage == stage
+        assert ("node.stall_worker" in points) == stalled, f"stage {node.stage}'s node had {failpoints.ENV}={points!r}"
+        failed = [e for e in node.proc.events if e.get("event") == "failed"]
+        assert bool(failed) == stalled, f"stage {node.stage}'s node: {failed}"
+    await assert_all_destroyed(fake, smoke, report, 2)
+
+
+def detectors(report: dict[str, Any], stage: int) -> dict[str, str]:
+    """What may legitimately notice that ``stage``'s node is gone mid-decode, and the message each
+    gives: the orchestrator's SWIM (any stage); stage 0's SWIM (a later stage: stage 0 watches the
+    stages it feeds); a send to the lost stage that fails (from the stage that sends to it)."""
+    lost = place(report, stage)
+    sender = stage - 1 if stage else report["num_stages"] - 1  # the stage before; to stage 0, the last
+    swim = "dropped out of the cluster mid-request"
+    out = {"the orchestrator's SWIM": rf"{lost} {swim}: the orchestrator's SWIM declared it dead"}
+    if stage:
+        out["stage 0's SWIM"] = rf"{place(report, 0)}: {lost} {swim}: pp-stage-0's SWIM declared it dead"
+    out[f"pp-stage-{sender}'s send"] = (
+        rf"{place(report, sender)}: {lost} unreachable mid-request: a send to it failed: .+"
+    )
+    return out
+
+
+class _GoneNode:
+    """What a StageActor touches of its Node, with every other stage gone: a send to a stage
+    fails as the transport fails it; what goes to the orchestrator is kept."""
+
+    def __init__(self, ids: dict[str, str]) -> None:
+        self.addrs = {name: ActorAddress(node, STAGE_ACTOR) for name, node in ids.items()}
+        self.registry = SimpleNamespace(lookup=self.addrs.get)
+        self.membership = SimpleNamespace(add_listener=lambda fn: None)
+        self.to_orchestrator: list[Any] = []
+        self.spawned: list[Any] = []
+
+    async def resolve(self, name: str, timeout: float) -> ActorAddress:
+        return self.addrs[name]
+
+    async def send(self, to: ActorAddress, msg: Any, *, sender: str = "", timeout: float | None = None) -> None:
+        if to.actor != ORCHESTRATOR_ACTOR:
+            raise TransportError(f"writing to peer {to.node[:10]} failed: connection lost")
+        self.to_orchestrator.append(msg)
+
+    def spawn(self, coro: Any) -> None:
+        self.spawned.append(coro)
+
+
+async def test_each_detector_of_a_lost_stage_gives_a_message_the_drop_out_test_accepts() -> None:
+    """The node-side detectors (stage 0's SWIM, a failed send, from either side), which a real run
+    shows only when they win the race, as the orchestrator reports them: each names the lost stage
+    and its instance, and which detector fired."""
+    report: dict[str, Any] = {
+        "num_stages": 2,
+        "instances": [{"stage": i, "id": 12_400_001 + i, "label": f"ppsmoke-r-stage{i}"} for i in (0, 1)],
+    }
+    instances = {i["stage"]: f"instance {i['id']} ({i['label']})" for i in report["instances"]}
+    ids = {"pp-stage-0": "a" * 64, "pp-stage-1": "b" * 64}
+    orchestrator = ActorAddress("c" * 64, ORCHESTRATOR_ACTOR)
+    bridge = SimpleNamespace(ready={"dim": 32, "end_ids": [2], "max_context": 1024})
+
+    async def error_of(stage: int, lose: Any) -> str:
+        node = _GoneNode(ids)
+        actor = StageActor(node, bridge, stage, 2, WireDtype.bf16)  # type: ignore[arg-type]
+        for task in node.spawned:  # the watchdog: not wanted here
+            task.close()
+        node.spawned.clear()
+        actor._new_request(7, orchestrator, 512)
+        await lose(actor, node)
+        [response] = node.to_orchestrator
+        assert isinstance(response, InferenceResponse) and response.request_id == 7 and response.error
+        return locate_stages(response.error, instances)
+
+    async def swim(actor: StageActor, node: _GoneNode) -> None:
+        await actor._addr("pp-stage-1")
+        actor._member_event(MemberEvent("dead", MemberState("d" * 64, int(MemberStatus.dead), 1), 0.0))
+        assert node.spawned == []  # not a stage: nothing to do
+        actor._member_event(MemberEvent("dead", MemberState(ids["pp-stage-1"], int(MemberStatus.dead), 1), 0.0))
+        await node.spawned.pop()
+
+    def send_to(name: str) -> Any:
+        async def lose(actor: StageActor, node: _GoneNode) -> None:
+            async with actor._ends_on_failure(7):
+                await actor._send_to(name, NextToken(7, 1, 5, False))
+
+        return lose
+
+    cases = [
+        (1, "stage 0's SWIM", await error_of(0, swim)),
+        (1, "pp-stage-0's send", await error_of(0, send_to("pp-stage-1"))),
+        (0, "pp-stage-1's send", await error_of(1, send_to("pp-stage-0"))),
+    ]
+    for lost, detector, error in cases:
+        fired = [who for who, m in detectors(report, lost).items() if re.fullmatch(m, error)]
+        assert fired == [detector], error
+
+
+@pytest.mark.parametrize("stage", [0, 1], ids=["stage 0", "stage 1"])
+async def test_either_node_dropping_out_mid_decode_is_named_with_its_instance_and_detector(
+    stage: int, emulator: Callable[[str], Any], tmp_path: Path, record_property: Callable[[str, object], None]
+) -> None:
+    fake, smoke, report = await failed_run(
+        emulator,
+        tmp_path,
+        f"vast.kill_stage={stage};vast.kill_after_tokens=3",
+        "--max-tokens",
+        "512",  # still decoding when the kill comes
+        "--budget",
+        "120",  # a detector that does not fire shows as the deadline, not as a slow test
+    )
+    killed = [i.stage for i in fake.destroyed if i.status_msg == "container killed by signal 9"]
+    assert killed == [stage]
+    legit = detectors(report, stage)
+    message = "|".join(f"(?:{m})" for m in legit.values())
+    assert_failed_at(smoke, report, "decode", message)
+    fired = [who for who, m in legit.items() if re.fullmatch(m, report["error"].removeprefix("decode: "))]
+    assert len(fired) == 1, (fired, report["error"])
+    record_property("detector", fired[0])
+    await assert_all_destroyed(fake, smoke, report, 2)
+
+
+@pytest.mark.parametrize("stage", [0, 1], ids=["stage 0", "stage 1"])
+async def test_either_destroy_failing_warns_exits_1_and_reap_sweeps_it(
+    stage: int, emulator: Callable[[str], Any], tmp_path: Path
+) -> None:
+    fake = await emulator(f"vast.destroy_fails={stage}:6")  # the client tries 6 times; the 7th would work
     async with Smoke(fake, tmp_path, "--max-tokens", "3") as smoke:
-        assert await smoke.finish() == 1
+        assert await smoke.finish() == 1, smoke.stderr[-3000:]
     report = smoke.report()
     assert report["text"] and report["text"] in smoke.stdout  # the inference itself worked
     stuck = [i for i in report["instances"] if i["final_state"] != "destroyed"]
-    assert [i["stage"] for i in stuck] == [1] and "HTTP 500" in stuck[0]["destroy_error"]
-    assert re.search(rf"WARNING: teardown: instance {stuck[0]['id']} \(stage 1\) was NOT destroyed", smoke.stderr)
-    assert "pp-smoke-run --reap" in smoke.stderr
-    assert report["failed_phase"] == "teardown" and [i.id for i in fake.live()] == [stuck[0]["id"]]
+    assert [i["stage"] for i in stuck] == [stage] and "HTTP 500" in stuck[0]["destroy_error"]
+    warning = rf"pp-smoke-run: WARNING: teardown: instance {stuck[0]['id']} \(stage {stage}\) was NOT destroyed: .*"
+    assert len(re.findall(warning, smoke.stderr)) == 1 and "pp-smoke-run --reap" in smoke.stderr
+    assert "failed at" not in smoke.stderr  # the warning is the one line
+    assert report["failed_phase"] == "teardown" and report["exit_code"] == 1
+    assert "1 of 2 instance(s) destroyed" in smoke.stderr
+    # vast.ai's own list after teardown, and the emulator's: the stuck instance, and only it
+    assert [(i["id"], i["label"]) for i in report["left_after_teardown"]] == [(stuck[0]["id"], stuck[0]["label"])]
+    assert [i.id for i in fake.live()] == [stuck[0]["id"]]
 
     async with Smoke(fake, tmp_path, mode="--reap") as reaper:
         assert await reaper.finish(60) == 0, reaper.stderr

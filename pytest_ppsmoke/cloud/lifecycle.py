@@ -276,7 +276,8 @@ class Deployment(Resource):
             while True:
                 member = seed.membership.get(inst.endpoint_id)
                 if member is not None and member.status == MemberStatus.dead:
-                    raise PhaseError("load", f"pp-stage-{inst.stage} on {inst.name} dropped out of the cluster")
+                    lost = "dropped out of the cluster: the orchestrator's SWIM declared it dead"
+                    raise PhaseError("load", f"pp-stage-{inst.stage} on {inst.name} {lost}")
                 try:
                     st = await seed.request(ActorAddress(inst.endpoint_id, STATUS_ACTOR), NodeStatusQuery(), timeout=10)
                 except (TimeoutError, ConnectionError, RemoteError) as e:

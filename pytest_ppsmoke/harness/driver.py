@@ -184,8 +184,10 @@ class SmokeRun(Resource):
             if self.on_phase is not None:
                 self.on_phase("prefill", seconds, "first token sampled")
 
+        # a failure names each stage it involves with its instance: the nodes know stages only by name
+        instances = {i.stage: f"instance {i.id} ({i.label})" for i in dep.instances}
         result = await run_inference(
-            dep.seed, s.num_stages, s.prompt, s.max_tokens, max(1.0, self.remaining()), prefilled
+            dep.seed, s.num_stages, s.prompt, s.max_tokens, max(1.0, self.remaining()), prefilled, instances
         )
         self.result = result
         if self.on_phase is not None:

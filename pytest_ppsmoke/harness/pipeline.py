@@ -6,10 +6,13 @@
 
 The seed hosts an ``orchestrator`` actor that receives the ``InferenceResponse``. While waiting,
 it watches membership: a stage declared dead fails the run at once with its name, instead of
-waiting for the deadline. Prefill and decode are timed on this process's clock (the last stage's
-``FirstToken``, then the response), so they hold across machines. Per-hop figures come from each
-stage's ``StageStats`` (wall-clock timestamps: the latencies need synchronised clocks across
-machines, the byte counts do not) and ``KvInfo``.
+waiting for the deadline. A stage that fails the request says so in the response's ``error``,
+naming the stages involved by name (``pp-stage-1``); given ``instances`` (each stage's place, e.g.
+``instance 12400002 (ppsmoke-...-stage1)``), every message also says where each named stage ran.
+Prefill and decode are timed on this process's clock (the last stage's ``FirstToken``, then the
+response), so they hold across machines. Per-hop figures come from each stage's ``StageStats``
+(wall-clock timestamps: the latencies need synchronised clocks across machines, the byte counts
+do not) and ``KvInfo``.
 
 Frames: the seed counts what it sends and receives by message type (``Node.frame_counts``) and
 takes three snapshots: before it sends the request, when the ``FirstToken`` arrives (that frame
@@ -23,9 +26,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -185,6 +189,25 @@ class _Orchestrator:
             self.response.set_result(msg)
 
 
+def stage_at(stage: int, instances: Mapping[int, str], endpoint_id: str = "") -> str:
+    """``pp-stage-1 on instance 12400002 (label)``: a stage by its name and where it runs (its
+    endpoint id where the instance is not known)."""
+    where = instances.get(stage)
+    if where:
+        return f"pp-stage-{stage} on {where}"
+    return f"pp-stage-{stage} (endpoint {endpoint_id[:10]})" if endpoint_id else f"pp-stage-{stage}"
+
+
+def locate_stages(text: str, instances: Mapping[int, str]) -> str:
+    """A node's error names stages by name only (it does not know the instances): the first
+    mention of each stage gets where that stage runs."""
+    for stage in sorted(instances):
+        found = re.search(rf"\bpp-stage-{stage}\b(?!-)(?! on )", text)
+        if found and instances[stage]:
+            text = text[: found.start()] + stage_at(stage, instances) + text[found.end() :]
+    return text
+
+
 async def run_inference(
     seed: Node,
     num_stages: int,
@@ -192,9 +215,12 @@ async def run_inference(
     max_tokens: int,
     timeout: float,
     on_first_token: Callable[[float], None] | None = None,
+    instances: Mapping[int, str] | None = None,
 ) -> InferenceResult:
     """Send the request to ``pp-entry`` and await the response; ``on_first_token(seconds)`` is
-    called when prefill is done (the last stage sampled its first token)."""
+    called when prefill is done (the last stage sampled its first token). ``instances``: where
+    each stage runs, as failure messages name it (``instance 12400002 (label)``)."""
+    places = dict(instances or {})
     orch = _Orchestrator(on_first_token)
     seed.actors.pop(ORCHESTRATOR_ACTOR, None)
     seed.add_actor(ORCHESTRATOR_ACTOR, orch)
@@ -207,9 +233,12 @@ async def run_inference(
 
     def on_member(ev: MemberEvent) -> None:
         if ev.kind == "dead" and ev.member.id in stage_ids and not orch.response.done():
-            i = stage_ids[ev.member.id]
+            where = stage_at(stage_ids[ev.member.id], places, ev.member.id)
             orch.response.set_exception(
-                PhaseError(orch.phase, f"pp-stage-{i} ({ev.member.id[:10]}) dropped out of the cluster mid-request")
+                PhaseError(
+                    orch.phase,
+                    f"{where} dropped out of the cluster mid-request: the orchestrator's SWIM declared it dead",
+                )
             )
 
     seed.membership.add_listener(on_member)
@@ -238,7 +267,7 @@ async def run_inference(
     finished = time.time()
     done_at = time.monotonic()
     if response.error:  # a failure after the first sampled token is a decode failure
-        raise PhaseError("decode" if response.token_ids else "prefill", response.error)
+        raise PhaseError("decode" if response.token_ids else "prefill", locate_stages(response.error, places))
     if not response.text.strip():
         raise PhaseError("decode", f"the last stage reported done with no text (token ids {list(response.token_ids)})")
 

@@ -26,11 +26,17 @@ log = logging.getLogger(__name__)
 _LINE_LIMIT = 256 << 20  # a prefill's hidden state in base64 is one line
 
 
+def stderr_text(tail: str) -> str:
+    """The worker's stderr tail for a message: on lines of its own, or one line saying it is empty
+    (so that the failure stays one line)."""
+    return f"stderr tail:\n{tail}" if tail.strip() else "its stderr is empty"
+
+
 class WorkerDied(RuntimeError):
     def __init__(self, name: str, status: int | None, stderr_tail: str) -> None:
         killed = status is not None and status < 0
         how = f"was killed by signal {-(status or 0)}" if killed else f"exited with status {status}"
-        super().__init__(f"{name} worker {how}; stderr tail:\n{stderr_tail or '(empty)'}")
+        super().__init__(f"{name} worker {how}; {stderr_text(stderr_tail)}")
         self.status = status
         self.stderr_tail = stderr_tail
 
@@ -76,7 +82,7 @@ class WorkerBridge:
         except TimeoutError:
             raise TimeoutError(
                 f"{self.name} worker did not report ready within {ready_timeout:.0f} s; "
-                f"stderr tail:\n{self.stderr_tail()}"
+                f"{stderr_text(self.stderr_tail())}"
             ) from None
         return self.ready
 

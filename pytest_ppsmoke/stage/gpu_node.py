@@ -22,7 +22,10 @@ the request on. ``KvInfo`` is the worker's reading of its caches (``StageModel.k
 
 One request at a time: a second ``InferenceRequest`` while one runs is refused with a "busy"
 error and touches no cache. Any failure on a stage (a worker error or death, an unreachable next
-stage) is sent to ``reply_to`` as an ``InferenceResponse`` whose ``error`` names the stage.
+stage) is sent to ``reply_to`` as an ``InferenceResponse`` whose ``error`` names the stage, and
+for a stage lost mid-request, that stage by name and what detected it (``pp-stage-0: pp-stage-1
+dropped out of the cluster mid-request: pp-stage-0's SWIM declared it dead``, ``pp-stage-0:
+pp-stage-1 unreachable mid-request: a send to it failed: ...``).
 stdout carries JSON lines: ``{"event": "joined"}``, then ``{"event": "ready", ...}``.
 """
 
@@ -85,6 +88,10 @@ COMPUTE_TIMEOUT = 600.0  # one worker call (a cold prefill compiles kernels)
 
 class Busy(RuntimeError):
     pass
+
+
+class StageLost(ConnectionError):
+    """Another stage could not be reached mid-request; the message names it and how it was found."""
 
 
 def default_worker_path() -> Path:
@@ -172,12 +179,19 @@ class StageActor:
     def _hidden(self, reply: dict[str, Any]) -> Hidden:
         return Hidden(int(self.wire), (reply["seq_len"], self.dim), base64.b64decode(reply["hidden_b64"]))
 
+    async def _send_to(self, name: str, msg: StageActivation | NextToken) -> None:
+        """A send to another stage; one that fails names that stage (StageLost)."""
+        addr = await self._addr(name)
+        try:
+            await self.node.send(addr, msg, sender=STAGE_ACTOR, timeout=HOP_TIMEOUT)
+        except ConnectionError as e:
+            raise StageLost(f"{name} unreachable mid-request: a send to it failed: {e}") from None
+
     async def _send_activation(self, act: StageActivation, reply: dict[str, Any]) -> None:
         """Send ``act``, whose hidden state the worker's ``reply`` produced; the hop's record
         carries the worker's digest of those bytes."""
-        nxt = await self._addr(f"pp-stage-{self.stage + 1}")
         started = time.time()
-        await self.node.send(nxt, act, sender=STAGE_ACTOR, timeout=HOP_TIMEOUT)
+        await self._send_to(f"pp-stage-{self.stage + 1}", act)
         hop = HopRecord(
             act.position,
             act.seq_len,
@@ -255,13 +269,22 @@ class StageActor:
 
     def _member_event(self, ev: MemberEvent) -> None:
         """Stage 0: a downstream stage that leaves or dies ends the request in flight."""
-        if self.busy is not None and ev.kind == "dead" and ev.member.id in self._addr_ids():
-            self.node.spawn(self._fail(self.busy, f"a downstream stage ({ev.member.id[:10]}) left the cluster"))
+        if self.busy is None or ev.kind != "dead":
+            return
+        name = self._downstream().get(ev.member.id)
+        if name is not None:
+            lost = f"{name} dropped out of the cluster mid-request: {self.name}'s SWIM declared it dead"
+            self.node.spawn(self._fail(self.busy, lost))
 
-    def _addr_ids(self) -> set[str]:
-        return {a.node for a in self._addr_cache.values()} | {
-            a.node for a in (self.node.registry.lookup(f"pp-stage-{i}") for i in range(1, self.num_stages)) if a
-        }
+    def _downstream(self) -> dict[str, str]:
+        """The later stages' endpoint ids and names: those of this request (a dead member's
+        names vanish from the registry with it), then the registry's."""
+        found = {a.node: name for name, a in self._addr_cache.items() if name != self.name}
+        for i in range(self.stage + 1, self.num_stages):
+            addr = self.node.registry.lookup(f"pp-stage-{i}")
+            if addr is not None:
+                found.setdefault(addr.node, f"pp-stage-{i}")
+        return found
 
     async def _watchdog(self) -> None:
         """Stage 0: no progress for a whole step's deadline frees it, whatever was lost."""
@@ -372,12 +395,9 @@ class StageActor:
                 self.node.send_nowait(self.reply_to, FirstToken(msg.request_id, token), HOP_TIMEOUT, STAGE_ACTOR)
             position = msg.position + msg.seq_len  # where the new token goes
             done = token in self.end_ids or len(self.tokens) >= self.max_tokens or position >= self.max_context
-            entry = await self._addr("pp-stage-0")
             text = (await self._compute("detokenize", token_ids=self.tokens))["text"] if done else ""
             # stage 0 first: it is free (and its figures final) before the orchestrator hears the answer
-            await self.node.send(
-                entry, NextToken(msg.request_id, token, position, done), sender=STAGE_ACTOR, timeout=HOP_TIMEOUT
-            )
+            await self._send_to("pp-stage-0", NextToken(msg.request_id, token, position, done))
             if done:
                 if failpoints.on("node.empty_text"):
                     text = ""
