@@ -33,6 +33,7 @@ from pytest_ppsmoke.harness.report import HINTS
 from pytest_ppsmoke.protocol import ORCHESTRATOR_ACTOR, STAGE_ACTOR
 from pytest_ppsmoke.runtime.codec import (
     ActorAddress,
+    InferenceRequest,
     InferenceResponse,
     MemberState,
     MemberStatus,
@@ -315,6 +316,7 @@ class _GoneNode:
         self.membership = SimpleNamespace(add_listener=lambda fn: None)
         self.to_orchestrator: list[Any] = []
         self.spawned: list[Any] = []
+        self.id = "e" * 64  # this node, neither stage nor orchestrator
 
     async def resolve(self, name: str, timeout: float) -> ActorAddress:
         return self.addrs[name]
@@ -326,6 +328,9 @@ class _GoneNode:
 
     def spawn(self, coro: Any) -> None:
         self.spawned.append(coro)
+
+    def frame_counts(self) -> dict[int, tuple[int, int]]:
+        return {}
 
 
 async def test_each_detector_of_a_lost_stage_gives_a_message_the_drop_out_test_accepts() -> None:
@@ -347,7 +352,8 @@ async def test_each_detector_of_a_lost_stage_gives_a_message_the_drop_out_test_a
         for task in node.spawned:  # the watchdog: not wanted here
             task.close()
         node.spawned.clear()
-        actor._new_request(7, orchestrator, 512)
+        request = InferenceRequest(orchestrator, "Say hello", 512)
+        actor._new_request(7, orchestrator, 512, request, SimpleNamespace(sender=orchestrator))  # type: ignore[arg-type]
         await lose(actor, node)
         [response] = node.to_orchestrator
         assert isinstance(response, InferenceResponse) and response.request_id == 7 and response.error
