@@ -38,8 +38,8 @@ INFER = """
 import pytest
 pytestmark = pytest.mark.local
 
-def test_infer(ppsmoke_inference):
-    assert ppsmoke_inference.text
+def test_infer(ppsmoke_inference, ppsmoke_reference):
+    assert ppsmoke_inference.text and ppsmoke_reference.match
 """
 
 
@@ -73,6 +73,30 @@ def test_the_cli_and_the_plugin_write_the_same_report(
         assert r["creates_sent"] == 2 and r["left_after_teardown"] == [] and r["emulator"]["live_instances"] == []
         assert [i["final_state"] for i in r["instances"]] == ["destroyed", "destroyed"]
         assert 1 <= len(r["token_ids"]) <= 4
+        ref = r["reference"]  # on stage 0's node, after the request: the same tokens
+        assert (ref["state"], ref["stage"], ref["match"], ref["method"]) == (
+            "done",
+            0,
+            True,
+            "unsplit, boundaries rounded to bf16",
+        )
+        assert ref["token_ids"] == r["token_ids"] and ref["prompt_token_ids"] == r["prompt_token_ids"]
+        assert ref["load_s"] > 0 and ref["generate_s"] > 0 and r["timings"]["reference"] >= ref["generate_s"]
+
+
+def test_the_reference_can_be_left_out(synth_model: str, tmp_path: Path) -> None:
+    """``--reference off``: no reference step, the report says so, and the run still passes."""
+    env = {k: v for k, v in os.environ.items() if k not in ("VAST_API_KEY", "PPSMOKE_MODE", "VAST_URL")}
+    report = tmp_path / "r.json"
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest_ppsmoke.harness.cli", "--local", "--model", synth_model, "--max-tokens", "2",
+         "--reference", "off", "--report", str(report)],
+        capture_output=True, text=True, timeout=240, env=env,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(report.read_text())
+    assert r["reference"]["state"] == "off" and r["reference"]["token_ids"] == [] and "reference" not in r["timings"]
+    assert "reference" not in out.stdout
 
 
 def test_one_table_makes_both_faces_options() -> None:
@@ -90,7 +114,8 @@ def test_one_table_makes_both_faces_options() -> None:
     assert tuple(d.name for d in WireDtype) == WIRE_DTYPES
     _, s = cli.parse_args(["--local", "--model", "smollm2:135m"])
     assert s == Settings.resolve({"mode": "local", "model": "smollm2:135m"})
-    assert (s.poll_interval, s.budget, s.num_stages, s.wire_dtype) == (0.25, 300.0, 2, "bf16")
+    assert (s.poll_interval, s.budget, s.num_stages, s.wire_dtype, s.reference) == (0.25, 300.0, 2, "bf16", True)
+    assert cli.parse_args(["--local", "--reference", "off"])[1].reference is False
     assert Settings.resolve({"api_key": "k"}).mode == "vastai"
     assert Settings.resolve({"api_key": "k"}).model == "llama3.2:1b"
     assert "k-secret" not in repr(Settings.resolve({"api_key": "k-secret"}))
