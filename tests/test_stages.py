@@ -102,9 +102,8 @@ def test_rounding_in_the_graph_is_the_codecs_bit_for_bit(wire: WireDtype) -> Non
         want = round_to_wire(x, wire).view(np.uint32)
     got = round_in_graph(Tensor(x), wire).numpy().view(np.uint32)
     differ = np.flatnonzero(got != want)
-    assert differ.size == 0, (
-        f"{differ.size} values differ, e.g. {x[differ[:3]]}: {got[differ[:3]]} vs {want[differ[:3]]}"
-    )
+    shown = [f"{x[i]!r}: {got[i]:#010x}, codec {want[i]:#010x}" for i in differ[:3]]
+    assert differ.size == 0, f"{differ.size} values round differently, e.g. {shown}"
 
 
 def test_the_reference_runs_no_stage_code(monkeypatch: pytest.MonkeyPatch, synth_model: str) -> None:
@@ -144,6 +143,7 @@ def test_the_reference_rounds_at_each_stage_boundary_only_for_a_narrow_wire(
         if wire is WireDtype.f32:
             assert seen == []
             continue
+        assert seen, f"the reference's hidden state was never rounded to {wire.name}"
         prompt = len(ref.prompt_token_ids)
         # the prompt, then decode steps until tinygrad's JIT replays its capture without Python
         assert seen[0] == ((1, prompt, SYNTH.dim), wire) and ((1, 1, SYNTH.dim), wire) in seen[1:], seen
