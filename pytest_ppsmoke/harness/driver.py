@@ -217,7 +217,8 @@ class SmokeRun(Resource):
             return
         left = self.remaining() - REFERENCE_MARGIN
         if left < REFERENCE_LEAST:
-            r.reference = ReferenceFigures("skipped", f"{max(0.0, left):.0f} s of the budget were left")
+            budget = f"{max(0.0, left):.0f} s of the budget of {s.budget:.0f} s"
+            r.reference = ReferenceFigures("skipped", f"only {budget} were left; raise the budget")
             return
         dep.phase = "reference"
         started = time.monotonic()

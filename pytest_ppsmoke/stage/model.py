@@ -10,6 +10,9 @@ Blocks a stage does not own are dropped before anything is realized, so they nev
 
 Decode (one token) runs through ``TinyJit`` with a symbolic start position, so each stage
 compiles its kernels once; prefill and the spec's uncompiled path (``jit=False``) run eagerly.
+
+The token-exact reference (:func:`run_reference`, the worker's ``reference`` op) is a model of its
+own, run through tinygrad's ``Transformer.generate``, never through :class:`StageModel`.
 This module imports tinygrad: the node never imports it, only the worker process does.
 """
 
