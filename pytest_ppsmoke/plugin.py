@@ -254,7 +254,7 @@ def ppsmoke_reference(
     if ref.state == "off":
         pytest.skip("the reference is off (--ppsmoke-reference off)")
     if ref.state != "done":
-        pytest.fail(f"the reference was {ref.state}: {ref.detail}", pytrace=False)
+        pytest.fail(f"the reference did not run ({ref.state}): {ref.detail}", pytrace=False)
     return ref
 
 

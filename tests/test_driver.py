@@ -8,15 +8,17 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from pytest_ppsmoke.harness import cli
+from pytest_ppsmoke.harness import cli, driver
 from pytest_ppsmoke.harness.report import Report
 from pytest_ppsmoke.harness.settings import OPTIONS, WIRE_DTYPES, Settings
-from pytest_ppsmoke.runtime.codec import WireDtype
+from pytest_ppsmoke.runtime.codec import ReferenceResult, WireDtype
 
 pytestmark = pytest.mark.local
 
@@ -153,3 +155,47 @@ def test_a_failed_rent_shows_once_in_one_line_with_no_traceback(pytester: pytest
     for absent in ("Traceback", "harness/", "plugin.py", "During handling", "billing", KEY):
         assert absent not in out, absent
     assert "nothing to destroy: no instance was created (the deployment failed at rent)" in out
+
+
+async def test_the_reference_step_records_a_mismatch_a_failure_and_a_lack_of_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """None of them fails the run (the spec's token-exact test fails on them); each is in the
+    report with what a reader needs: where the tokens first differ, the error, the budget left."""
+    answers: list[Any] = []
+
+    async def reference(seed: object, prompt: str, max_tokens: int, timeout: float) -> ReferenceResult:
+        assert timeout <= run.remaining() - driver.REFERENCE_MARGIN + 0.1
+        answer = answers.pop(0)
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(driver, "request_reference", reference)
+    run = driver.SmokeRun(Settings.resolve({"mode": "local", "budget": 100}))
+    run.deployment = SimpleNamespace(seed=object(), phase="decode")  # type: ignore[assignment]
+    run.result = SimpleNamespace(token_ids=[7, 8, 9])  # type: ignore[assignment]
+    run.started = time.monotonic()
+    method = "unsplit, boundaries rounded to bf16"
+    answers.append(ReferenceResult(0, method, "CPU", (1,), (7, 8, 4), 0.5, 1.5))
+    await run._reference()
+    ref = run.report.reference
+    assert (ref.state, ref.match, ref.first_difference, ref.token_ids) == ("done", False, 2, [7, 8, 4])
+    assert "MISMATCH at token 2" in ref.line() and run.failure is None and "reference" in run.report.timings
+    answers.append(ReferenceResult(0, method, "CPU", (1,), (7, 8), 0.5, 1.5))  # ended early
+    await run._reference()
+    assert (run.report.reference.match, run.report.reference.first_difference) == (False, 2)
+    answers.append(TimeoutError("no reply from pp-entry to ReferenceQuery within 97 s"))
+    await run._reference()
+    assert (run.report.reference.state, run.report.reference.detail) == (
+        "failed",
+        "no reply from pp-entry to ReferenceQuery within 97 s",
+    )
+    run.started = time.monotonic() - 95  # 5 s of the budget left
+    await run._reference()
+    assert run.report.reference.state == "skipped" and "of the budget of 100 s were left" in str(
+        run.report.reference.detail
+    )
+    run.settings = Settings.resolve({"mode": "local", "reference": False})
+    await run._reference()
+    assert run.report.reference.state == "off" and answers == [] and run.failure is None
