@@ -17,7 +17,8 @@ Fixtures, session-scoped, each building on the one before:
 ``ppsmoke_session`` (its finalizer destroys everything rented, on every path) ->
 ``ppsmoke_instances`` (rented and running) -> ``ppsmoke_cluster`` (1 + N members converged,
 workers ready) -> ``ppsmoke_names`` (the stage names resolved) -> ``ppsmoke_inference`` (the
-prompt answered, with its figures). ``ppsmoke_teardown`` tears the session down (its tests run last).
+prompt answered, with its figures) -> ``ppsmoke_reference`` (the model in one piece on stage 0's
+node, after the request). ``ppsmoke_teardown`` tears the session down (its tests run last).
 
 A failed phase shows once, as one line naming the phase, the cause and what to do, on the first
 test that needed it; every later test that needs that phase fails at once, pointing there.
@@ -39,6 +40,7 @@ from .harness.settings import OPTIONS, SettingError, Settings, from_sources
 if TYPE_CHECKING:
     from .cloud.lifecycle import Deployment
     from .harness.pipeline import InferenceResult
+    from .harness.report import ReferenceFigures
     from .harness.session import SmokeSession
     from .runtime.codec import ActorAddress
 
@@ -59,8 +61,9 @@ STEP_OF = {
     "ppsmoke_cluster": "load",
     "ppsmoke_names": "resolve",
     "ppsmoke_inference": "infer",
+    "ppsmoke_reference": "reference",
 }
-STEPS = ("rent", "boot", "converge", "load", "resolve", "infer")
+STEPS = ("rent", "boot", "converge", "load", "resolve", "infer", "reference")
 FIXTURES = ("ppsmoke_session", *STEP_OF, "ppsmoke_teardown")
 
 
@@ -237,6 +240,22 @@ def ppsmoke_inference(
     _step(pytestconfig, ppsmoke_session, "infer")
     assert ppsmoke_session.run.result is not None
     return ppsmoke_session.run.result
+
+
+@pytest.fixture(scope="session")
+def ppsmoke_reference(
+    pytestconfig: pytest.Config, ppsmoke_session: SmokeSession, ppsmoke_inference: InferenceResult
+) -> ReferenceFigures:
+    """The token-exact reference: after the request, stage 0's worker loads the model afresh and
+    runs it in one piece on that node's device (a rented GPU with vastai, this machine's CPU with
+    local). Skips when ``--ppsmoke-reference off``; fails, once per test, when it could not run."""
+    _step(pytestconfig, ppsmoke_session, "reference")
+    ref = ppsmoke_session.report.reference
+    if ref.state == "off":
+        pytest.skip("the reference is off (--ppsmoke-reference off)")
+    if ref.state != "done":
+        pytest.fail(f"the reference did not run ({ref.state}): {ref.detail}", pytrace=False)
+    return ref
 
 
 @pytest.fixture(scope="session")

@@ -37,6 +37,13 @@ def cluster_names(num_stages: int) -> list[str]:
     return [ENTRY, EXIT, *(stage_name(i) for i in range(num_stages))]
 
 
+def reference_method(wire_dtype: str) -> str:
+    """How the token-exact reference is made for a wire dtype: with f32, tinygrad's own unsplit
+    ``generate``; with bf16 or f16, the same, its hidden state rounded to the wire dtype after
+    each stage's last block (rounding can change a greedy token, so the pipeline must match that)."""
+    return "unsplit" if wire_dtype == "f32" else f"unsplit, boundaries rounded to {wire_dtype}"
+
+
 class PhaseError(RuntimeError):
     """A lifecycle phase failed; ``phase`` names it (rent, boot, converge, load, resolve, ...)."""
 

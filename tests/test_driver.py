@@ -8,15 +8,17 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from pytest_ppsmoke.harness import cli
+from pytest_ppsmoke.harness import cli, driver
 from pytest_ppsmoke.harness.report import Report
 from pytest_ppsmoke.harness.settings import OPTIONS, WIRE_DTYPES, Settings
-from pytest_ppsmoke.runtime.codec import WireDtype
+from pytest_ppsmoke.runtime.codec import ReferenceResult, WireDtype
 
 pytestmark = pytest.mark.local
 
@@ -38,8 +40,8 @@ INFER = """
 import pytest
 pytestmark = pytest.mark.local
 
-def test_infer(ppsmoke_inference):
-    assert ppsmoke_inference.text
+def test_infer(ppsmoke_inference, ppsmoke_reference):
+    assert ppsmoke_inference.text and ppsmoke_reference.match
 """
 
 
@@ -73,6 +75,30 @@ def test_the_cli_and_the_plugin_write_the_same_report(
         assert r["creates_sent"] == 2 and r["left_after_teardown"] == [] and r["emulator"]["live_instances"] == []
         assert [i["final_state"] for i in r["instances"]] == ["destroyed", "destroyed"]
         assert 1 <= len(r["token_ids"]) <= 4
+        ref = r["reference"]  # on stage 0's node, after the request: the same tokens
+        assert (ref["state"], ref["stage"], ref["match"], ref["method"]) == (
+            "done",
+            0,
+            True,
+            "unsplit, boundaries rounded to bf16",
+        )
+        assert ref["token_ids"] == r["token_ids"] and ref["prompt_token_ids"] == r["prompt_token_ids"]
+        assert ref["load_s"] > 0 and ref["generate_s"] > 0 and r["timings"]["reference"] >= ref["generate_s"]
+
+
+def test_the_reference_can_be_left_out(synth_model: str, tmp_path: Path) -> None:
+    """``--reference off``: no reference step, the report says so, and the run still passes."""
+    env = {k: v for k, v in os.environ.items() if k not in ("VAST_API_KEY", "PPSMOKE_MODE", "VAST_URL")}
+    report = tmp_path / "r.json"
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest_ppsmoke.harness.cli", "--local", "--model", synth_model, "--max-tokens", "2",
+         "--reference", "off", "--report", str(report)],
+        capture_output=True, text=True, timeout=240, env=env,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(report.read_text())
+    assert r["reference"]["state"] == "off" and r["reference"]["token_ids"] == [] and "reference" not in r["timings"]
+    assert "reference" not in out.stdout
 
 
 def test_one_table_makes_both_faces_options() -> None:
@@ -90,7 +116,8 @@ def test_one_table_makes_both_faces_options() -> None:
     assert tuple(d.name for d in WireDtype) == WIRE_DTYPES
     _, s = cli.parse_args(["--local", "--model", "smollm2:135m"])
     assert s == Settings.resolve({"mode": "local", "model": "smollm2:135m"})
-    assert (s.poll_interval, s.budget, s.num_stages, s.wire_dtype) == (0.25, 300.0, 2, "bf16")
+    assert (s.poll_interval, s.budget, s.num_stages, s.wire_dtype, s.reference) == (0.25, 300.0, 2, "bf16", True)
+    assert cli.parse_args(["--local", "--reference", "off"])[1].reference is False
     assert Settings.resolve({"api_key": "k"}).mode == "vastai"
     assert Settings.resolve({"api_key": "k"}).model == "llama3.2:1b"
     assert "k-secret" not in repr(Settings.resolve({"api_key": "k-secret"}))
@@ -128,3 +155,47 @@ def test_a_failed_rent_shows_once_in_one_line_with_no_traceback(pytester: pytest
     for absent in ("Traceback", "harness/", "plugin.py", "During handling", "billing", KEY):
         assert absent not in out, absent
     assert "nothing to destroy: no instance was created (the deployment failed at rent)" in out
+
+
+async def test_the_reference_step_records_a_mismatch_a_failure_and_a_lack_of_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """None of them fails the run (the spec's token-exact test fails on them); each is in the
+    report with what a reader needs: where the tokens first differ, the error, the budget left."""
+    answers: list[Any] = []
+
+    async def reference(seed: object, prompt: str, max_tokens: int, timeout: float) -> ReferenceResult:
+        assert timeout <= run.remaining() - driver.REFERENCE_MARGIN + 0.1
+        answer = answers.pop(0)
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(driver, "request_reference", reference)
+    run = driver.SmokeRun(Settings.resolve({"mode": "local", "budget": 100}))
+    run.deployment = SimpleNamespace(seed=object(), phase="decode")  # type: ignore[assignment]
+    run.result = SimpleNamespace(token_ids=[7, 8, 9])  # type: ignore[assignment]
+    run.started = time.monotonic()
+    method = "unsplit, boundaries rounded to bf16"
+    answers.append(ReferenceResult(0, method, "CPU", (1,), (7, 8, 4), 0.5, 1.5))
+    await run._reference()
+    ref = run.report.reference
+    assert (ref.state, ref.match, ref.first_difference, ref.token_ids) == ("done", False, 2, [7, 8, 4])
+    assert "MISMATCH at token 2" in ref.line() and run.failure is None and "reference" in run.report.timings
+    answers.append(ReferenceResult(0, method, "CPU", (1,), (7, 8), 0.5, 1.5))  # ended early
+    await run._reference()
+    assert (run.report.reference.match, run.report.reference.first_difference) == (False, 2)
+    answers.append(TimeoutError("no reply from pp-entry to ReferenceQuery within 97 s"))
+    await run._reference()
+    assert (run.report.reference.state, run.report.reference.detail) == (
+        "failed",
+        "no reply from pp-entry to ReferenceQuery within 97 s",
+    )
+    run.started = time.monotonic() - 95  # 5 s of the budget left
+    await run._reference()
+    assert run.report.reference.state == "skipped" and "of the budget of 100 s were left" in str(
+        run.report.reference.detail
+    )
+    run.settings = Settings.resolve({"mode": "local", "reference": False})
+    await run._reference()
+    assert run.report.reference.state == "off" and answers == [] and run.failure is None

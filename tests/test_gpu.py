@@ -1,16 +1,14 @@
 """On CUDA GPUs (the ``gpu`` marker; skipped where there is none): two stages, each a
-``pp-gpu-node`` on its own GPU, rented through the emulator, give the unsplit model's tokens.
+``pp-gpu-node`` on its own GPU (one GPU serves both where there is one), rented through the
+emulator, give the tokens of the model run in one piece on stage 0's GPU.
 
-Run where GPUs are: ``CUDA=1 python -m pytest -m gpu tests/test_gpu.py``.
+Run where GPUs are: ``CUDA=1 python -m pytest -m gpu tests/test_gpu.py -n 0``.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +17,8 @@ import pytest
 from pytest_ppsmoke.cloud.fake_vast import FakeVast
 from pytest_ppsmoke.cloud.lifecycle import Deployment, RunConfig
 from pytest_ppsmoke.cloud.vast import VastClient
-from pytest_ppsmoke.harness.pipeline import run_inference
+from pytest_ppsmoke.harness.pipeline import request_reference, run_inference
+from pytest_ppsmoke.protocol import reference_method
 from pytest_ppsmoke.stage.synth import SHAPES, write
 
 pytestmark = pytest.mark.gpu
@@ -51,32 +50,20 @@ def tiny(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.fixture
-def reference(on_cuda: list[str], tiny: Path) -> list[int]:
-    """The unsplit model's tokens on the first GPU, in a process of its own."""
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": on_cuda[0]}
-    ref = subprocess.run([sys.executable, "-c", REFERENCE, str(tiny)], capture_output=True, text=True, env=env)
-    assert ref.returncode == 0, ref.stderr[-3000:]
-    return json.loads(ref.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
-
-
-REFERENCE = """
-import json, sys
-from pytest_ppsmoke.runtime.codec import WireDtype
-from pytest_ppsmoke.stage.model import reference_tokens
-print(json.dumps(reference_tokens(sys.argv[1], "Say hello", 8, WireDtype.f32)))
-"""
-
-
-async def test_two_stages_on_two_gpus_give_the_unsplit_models_tokens(
-    on_cuda: list[str], tiny: Path, reference: list[int]
-) -> None:
+@pytest.mark.parametrize("wire", ["f32", "bf16"])
+async def test_two_stages_on_two_gpus_give_the_unsplit_models_tokens(on_cuda: list[str], tiny: Path, wire: str) -> None:
+    """The reference is the one the spec suite uses: after the request, stage 0's node runs the
+    model in one piece on its own GPU (``ReferenceQuery``), through tinygrad's ``generate``."""
     async with FakeVast(gpus=on_cuda) as fake, VastClient(fake.api_key, fake.url) as vast:
-        config = RunConfig(model=str(tiny), wire_dtype="f32", poll_interval=0.25)
+        config = RunConfig(model=str(tiny), wire_dtype=wire, poll_interval=0.25)
         async with Deployment(vast, config) as dep:
             assert dep.seed is not None
             result = await run_inference(dep.seed, 2, "Say hello", 8, timeout=300)
+            reference = await request_reference(dep.seed, "Say hello", 8, timeout=300)
             seen = sorted(i.proc.env["CUDA_VISIBLE_DEVICES"] for i in fake.live() if i.proc)
     assert seen == sorted(on_cuda)  # one GPU each
-    assert result.token_ids == reference
+    assert (reference.stage, reference.device, reference.method) == (0, "CUDA", reference_method(wire))
+    assert reference.prompt_token_ids == tuple(result.prompt_token_ids)
+    assert result.token_ids == list(reference.token_ids)
+    assert reference.mem_after <= reference.mem_before  # the reference's model was dropped
     assert fake.live() == []

@@ -472,7 +472,8 @@ SIGNAL_CASES = {
     "load": (signal.SIGTERM, "", [], lambda s: s.wait_line("converge")),
     "prefill": (signal.SIGINT, "", [], lambda s: s.wait_line("resolve")),
     "decode": (signal.SIGTERM, "", ["--max-tokens", "512"], _tokens_flowing),  # still decoding when the signal comes
-    "teardown": (signal.SIGINT, "vast.api_latency=0.3", ["--max-tokens", "3"], lambda s: s.wait_line("decode")),
+    "reference": (signal.SIGTERM, "", ["--max-tokens", "3"], lambda s: s.wait_line("decode")),
+    "teardown": (signal.SIGINT, "vast.api_latency=0.3", ["--max-tokens", "3"], lambda s: s.wait_line("reference")),
 }
 
 

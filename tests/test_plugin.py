@@ -213,9 +213,16 @@ def test_the_spec_suite_passes_and_junit_carries_the_figures(
         assert props["ppsmoke_mode"] == "local" and props["ppsmoke_run_id"], case.get("name")
         assert float(props["ppsmoke_time_rent"]) >= 0 and float(props["ppsmoke_cost_usd"]) > 0
         assert len(props["ppsmoke_instances"].split(",")) == 2
-        if case.get("name") in ("test_output_is_coherent_text", "test_teardown_leaves_no_instance_with_the_runs_label"):
+        if case.get("name") in (
+            "test_tokens_equal_the_unsplit_reference",
+            "test_teardown_leaves_no_instance_with_the_runs_label",
+        ):
             assert float(props["ppsmoke_time_decode_tokens_per_s"]) > 0
             assert props["ppsmoke_hop_pp-stage-0->pp-stage-1_decode_bytes"] == f"[{hop}]"
+            assert props["ppsmoke_text"] and len(props["ppsmoke_token_ids"].split(",")) == 12
+            assert props["ppsmoke_reference_state"] == "done" and props["ppsmoke_reference_match"] == "True"
+            assert props["ppsmoke_reference_token_ids"] == props["ppsmoke_token_ids"]
+            assert float(props["ppsmoke_time_reference"]) > 0
 
 
 INTERRUPTED = """

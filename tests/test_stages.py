@@ -1,12 +1,29 @@
-"""The layer split and what a stage keeps in memory (in this process, real SmolLM2 weights)."""
+"""The layer split and what a stage keeps in memory (in this process, real SmolLM2 weights); the
+reference's rounding and its independence from the stage code (the session's synthetic model)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
+from tinygrad import Tensor
 
-from pytest_ppsmoke.stage.model import ModelError, StageModel, Tokenizer, layer_range, load_model, resolve_model
+from pytest_ppsmoke.runtime.codec import WireDtype, round_to_wire
+from pytest_ppsmoke.stage import model as model_module
+from pytest_ppsmoke.stage.model import (
+    ModelError,
+    StageModel,
+    Tokenizer,
+    layer_range,
+    load_model,
+    resolve_model,
+    round_in_graph,
+    run_reference,
+    unsplit_generate,
+)
+
+from .helpers import SYNTH
 
 pytestmark = pytest.mark.local
 
@@ -72,3 +89,66 @@ def test_the_smollm2_chat_turn_matches_its_gguf_template(smollm2_loaded: tuple[A
         "<|im_start|>user\nSay hello<|im_end|>\n<|im_start|>assistant\n"
     )
     assert tok.end_ids == {2} and tok.decode([57, 5248, 2]) == "I'm"
+
+
+@pytest.mark.parametrize("wire", [WireDtype.bf16, WireDtype.f16])
+def test_rounding_in_the_graph_is_the_codecs_bit_for_bit(wire: WireDtype) -> None:
+    """The reference rounds its hidden state inside tinygrad's graph; the pipeline rounds on the
+    wire (``codec.round_to_wire``). The two must agree on every finite float32: magnitudes from
+    subnormal to the largest, random bit patterns, exact ties, and values that overflow f16."""
+    rng = np.random.default_rng(7)
+    scaled = rng.standard_normal(50_000) * 10.0 ** rng.integers(-40, 38, 50_000)
+    bits = rng.integers(0, 2**32, 50_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    ties = (np.arange(1, 2001, dtype=np.uint32) << 16 | 0x8000).view(np.float32)  # exactly halfway in bf16
+    edges = [0.0, -0.0, 1.0, 65504.0, 65520.0, 6e-8, 3e-8, 3.4e38, -3.4e38, np.inf, -np.inf]
+    x = np.concatenate([scaled.astype(np.float32), bits, ties, np.array(edges, np.float32)])
+    x = x[~np.isnan(x)]  # NaNs aside: both keep them NaN, with different payloads
+    with np.errstate(over="ignore"):
+        want = round_to_wire(x, wire).view(np.uint32)
+    got = round_in_graph(Tensor(x), wire).numpy().view(np.uint32)
+    differ = np.flatnonzero(got != want)
+    shown = [f"{x[i]!r}: {got[i]:#010x}, codec {want[i]:#010x}" for i in differ[:3]]
+    assert differ.size == 0, f"{differ.size} values round differently, e.g. {shown}"
+
+
+def test_the_reference_runs_no_stage_code(monkeypatch: pytest.MonkeyPatch, synth_model: str) -> None:
+    """The reference is tinygrad's own ``generate`` on a model of its own: with every entry into
+    the stage code broken, it still runs, and with an f32 wire it is exactly the unsplit model's
+    greedy output (the hidden state rounded at the boundary with bf16)."""
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the reference ran stage code")
+
+    monkeypatch.setattr(StageModel, "__init__", broken)
+    f32 = run_reference(synth_model, "Say hello", 6, WireDtype.f32, 2, 128)
+    model, kv = load_model(synth_model, 128)
+    tok = Tokenizer(kv)
+    assert f32.prompt_token_ids == tok.chat("Say hello")
+    assert f32.token_ids == unsplit_generate(model, tok.chat("Say hello"), 6, tok.end_ids)
+    assert f32.method == "unsplit"
+    bf16 = run_reference(synth_model, "Say hello", 6, WireDtype.bf16, 2, 128)
+    assert bf16.method == "unsplit, boundaries rounded to bf16" and len(bf16.token_ids) == 6
+
+
+def test_the_reference_rounds_at_each_stage_boundary_only_for_a_narrow_wire(
+    monkeypatch: pytest.MonkeyPatch, synth_model: str
+) -> None:
+    """With bf16 or f16 the reference's hidden state is rounded where a stage hands it on (after
+    block k-1 of the spec's split), over the prompt and the decode steps; with f32 never."""
+    seen: list[tuple[tuple[int, ...], WireDtype]] = []
+
+    def spy(x: Tensor, wire: WireDtype) -> Tensor:
+        seen.append((tuple(x.shape), wire))
+        return round_in_graph(x, wire)
+
+    monkeypatch.setattr(model_module, "round_in_graph", spy)
+    for wire in (WireDtype.f32, WireDtype.bf16, WireDtype.f16):
+        seen.clear()
+        ref = run_reference(synth_model, "Say hello", 4, wire, 2, 128)
+        if wire is WireDtype.f32:
+            assert seen == []
+            continue
+        assert seen, f"the reference's hidden state was never rounded to {wire.name}"
+        prompt = len(ref.prompt_token_ids)
+        # the prompt, then decode steps until tinygrad's JIT replays its capture without Python
+        assert seen[0] == ((1, prompt, SYNTH.dim), wire) and ((1, 1, SYNTH.dim), wire) in seen[1:], seen

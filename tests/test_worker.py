@@ -16,7 +16,7 @@ import pytest
 
 from pytest_ppsmoke.runtime.codec import Hidden, WireDtype, digest
 
-from .helpers import SMOLLM2
+from .helpers import SMOLLM2, SYNTH
 
 pytestmark = pytest.mark.local
 
@@ -179,3 +179,124 @@ def test_a_broken_model_file_is_named(tmp_path: Path) -> None:
     w = Worker(MODEL=str(bad))
     assert w.proc.wait(timeout=120) == 2
     assert w.proc.stderr is not None and f"({bad}) is not a loadable llama GGUF" in w.proc.stderr.read()
+
+
+# --- the session's synthetic model: the uncompiled path, decode_step, the reference op -----------
+
+PROMPT = "Say hello"
+
+
+def _f32(reply: dict, dim: int) -> np.ndarray:
+    assert reply["dtype"] == "f32" and "error" not in reply, reply
+    data = base64.b64decode(reply["hidden_b64"])
+    assert len(data) == reply["seq_len"] * dim * 4  # seq_len x hidden x 4 bytes
+    return Hidden(int(WireDtype.f32), (reply["seq_len"], dim), data).to_array()
+
+
+@pytest.fixture(scope="module")
+def synth(synth_model: str) -> Iterator[dict[str, Worker]]:
+    """Workers on the session's synthetic model with an f32 wire: both stages of the spec's
+    uncompiled path (``PP_JIT=0``), and a compiled stage 0. Each test writes the KV history it
+    reads from position 0, so the order of the tests does not matter."""
+    env = {"MODEL": synth_model, "NUM_STAGES": "2", "PP_WIRE_DTYPE": "f32"}
+    started = {
+        "eager0": Worker(STAGE="0", PP_JIT="0", **env),
+        "eager1": Worker(STAGE="1", PP_JIT="0", **env),
+        "jit0": Worker(STAGE="0", **env),
+    }
+    try:
+        for name, w in started.items():
+            ready = w.line()
+            assert (ready["status"], ready["jit"], ready["dim"]) == ("ready", name == "jit0", SYNTH.dim), ready
+        yield started
+    finally:
+        for w in started.values():
+            w.proc.kill()
+            w.proc.wait()
+
+
+def test_the_uncompiled_split_gives_the_unsplit_models_tokens(synth: dict[str, Worker], synth_model: str) -> None:
+    """The spec's literal path: stage 0 and stage 1 with every step eager (``PP_JIT=0``), the
+    hidden state crossing in f32, give token for token what tinygrad's unsplit ``generate``
+    gives (the ``reference`` op: a model of its own, in one piece). The synthetic model's greedy
+    tokens settle on a repeated one, so stage 0's hidden states are checked too, bit for bit,
+    against tinygrad's own blocks [0, k) of the unsplit model run here over the same tokens."""
+    from tinygrad import Tensor
+
+    from pytest_ppsmoke.stage.model import load_model
+
+    s0, s1, n = synth["eager0"], synth["eager1"], 16
+    ids = s0.ask({"op": "tokenize", "request_id": 1, "prompt": PROMPT})["token_ids"]
+    unsplit, _ = load_model(synth_model, 128)
+    k = SYNTH.blocks // 2
+
+    def first_stage(tokens: list[int], position: int) -> dict:
+        op = {"op": "decode_step", "token_id": tokens[0]} if position else {"op": "embed_and_forward", "tokens": tokens}
+        reply = s0.ask({"request_id": 2, "position": position, **op})
+        x = unsplit.token_embd(Tensor([tokens]))
+        for block in unsplit.blk[:k]:
+            x = block(x, position)
+        want = x.numpy()[0]
+        assert np.array_equal(_f32(reply, SYNTH.dim), want), f"stage 0's hidden state at {position} is not the model's"
+        return reply
+
+    def last_stage(hidden: dict, position: int) -> int:
+        fields = {key: hidden[key] for key in ("hidden_b64", "seq_len", "dtype")}
+        reply = s1.ask({"op": "forward_and_sample", "request_id": 3, "position": position, **fields})
+        return int(reply["token_id"])
+
+    tokens = [last_stage(first_stage(ids, 0), 0)]
+    while len(tokens) < n:
+        position = len(ids) + len(tokens) - 1
+        tokens.append(last_stage(first_stage([tokens[-1]], position), position))
+    ref = s0.ask({"op": "reference", "request_id": 5, "prompt": PROMPT, "max_tokens": n})
+    assert (ref["method"], ref["prompt_token_ids"]) == ("unsplit", ids)
+    assert tokens == ref["token_ids"]
+
+
+def test_decode_step_is_the_eager_forward_of_that_token_at_that_position(synth: dict[str, Worker]) -> None:
+    """``decode_step`` (compiled: TinyJit, a symbolic position) against the uncompiled
+    ``embed_and_forward`` of the same token at the same position over the same KV history, on
+    two workers: one position of hidden state in the wire dtype, bit-identical, at every step,
+    also once the JIT replays its captured kernels (from the third call)."""
+    compiled, eager = synth["jit0"], synth["eager0"]
+    ids = compiled.ask({"op": "tokenize", "request_id": 1, "prompt": PROMPT})["token_ids"]
+    prefill = [
+        w.ask({"op": "embed_and_forward", "request_id": 2, "tokens": ids, "position": 0}) for w in (compiled, eager)
+    ]
+    assert prefill[0]["hidden_b64"] == prefill[1]["hidden_b64"]
+    seen = []
+    for i, token in enumerate([5, 77, 300, 12, 9, 9]):
+        position = len(ids) + i
+        got = compiled.ask({"op": "decode_step", "request_id": 3, "token_id": token, "position": position})
+        want = eager.ask({"op": "embed_and_forward", "request_id": 4, "tokens": [token], "position": position})
+        assert got["seq_len"] == 1
+        assert np.array_equal(_f32(got, SYNTH.dim), _f32(want, SYNTH.dim)), f"step {i} (token {token} at {position})"
+        seen.append(got["hidden_b64"])
+    assert seen[-1] != seen[-2]  # the same token one position later: the position reaches the state
+
+
+def test_the_reference_op_leaves_the_stage_as_it_was(synth: dict[str, Worker]) -> None:
+    """A model of its own: the stage's KV cache and compiled decode are as before, and the
+    reference's memory is returned once it has answered."""
+    w = synth["jit0"]
+    ids = w.ask({"op": "tokenize", "request_id": 1, "prompt": PROMPT})["token_ids"]
+    w.ask({"op": "embed_and_forward", "request_id": 2, "tokens": ids, "position": 0})
+    first = w.ask({"op": "decode_step", "request_id": 3, "token_id": 7, "position": len(ids)})
+    kv = w.ask({"op": "kv_info", "request_id": 4})
+    ref = w.ask({"op": "reference", "request_id": 5, "prompt": PROMPT, "max_tokens": 4})
+    assert ref["request_id"] == 5 and len(ref["token_ids"]) == 4 and ref["prompt_token_ids"] == ids
+    assert ref["device"] and ref["load_s"] > 0 and ref["generate_s"] > 0
+    assert ref["mem_after"] <= ref["mem_before"], "the reference model's memory was not returned"
+    assert {
+        k: v for k, v in w.ask({"op": "kv_info", "request_id": 6}).items() if k in ("range", "blocks_cached", "filled")
+    } == {k: v for k, v in kv.items() if k in ("range", "blocks_cached", "filled")}
+    again = w.ask({"op": "decode_step", "request_id": 7, "token_id": 7, "position": len(ids)})
+    assert again["hidden_b64"] == first["hidden_b64"]
+    for req, message in [
+        ({"max_tokens": 0}, "max_tokens must be at least 1, got 0"),
+        ({"max_tokens": 1000}, f"prompt of {len(ids)} tokens + max_tokens 1000 exceed the context of 128"),
+        ({"prompt": 5, "max_tokens": 2}, "prompt must be a string, got int"),
+    ]:
+        reply = w.ask({"op": "reference", "request_id": 8, "prompt": PROMPT, **req})
+        assert message in reply.get("error", ""), reply

@@ -20,7 +20,15 @@ positions digested). Operations::
     {"op": "tokenize", "request_id": 5, "prompt": "Say hello"}
     {"op": "detokenize", "request_id": 6, "token_ids": [...]}
     {"op": "kv_info", "request_id": 7}
-    {"op": "shutdown", "request_id": 8}
+    {"op": "reference", "request_id": 8, "prompt": "Say hello", "max_tokens": 64}        any stage
+    {"op": "shutdown", "request_id": 9}
+
+``reference`` loads the model afresh (a Transformer of its own, never this stage's) and runs it
+in one piece through tinygrad's ``generate`` on this worker's device; with a bf16 or f16 wire its
+hidden state is rounded to the wire dtype after each stage's last block, as the pipeline's is.
+It answers ``method``, ``device``, ``prompt_token_ids``, ``token_ids``, ``load_s``, ``generate_s``
+and the device bytes in use before and after (``mem_before``, ``mem_after``: the reference model
+is dropped before the reply). The stage's own model and KV cache are left as they were.
 
 A bad request (unknown op, bad base64, wrong shape or dtype, a position outside the context)
 gets ``{"request_id": ..., "op": ..., "error": "..."}`` naming the value, and the worker goes on.
@@ -30,6 +38,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import json
 import os
 import sys
@@ -40,7 +49,7 @@ import numpy as np
 
 from pytest_ppsmoke.nodeenv import NodeEnv
 from pytest_ppsmoke.runtime.codec import Hidden, WireDtype, digest
-from pytest_ppsmoke.stage.model import StageModel, Tokenizer, load_model
+from pytest_ppsmoke.stage.model import StageModel, Tokenizer, load_model, run_reference
 
 
 class RequestError(ValueError):
@@ -155,9 +164,16 @@ class Worker:
             return {"request_id": rid, "text": self.tokenizer.decode(self._tokens(_field(req, "token_ids", list)))}
         if op == "kv_info":
             return {"request_id": rid, **m.kv_info()}
+        if op == "reference":
+            prompt, max_tokens = _field(req, "prompt", str), _field(req, "max_tokens", int)
+            ref = run_reference(self.model_name, prompt, max_tokens, self.wire, self.num_stages, m.max_context)
+            return {"request_id": rid, **dataclasses.asdict(ref)}
         if op == "shutdown":
             return {"request_id": rid, "status": "bye"}
-        ops = "embed_and_forward, decode_step, forward, forward_and_sample, tokenize, detokenize, kv_info, shutdown"
+        ops = (
+            "embed_and_forward, decode_step, forward, forward_and_sample, tokenize, detokenize, kv_info, reference, "
+            "shutdown"
+        )
         raise RequestError(f"unknown op {op!r}; expected one of {ops}")
 
 

@@ -6,8 +6,11 @@
 
 The lifecycle: rent one instance per stage (cheapest matching offers), boot (each instance
 running), converge (1 + N members under SWIM), load (every worker ready), resolve the stage
-names, prefill and decode "Say hello" through the chain, teardown (destroy everything rented).
-A line per phase with its time; the text on stdout; ``--report`` writes the JSON report.
+names, prefill and decode "Say hello" through the chain, the reference (the model in one piece
+on stage 0's node: the tokens must be the same; ``--reference off`` leaves it out), teardown
+(destroy everything rented). A line per phase with its time; the text on stdout; ``--report``
+writes the JSON report. A reference that differs or fails is said on stderr; the exit status
+does not depend on it (the spec's token-exact test does).
 
 Exit status: 0 when the response is non-empty and every instance was destroyed; 1 when a phase
 failed (the message names it), when a destroy failed, or on SIGINT/SIGTERM/SIGHUP (everything
@@ -25,7 +28,7 @@ import sys
 import time
 
 from ..protocol import PhaseError
-from .driver import SmokeRun
+from .driver import STEPS, SmokeRun
 from .settings import OPTIONS, VAST_URL, SettingError, Settings, from_sources
 
 log = logging.getLogger(__name__)
@@ -131,7 +134,7 @@ async def execute(run: SmokeRun) -> None:
         loop.add_signal_handler(sig, stop, sig)
     try:
         await run.start()
-        await run.step("infer")
+        await run.step(STEPS[-1])
     except (PhaseError, asyncio.CancelledError):
         pass  # in the report
     finally:
@@ -154,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     r.finish()
     if r.text:
         print(r.text)  # the answer, even when something failed afterwards (a destroy)
+    if r.reference.state in ("failed", "skipped") or r.reference.match is False:
+        print(f"pp-smoke-run: WARNING: {r.reference.line()}", file=sys.stderr)
     if r.teardown_error:  # said apart, also after an earlier failure: something may still be billing
         print(f"pp-smoke-run: WARNING: {r.teardown_error}", file=sys.stderr)
     if not r.ok and r.error != r.teardown_error:

@@ -2,6 +2,7 @@
 
     async with SmokeRun(settings, on_phase=print_line) as run:   # the emulator and the client
         await run.step("infer")                                   # rent ... resolve, then infer
+        await run.step("reference")                               # the model in one piece, on stage 0's node
     run.report                                                    # filled, teardown included
 
 ``pp-smoke-run`` runs every step at once; the pytest session steps it phase by phase from its
@@ -25,14 +26,17 @@ from ..cloud.fake_vast import FakeVast
 from ..cloud.lifecycle import Deployment, RunConfig
 from ..cloud.vast import DEFAULT_URL, OfferQuery, VastClient
 from ..protocol import PhaseError
+from ..runtime.errors import RemoteError
 from ..runtime.resource import Resource
-from .pipeline import InferenceResult, run_inference
-from .report import Report
+from .pipeline import InferenceResult, request_reference, run_inference
+from .report import ReferenceFigures, Report
 from .settings import Settings
 
 log = logging.getLogger(__name__)
 
-STEPS = ("rent", "boot", "converge", "load", "resolve", "infer")
+STEPS = ("rent", "boot", "converge", "load", "resolve", "infer", "reference")
+REFERENCE_LEAST = 10.0  # seconds of budget the reference step needs left to start at all
+REFERENCE_MARGIN = 2.0  # seconds of budget the reference step leaves for itself to record its outcome
 
 OnPhase = Callable[[str, float, str], None]
 
@@ -130,7 +134,7 @@ class SmokeRun(Resource):
     async def run(self) -> Report:
         """Every step, then teardown: what ``pp-smoke-run`` does."""
         try:
-            await self.step("infer")
+            await self.step(STEPS[-1])
         except PhaseError:
             pass  # in the report
         finally:
@@ -169,6 +173,7 @@ class SmokeRun(Resource):
             "load": dep.load,
             "resolve": dep.resolve,
             "infer": self._infer,
+            "reference": self._reference,
         }
         try:
             await calls[step]()
@@ -202,6 +207,50 @@ class SmokeRun(Resource):
         r.text, r.prompt_token_ids, r.token_ids = result.text, result.prompt_token_ids, result.token_ids
         r.hops, r.kv, r.frames = result.hops, result.kv_summary(), result.frames
         r.timings.update(result.timings)
+
+    async def _reference(self) -> None:
+        """The token-exact reference on stage 0's node, within what is left of the budget. Its
+        outcome goes into the report; a mismatch, a failure or a lack of time is not the run's
+        failure (the spec's token-exact test fails on it), so this step never raises."""
+        dep, s, r = self.deployment, self.settings, self.report
+        assert dep is not None and dep.seed is not None and self.result is not None
+        if not s.reference:
+            r.reference = ReferenceFigures("off", "the reference setting is off")
+            return
+        left = self.remaining() - REFERENCE_MARGIN
+        if left < REFERENCE_LEAST:
+            budget = f"{max(0.0, left):.0f} s of the budget of {s.budget:.0f} s"
+            r.reference = ReferenceFigures("skipped", f"only {budget} were left; raise the budget")
+            return
+        dep.phase = "reference"
+        started = time.monotonic()
+        try:
+            ref = await request_reference(dep.seed, s.prompt, s.max_tokens, left)
+        except (RemoteError, TimeoutError, ConnectionError, LookupError) as e:
+            r.reference = ReferenceFigures("failed", str(e))
+        else:
+            got, want = self.result.token_ids, list(ref.token_ids)
+            differ = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
+            if differ is None and len(got) != len(want):
+                differ = min(len(got), len(want))
+            r.reference = ReferenceFigures(
+                "done",
+                stage=ref.stage,
+                device=ref.device,
+                method=ref.method,
+                prompt_token_ids=list(ref.prompt_token_ids),
+                token_ids=want,
+                match=differ is None,
+                first_difference=differ,
+                load_s=ref.load_s,
+                generate_s=ref.generate_s,
+                mem_before=ref.mem_before,
+                mem_after=ref.mem_after,
+            )
+        seconds = round(time.monotonic() - started, 4)
+        r.reference.seconds = r.timings["reference"] = seconds
+        if self.on_phase is not None:
+            self.on_phase("reference", seconds, r.reference.line())
 
     def _take_figures(self) -> None:
         dep, r = self.deployment, self.report

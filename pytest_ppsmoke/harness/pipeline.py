@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..protocol import ORCHESTRATOR_ACTOR, PhaseError
+from ..protocol import ENTRY, ORCHESTRATOR_ACTOR, PhaseError
 from ..runtime.codec import (
     MESSAGE_TYPES,
     Accepted,
@@ -43,6 +43,8 @@ from ..runtime.codec import (
     InferenceResponse,
     KvInfo,
     KvInfoQuery,
+    ReferenceQuery,
+    ReferenceResult,
     Span,
     StageStats,
     StageStatsQuery,
@@ -334,6 +336,25 @@ def _frames(orch: _Orchestrator, stages: list[StageStats]) -> dict[str, Any]:
             for st in stages
         },
     }
+
+
+REFERENCE_SLACK = 5.0  # seconds the orchestrator waits beyond the node's deadline for its answer
+
+
+async def request_reference(seed: Node, prompt: str, max_tokens: int, timeout: float) -> ReferenceResult:
+    """The token-exact reference, computed on ``pp-entry``'s node (stage 0) after the request:
+    its worker loads the model afresh and runs it in one piece on that node's device. The node
+    gets ``timeout`` less a slack, so that its own error (a worker deadline, a busy stage) comes
+    back before this one expires. Raises RemoteError, TimeoutError, ConnectionError or LookupError."""
+    started = time.monotonic()
+    entry = await seed.resolve(ENTRY, min(60.0, timeout))
+    left = timeout - (time.monotonic() - started)
+    node_s = max(1.0, left - min(REFERENCE_SLACK, left / 10))
+    query = ReferenceQuery(prompt, max_tokens, int(node_s * 1000))
+    reply = await seed.request(entry, query, timeout=max(1.0, left))
+    if not isinstance(reply, ReferenceResult):
+        raise RemoteError(entry, "bad_reply", f"answered {type(reply).__name__}, expected ReferenceResult")
+    return reply
 
 
 def _rate(generated: int, decode_s: float) -> float:

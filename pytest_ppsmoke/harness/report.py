@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-PHASES = ("rent", "boot", "converge", "load", "resolve", "prefill", "decode", "teardown")
+PHASES = ("rent", "boot", "converge", "load", "resolve", "prefill", "decode", "reference", "teardown")
 
 # what to do when a phase fails, where the failure's own message does not say
 HINTS = {
@@ -23,6 +23,39 @@ HINTS = {
     "prefill": "a stage failed on the prompt; run again with -v for the stage and membership events",
     "decode": "a stage failed while generating; run again with -v for the stage and membership events",
 }
+
+
+@dataclass
+class ReferenceFigures:
+    """The token-exact reference: the model run in one piece on a stage's node after the request
+    (the ``reference`` step). ``state``: ``not run`` (no step asked for it), ``off`` (the setting),
+    ``skipped`` or ``failed`` (``detail`` says why), or ``done``. ``match`` compares its tokens
+    with the pipeline's; ``first_difference`` is the first index where they differ (or where the
+    shorter list ends). A mismatch does not fail the run: the spec's token-exact test fails on it."""
+
+    state: str = "not run"
+    detail: str | None = None
+    stage: int | None = None
+    device: str | None = None  # tinygrad's device on that node: CUDA on a rented GPU, CPU locally
+    method: str | None = None  # protocol.reference_method: "unsplit", or rounded at the boundaries
+    prompt_token_ids: list[int] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    match: bool | None = None
+    first_difference: int | None = None
+    load_s: float | None = None  # in the worker: loading the whole model afresh
+    generate_s: float | None = None  # in the worker: tinygrad's generate
+    seconds: float | None = None  # the step as the orchestrator saw it
+    mem_before: int | None = None  # the node's device bytes in use before and after: the model is dropped
+    mem_after: int | None = None
+
+    def line(self) -> str:
+        """One line for the terminal summary and the command's output."""
+        if self.state != "done":
+            return f"reference {self.state}" + (f": {self.detail}" if self.detail else "")
+        where = f"pp-stage-{self.stage} ({self.device}, {self.method})"
+        if self.match:
+            return f"reference on {where}: the {len(self.token_ids)} tokens match"
+        return f"reference on {where}: MISMATCH at token {self.first_difference}"
 
 
 @dataclass
@@ -53,6 +86,7 @@ class Report:
     teardown_error: str | None = None  # what could not be destroyed, even when an earlier failure is the error
     left_after_teardown: list[dict[str, Any]] | None = None  # vast.ai's list of the run's label, after
     emulator: dict[str, list[int]] | None = None  # the embedded emulator's own record (local mode)
+    reference: ReferenceFigures = field(default_factory=ReferenceFigures)  # the token-exact reference
 
     def fail(self, phase: str | None, message: str) -> None:
         """Record a failure; the first one is the cause, later ones are its consequences."""
@@ -89,6 +123,16 @@ class Report:
             for phase, h in phases.items():
                 out.append((f"ppsmoke_hop_{hop}_{phase}_bytes", h["bytes_each"]))
                 out.append((f"ppsmoke_hop_{hop}_{phase}_median_s", h["median_s"]))
+        out.append(("ppsmoke_text", self.text or ""))
+        out.append(("ppsmoke_token_ids", ",".join(map(str, self.token_ids))))
+        ref = self.reference
+        out.append(("ppsmoke_reference_state", ref.state))
+        if ref.state == "done":
+            out.append(("ppsmoke_reference_token_ids", ",".join(map(str, ref.token_ids))))
+            out.append(("ppsmoke_reference_match", ref.match))
+            out.append(("ppsmoke_reference_where", f"pp-stage-{ref.stage} {ref.device}: {ref.method}"))
+        elif ref.detail:
+            out.append(("ppsmoke_reference_detail", ref.detail))
         out.append(("ppsmoke_instances", ",".join(str(i["id"]) for i in self.instances)))
         out.append(("ppsmoke_cost_usd", self.cost_usd))
         if self.error:
@@ -116,6 +160,8 @@ class Report:
             lines.append(f"orchestrator frames in {who}: {_window(window)}")
         for who, window in sorted(self.frames.get("stages", {}).items()):
             lines.append(f"{who} frames: {_window(window)}")
+        if self.reference.state != "not run":
+            lines.append(self.reference.line())
         for i in self.instances:
             gpu = (i.get("offer") or {}).get("gpu_name", "?")
             lines.append(f"instance {i['id']} stage {i['stage']}: {gpu} ${i['dph_total']}/h, {i['final_state']}")

@@ -80,7 +80,7 @@ class SmokeSession:
         return self.run.remaining()
 
     def step(self, name: str) -> SmokeRun:
-        """Run the driver up to step ``name`` (rent, boot, converge, load, resolve, infer)."""
+        """Run the driver up to step ``name`` (rent, boot, converge, load, resolve, infer, reference)."""
         if self.closed:
             raise PhaseError(self.run.phase, "the session is already torn down")
         try:

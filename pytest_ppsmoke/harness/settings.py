@@ -64,6 +64,13 @@ def _one_of(choices: tuple[str, ...], what: str) -> Callable[[str], str]:
     return parse
 
 
+def _on_off(text: str) -> bool:
+    value = text.strip().lower()
+    if value not in ("on", "off"):
+        raise SettingError(f"expected on or off, got {text!r}")
+    return value == "on"
+
+
 def _text(text: str) -> str:
     if not text.strip():
         raise SettingError("expected a non-empty text")
@@ -155,6 +162,13 @@ OPTIONS: tuple[Option, ...] = (
         choices=WIRE_DTYPES,
     ),
     _opt("budget", "seconds for the whole run, teardown excepted (default 300)", _positive, 300.0),
+    _opt(
+        "reference",
+        "after the request, run the model in one piece on stage 0's node and compare tokens: on (default) or off",
+        _on_off,
+        True,
+        choices=("on", "off"),
+    ),
     _opt("report", "write the run's JSON report here", Path),
     _opt("gpus", "local: this machine's GPUs (e.g. 0,1), one per instance in turn", str, ""),
     _opt("image", f"the node image (default {DEFAULT_IMAGE})", _text, DEFAULT_IMAGE, group="instances"),
@@ -205,6 +219,7 @@ class Settings:
     num_stages: int = 2
     wire_dtype: str = "bf16"
     budget: float = 300.0
+    reference: bool = True
     report: Path | None = None
     gpus: str = ""
     image: str = DEFAULT_IMAGE

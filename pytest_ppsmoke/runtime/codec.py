@@ -830,6 +830,41 @@ class ProbeReport(Message):
     hidden: Hidden
 
 
+# --- the token-exact reference -----------------------------------------------------------------
+
+
+@message(55)
+@dataclass(frozen=True)
+class ReferenceQuery(Message):
+    """Ask a stage's node to run the model in one piece, on its own device, with a fresh copy of
+    the weights (never the stage's): the tokens the pipeline must produce for ``prompt``. The
+    node gives its worker ``timeout_ms``; stage 0 first waits for a request in flight to end."""
+
+    prompt: str
+    max_tokens: U32
+    timeout_ms: U32
+
+
+@message(56)
+@dataclass(frozen=True)
+class ReferenceResult(Message):
+    """The reference's tokens and how they were made: ``method`` is ``unsplit`` (an f32 wire:
+    tinygrad's own ``Transformer.generate``) or ``unsplit, boundaries rounded to <dtype>``;
+    ``device`` is tinygrad's device on that node; ``load_s`` and ``generate_s`` are the worker's
+    seconds; ``mem_before`` and ``mem_after`` its device bytes in use before the load and after
+    the reference model was dropped."""
+
+    stage: U32
+    method: str
+    device: str
+    prompt_token_ids: tuple[U32, ...]
+    token_ids: tuple[U32, ...]
+    load_s: F64
+    generate_s: F64
+    mem_before: U64 = 0
+    mem_after: U64 = 0
+
+
 # --- frames ------------------------------------------------------------------------------------
 
 _ENVELOPE = _Struct(Envelope)

@@ -20,6 +20,9 @@ with the digest of its raw wire bytes, taken by the worker that produced them an
 that decoded them; the frames the node sent and received, by type, from the frame that began
 the request on. ``KvInfo`` is the worker's reading of its caches (``StageModel.kv_info``).
 
+Any stage answers ``ReferenceQuery`` (the harness asks ``pp-entry``, after the request): its worker
+runs the model in one piece on the node's device, and ``ReferenceResult`` carries the tokens.
+
 One request at a time: a second ``InferenceRequest`` while one runs is refused with a "busy"
 error and touches no cache. Any failure on a stage (a worker error or death, an unreachable next
 stage) is sent to ``reply_to`` as an ``InferenceResponse`` whose ``error`` names the stage, and
@@ -66,6 +69,8 @@ from ..runtime.codec import (
     NodeStatus,
     NodeStatusQuery,
     ProbeReport,
+    ReferenceQuery,
+    ReferenceResult,
     RelayProbe,
     Span,
     StageActivation,
@@ -84,6 +89,7 @@ log = logging.getLogger(__name__)
 HOP_TIMEOUT = 30.0  # a send to the next stage
 NAME_TIMEOUT = 60.0  # the spec's deadline for a name
 COMPUTE_TIMEOUT = 600.0  # one worker call (a cold prefill compiles kernels)
+IDLE_WAIT = HOP_TIMEOUT  # stage 0: how long a reference waits for the request in flight to end
 
 
 class Busy(RuntimeError):
@@ -156,6 +162,7 @@ class StageActor:
         self.name = f"pp-stage-{stage}"
         self._ids = itertools.count(int(time.time() * 1000) % 1_000_000 * 1000)
         self.busy: int | None = None
+        self.reference_running = False  # stage 0 refuses requests meanwhile: the worker is busy with it
         self.reply_to: ActorAddress | None = None
         self.max_tokens = 0
         self.tokens: list[int] = []
@@ -301,6 +308,8 @@ class StageActor:
             raise ValueError(f"{self.name} is not the entry stage; send InferenceRequest to pp-entry")
         if self.busy is not None:
             raise Busy(f"busy: {self.name} is serving request {self.busy}; one request at a time")
+        if self.reference_running:
+            raise Busy(f"busy: {self.name} is computing the reference; one request at a time")
         if msg.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {msg.max_tokens}")
         rid = next(self._ids)
@@ -444,6 +453,41 @@ class StageActor:
 
     def on_stage_stats_query(self, msg: StageStatsQuery, ctx: Context) -> StageStats:
         return self.stats.snapshot(self.node.frame_counts())
+
+    async def on_reference_query(self, msg: ReferenceQuery, ctx: Context) -> ReferenceResult:
+        """The model in one piece on this node's device, by its worker (``reference`` op), within
+        ``msg.timeout_ms``. Stage 0 is the pipeline's gate: it first waits for the request in
+        flight to end (the last stage answers the orchestrator before stage 0 hears the end) and
+        refuses requests while the reference runs, so that the two never share the worker."""
+        timeout = msg.timeout_ms / 1000
+        if timeout <= 0:
+            raise ValueError(f"timeout_ms must be positive, got {msg.timeout_ms}")
+        deadline = time.monotonic() + timeout
+        if self.first:
+            waited_until = time.monotonic() + min(IDLE_WAIT, timeout)
+            while self.busy is not None or self.reference_running:
+                if time.monotonic() >= waited_until:
+                    what = f"request {self.busy}" if self.busy is not None else "another reference"
+                    raise Busy(f"busy: {self.name} is still serving {what}; the reference runs when it is idle")
+                await asyncio.sleep(0.05)
+            self.reference_running = True
+        try:
+            left = max(0.001, deadline - time.monotonic())
+            reply = await self.bridge.call("reference", left, prompt=msg.prompt, max_tokens=msg.max_tokens)
+        finally:
+            if self.first:
+                self.reference_running = False
+        return ReferenceResult(
+            self.stage,
+            reply["method"],
+            reply["device"],
+            tuple(reply["prompt_token_ids"]),
+            tuple(reply["token_ids"]),
+            float(reply["load_s"]),
+            float(reply["generate_s"]),
+            int(reply["mem_before"]),
+            int(reply["mem_after"]),
+        )
 
 
 class StatusActor:

@@ -10,6 +10,9 @@ Blocks a stage does not own are dropped before anything is realized, so they nev
 
 Decode (one token) runs through ``TinyJit`` with a symbolic start position, so each stage
 compiles its kernels once; prefill and the spec's uncompiled path (``jit=False``) run eagerly.
+
+The token-exact reference (:func:`run_reference`, the worker's ``reference`` op) is a model of its
+own, run through tinygrad's ``Transformer.generate``, never through :class:`StageModel`.
 This module imports tinygrad: the node never imports it, only the worker process does.
 
 What the stage holds is read from tinygrad's own objects (:meth:`StageModel.kv_info`): for every
@@ -22,21 +25,24 @@ after prefill and now. A call flagged ``prefill`` begins a sequence: the caches 
 
 from __future__ import annotations
 
+import gc
 import importlib.metadata
 import importlib.util
 import re
 import time
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tinygrad import Tensor, TinyJit, UOp, nn
+from tinygrad import Device, GlobalCounters, Tensor, TinyJit, UOp, dtypes, nn
 from tinygrad.apps.llm import SimpleTokenizer as _SimpleTokenizer
 from tinygrad.apps.llm import Transformer, models
 
-from ..runtime.codec import WireDtype, digest, round_to_wire
+from ..protocol import reference_method
+from ..runtime.codec import WireDtype, digest
 
 _DTYPES = {np.dtype(np.int32).str: "int32", np.dtype(np.float32).str: "float32"}  # decode inputs
 
@@ -342,27 +348,90 @@ def unsplit_generate(model: Transformer, prompt_ids: list[int], max_tokens: int,
     return out
 
 
-def reference_tokens(name: str, prompt: str, max_tokens: int, wire: WireDtype, num_stages: int = 2) -> list[int]:
-    """The tokens a pipeline must produce, computed in this process. With an f32 wire:
-    tinygrad's unsplit ``generate``. With bf16 or f16: the same split, the hidden state rounded
-    to the wire at every boundary, since rounding can change greedy tokens (docs/runtime.md)."""
-    model, kv = load_model(name, 1024)
-    tok = Tokenizer(kv)
-    ids = tok.chat(prompt)
+def round_in_graph(x: Tensor, wire: WireDtype) -> Tensor:
+    """``codec.round_to_wire`` as tinygrad operations, so that a compiled ``generate`` keeps
+    running: bf16 by its bits (round to nearest, ties to even, as the codec does), f16 by a cast
+    there and back (IEEE rounding on every backend). tests/test_stages.py checks both against
+    the codec bit for bit."""
     if wire is WireDtype.f32:
-        return unsplit_generate(model, ids, max_tokens, tok.end_ids)
-    stages = [StageModel(load_model(name, 1024)[0], kv, i, num_stages) for i in range(num_stages)]
+        return x
+    if wire is WireDtype.f16:
+        return x.cast(dtypes.float16).cast(dtypes.float32)
+    bits = x.bitcast(dtypes.uint32)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).bitcast(dtypes.float32)
 
-    def step(tokens: list[int], pos: int) -> int:
-        hidden = round_to_wire(stages[0].embed_and_forward(tokens, pos), wire)
-        for s in stages[1:-1]:
-            hidden = round_to_wire(s.forward(hidden, pos), wire)
-        return stages[-1].forward_and_sample(hidden, pos)
 
-    out = [step(ids, 0)]
-    while out[-1] not in tok.end_ids and len(out) < max_tokens:
-        out.append(step([out[-1]], len(ids) + len(out) - 1))
-    return out
+class _RoundedBlock:
+    """A stage's last block, its output rounded to the wire dtype: the hidden state as the next
+    stage receives it. Its parameters stay reachable (``nn.state`` walks ``block``)."""
+
+    def __init__(self, block: Any, wire: WireDtype) -> None:
+        self.block, self.wire = block, wire
+
+    def __call__(self, x: Tensor, start_pos: int | UOp) -> Tensor:
+        return round_in_graph(self.block(x, start_pos), self.wire)
+
+
+@dataclass(frozen=True)
+class Reference:
+    """What :func:`run_reference` computed, and what it cost (the worker's ``reference`` reply)."""
+
+    method: str
+    device: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    load_s: float
+    generate_s: float
+    mem_before: int  # device bytes in use (tinygrad's count) before the load
+    mem_after: int  # and once the reference model is dropped
+
+
+def run_reference(
+    name: str, prompt: str, max_tokens: int, wire: WireDtype, num_stages: int, max_context: int
+) -> Reference:
+    """The tokens a pipeline of ``num_stages`` stages with this wire must produce, computed by
+    a model of its own (loaded afresh here, never a stage's) through tinygrad's own
+    ``Transformer.generate``: with an f32 wire exactly the unsplit model; with bf16 or f16 its
+    hidden state rounded to the wire dtype after each stage's last block, inside the graph. No
+    stage code runs, so a fault in :class:`StageModel` cannot hide in the reference. The model
+    is dropped before returning (and the allocator's cache freed), so its memory returns."""
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
+    started = time.monotonic()
+    mem_before = GlobalCounters.mem_used
+    model, kv = load_model(name, max_context)
+    try:
+        tok = Tokenizer(kv)
+        ids = tok.chat(prompt)
+        if len(ids) + max_tokens - 1 > model.max_context:  # the last token is never fed back
+            raise ValueError(
+                f"prompt of {len(ids)} tokens + max_tokens {max_tokens} exceed the context of {model.max_context}"
+            )
+        if wire is not WireDtype.f32:
+            total = len(model.blk)
+            for stage in range(num_stages - 1):
+                last = layer_range(total, stage, num_stages)[1] - 1
+                model.blk[last] = _RoundedBlock(model.blk[last], wire)
+        Tensor.realize(*nn.state.get_parameters(model))
+        loaded = time.monotonic()
+        out = unsplit_generate(model, ids, max_tokens, tok.end_ids)
+        generated = time.monotonic()
+    finally:
+        del model  # with its KV caches and its compiled forward (a cycle through the JIT: collect it)
+        gc.collect()
+        free_cache = getattr(Device[Device.DEFAULT].allocator, "free_cache", None)
+        if free_cache is not None:
+            free_cache()
+    return Reference(
+        reference_method(wire.name),
+        Device.DEFAULT,
+        ids,
+        out,
+        round(loaded - started, 4),
+        round(generated - loaded, 4),
+        mem_before,
+        GlobalCounters.mem_used,
+    )
 
 
 def tinygrad_version() -> str:
