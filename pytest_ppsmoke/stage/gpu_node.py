@@ -269,6 +269,7 @@ class StageActor:
             self.busy = None
             return
         async with self._ends_on_failure(msg.request_id):
+            await _slow_decode()
             reply = await self._compute("decode_step", token_id=msg.token_id, position=msg.position)
             await self._send_activation(StageActivation(msg.request_id, msg.position, 1, False, self._hidden(reply)))
 
@@ -292,6 +293,8 @@ class StageActor:
                 )
             if not msg.is_prefill and msg.seq_len != 1:
                 raise ValueError(f"decode activation with seq_len {msg.seq_len}; decode carries one position")
+            if not msg.is_prefill:
+                await _slow_decode()
             fields = {"hidden_b64": base64.b64encode(h.data).decode(), "position": msg.position, "seq_len": msg.seq_len}
             if not self.last:
                 reply = await self._compute("forward", dtype=self.wire.name, **fields)
@@ -350,6 +353,12 @@ class StageActor:
 
     def on_stage_stats_query(self, msg: StageStatsQuery, ctx: Context) -> StageStats:
         return self.stats.snapshot()
+
+
+async def _slow_decode() -> None:
+    """The failpoint ``node.slow_decode``: a decode step that takes this long more."""
+    if failpoints.on("node.slow_decode"):
+        await asyncio.sleep(failpoints.value("node.slow_decode"))
 
 
 class StatusActor:
