@@ -85,8 +85,17 @@ class _Together:
         super().schedule()  # type: ignore[misc]
 
 
-class LoadTogether(_Together, LoadGroupScheduling):  # type: ignore[misc]
-    """``load``, ``worksteal`` and ``loadgroup``: each other test alone, or with its group."""
+class _Alone(LoadScopeScheduling):  # type: ignore[misc]
+    def _split_scope(self, nodeid: str) -> str:
+        return nodeid
+
+
+class LoadTogether(_Together, _Alone):
+    """``load`` and ``worksteal``: each other test alone."""
+
+
+class GroupTogether(_Together, LoadGroupScheduling):  # type: ignore[misc]
+    """``loadgroup``: each other test with its group, or alone."""
 
 
 class ScopeTogether(_Together, LoadScopeScheduling):  # type: ignore[misc]
@@ -100,7 +109,7 @@ class FileTogether(_Together, LoadFileScheduling):  # type: ignore[misc]
 TOGETHER: dict[str, Any] = {
     "load": LoadTogether,
     "worksteal": LoadTogether,
-    "loadgroup": LoadTogether,
+    "loadgroup": GroupTogether,
     "loadscope": ScopeTogether,
     "loadfile": FileTogether,
 }
