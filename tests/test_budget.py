@@ -62,6 +62,18 @@ def test_a_run_out_of_budget_mid_decode_ends_within_it_and_leaves_nothing(tmp_pa
     assert wall < budget + STARTUP, (wall, report["timings"])
 
 
+def test_the_teardown_gets_what_is_left_of_the_budget_and_half_its_deadline_when_late() -> None:
+    from pytest_ppsmoke.harness.driver import SmokeRun
+    from pytest_ppsmoke.harness.settings import Settings
+
+    run = SmokeRun(Settings.resolve({"budget": 100.0, "teardown_timeout": 20.0}))
+    assert run.remaining() == 80 and run.teardown_seconds() == 20  # not started: the steps get 100 - 20
+    run.started = time.monotonic() - 85  # the steps ran 5 s over (a test of the plugin's session)
+    assert run.remaining() < 0 and 14 < run.teardown_seconds() <= 15  # what is left of the budget
+    run.started = time.monotonic() - 500  # the budget is long spent: destroying still comes first
+    assert run.teardown_seconds() == 10
+
+
 SPENT = """
 import pytest
 pytestmark = pytest.mark.local

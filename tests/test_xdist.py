@@ -235,7 +235,8 @@ def test_two_workers_rent_once_refuse_each_and_rerun_the_last_failed(
     common = ["-n", "2", "--ppsmoke-model", synth_model, "--ppsmoke-max-tokens", "1", f"--junitxml={junit}"]
     result = pytester.runpytest_subprocess(*common, "--dist", "load", "-p", "randomly")
     result.assert_outcomes(passed=5, failed=1)
-    assert len(_rentals(junit)) == 1, junit.read_text()
+    rentals = _rentals(junit)
+    assert len(rentals) == 1, f"rented {len(rentals)} times: {sorted(rentals)}"
     ran = _ran(pytester)
     assert sorted(w for w, _, _ in ran) == ["one", "teardown", "two"] and ran[-1][0] == "teardown", ran
     assert len({(worker, run_id) for _, worker, run_id in ran}) == 1, ran  # one worker, one deployment
