@@ -46,6 +46,7 @@ ROW_TEXT = "Stage 1 reports `done` but no text accumulated"
 ROW_DROP = "Either node drops out mid-decode"
 ROW_DESTROY = "Destroy fails for either instance"
 RULE_DESTROY = "Any path that allocates an instance also destroys it"
+RULE_BUDGET = "The whole run, teardown included, ends within its budget"
 
 
 # --- value kinds: each parses the text of PP_FAILPOINTS or a Python value, and prints it back ---
@@ -119,7 +120,7 @@ class Point:
     row: str  # the spec error row it serves
     doc: str  # what happens when it is on
     default: Any = None  # its value when off
-    node: str | None = None  # vast.* points that pick stages: the node point they switch on there
+    node: str | None = None  # vast.* points that switch a node point on: picked stages, or every node's value
 
 
 POINTS: dict[str, Point] = {
@@ -181,6 +182,14 @@ POINTS: dict[str, Point] = {
             "these create calls rent, but their answer waits for FakeVast.release() (a lost answer)",
             frozenset(),
         ),
+        Point(
+            "vast.slow_decode",
+            SECONDS,
+            RULE_BUDGET,
+            "node.slow_decode with this value in every node (a decode that outlives the budget)",
+            0.0,
+            "node.slow_decode",
+        ),
         Point("node.no_names", FLAG, ROW_RESOLVE, "the node loads its worker but registers no names", False),
         Point(
             "node.stall_worker",
@@ -190,6 +199,7 @@ POINTS: dict[str, Point] = {
             False,
         ),
         Point("node.empty_text", FLAG, ROW_TEXT, "the last stage reports done with empty text", False),
+        Point("node.slow_decode", SECONDS, RULE_BUDGET, "seconds each decode step on this node waits first", 0.0),
     )
 }
 
@@ -227,8 +237,17 @@ class Scenario:
         return self.points[name] if name in self.points else _point(name).default
 
     def for_stage(self, stage: int | None) -> Scenario:
-        """The node points that this scenario's stage-picking ``vast.*`` points switch on in ``stage``."""
-        on = {p.node: True for p in POINTS.values() if p.node and stage in self.value(p.name)}
+        """The node points that this scenario's ``vast.*`` points switch on in ``stage``: a
+        stage-picking point's flag where it picks the stage, another point's value everywhere."""
+        on: dict[str, Any] = {}
+        for p in POINTS.values():
+            if p.node is None or p.name not in self.points:
+                continue
+            if p.kind is NUMBERS:
+                if stage in self.points[p.name]:
+                    on[p.node] = True
+            else:
+                on[p.node] = self.points[p.name]
         return Scenario(on)
 
     def __str__(self) -> str:

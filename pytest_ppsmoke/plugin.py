@@ -23,6 +23,15 @@ node, after the request). ``ppsmoke_teardown`` tears the session down (its tests
 A failed phase shows once, as one line naming the phase, the cause and what to do, on the first
 test that needed it; every later test that needs that phase fails at once, pointing there.
 
+The budget (``--ppsmoke-budget``) is the deployment's wall clock, from its first use to the end of
+its teardown: the steps, and every test that uses the deployment, must start within the budget
+less the teardown's deadline (``--ppsmoke-teardown-timeout``), which is kept for the teardown.
+
+One deployment per session, whatever the runner: under pytest-xdist, every test that uses the
+deployment runs in one worker (:mod:`pytest_ppsmoke.distributed`), and the teardown's tests run
+after every other test of the session, also when the order is shuffled (``-p randomly``),
+failed-first (``--ff``) or stepped (``--sw``).
+
 The spec's claims are tests shipped in ``pytest_ppsmoke.spec``:
 ``pytest --pyargs pytest_ppsmoke.spec -m local`` (or ``-m vastai --vastai-key ...``).
 """
@@ -35,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from .harness.settings import OPTIONS, SettingError, Settings, from_sources
+from .harness.settings import OPTIONS, SettingError, Settings, read
 
 if TYPE_CHECKING:
     from .cloud.lifecycle import Deployment
@@ -66,6 +75,14 @@ STEP_OF = {
 STEPS = ("rent", "boot", "converge", "load", "resolve", "infer", "reference")
 FIXTURES = ("ppsmoke_session", *STEP_OF, "ppsmoke_teardown")
 
+# under pytest-xdist: appended to the node id of each test that uses the deployment in the workers,
+# taken off on the controller (pytest_ppsmoke.distributed says why)
+XDIST_SUFFIX = "@ppsmoke"
+
+
+def plain_nodeid(nodeid: str) -> str:
+    return nodeid.removesuffix(XDIST_SUFFIX)
+
 
 class _State:
     """The plugin's own record of the session: its deployment and where it first failed."""
@@ -94,10 +111,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def read_settings(config: pytest.Config) -> Settings:
     flags = {o.name: config.getoption("ppsmoke_" + o.name) for o in OPTIONS if o.pytest}
     try:
-        values, _ = from_sources(flags, ini=config.getini)
+        return read(flags, ini=config.getini)
     except SettingError as e:
         raise pytest.UsageError(str(e)) from None
-    return Settings.resolve(values)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -105,6 +121,25 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{name}: {help_text}")
     config.stash[SETTINGS] = read_settings(config)
     config.stash[STATE] = _State()
+    # registered now, after the plugins that reorder tests in their own wrappers (--lf/--ff/--nf
+    # register theirs in a tryfirst pytest_configure): the last registered is the outermost
+    config.pluginmanager.register(_LastWord(), "ppsmoke-last-word")
+    if not hasattr(config, "workerinput"):  # not an xdist worker, whose reports must keep their node ids
+        config.pluginmanager.register(_PlainIds(), "ppsmoke-plain-ids")
+
+
+class _LastWord:
+    """The collection's final order and node ids, after every other plugin's reordering."""
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> Iterator[None]:
+        yield  # pytest-randomly shuffles before this yield; --lf/--ff/--nf reorder after theirs, inside
+        # a test that tears the session down runs after every other test of the session
+        items.sort(key=lambda item: "ppsmoke_teardown" in getattr(item, "fixturenames", ()))
+        if hasattr(config, "workerinput"):  # an xdist worker: mark the deployment's tests for the scheduler
+            for item in items:
+                if _uses_session(item) and not item.nodeid.endswith(XDIST_SUFFIX):
+                    item._nodeid = item.nodeid + XDIST_SUFFIX
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -117,8 +152,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if _uses_session(item) and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(seconds, method="signal"))
-    # a test that tears the session down runs after every other test of the session
-    items.sort(key=lambda item: "ppsmoke_teardown" in getattr(item, "fixturenames", ()))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """pytest-xdist's controller: the scheduler that runs every test that uses the deployment in
+    one worker (or refuses ``--dist each``)."""
+    from .distributed import OneDeployment  # xdist: only on its controller
+
+    return OneDeployment(config, log)
+
+
+class _PlainIds:
+    """pytest-xdist's controller (or a session without xdist, where it finds nothing to change)."""
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """A worker's report, with the node id the user knows (for the terminal, JUnit XML,
+        --lf and --sw), before any other plugin sees it."""
+        report.nodeid = plain_nodeid(report.nodeid)
 
 
 def _has_timeout(config: pytest.Config) -> bool:
@@ -140,16 +192,22 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     once, pointing at the first error (not repeating it); once the session's budget is spent,
     the remaining tests fail at once."""
     state = item.config.stash[STATE]
-    state.current = item.nodeid
+    state.current = plain_nodeid(item.nodeid)
     session = state.session
     if session is None or not _uses_session(item):
         return
     failure, needed, failed = session.run.failure, _needed_step(item), session.run.failed_step
     if failure is not None and needed and failed and STEPS.index(needed) >= STEPS.index(failed):
+        why = f": {_spent(session)}" if session.run.out_of_budget else ""
         where = f"; the error is shown at {state.failed_in}" if state.failed_in else ""
-        pytest.fail(f"the deployment failed at {failure.phase}{where}", pytrace=False)
+        pytest.fail(f"the deployment failed at {failure.phase}{why}{where}", pytrace=False)
     if session.remaining() <= 0 and "ppsmoke_teardown" not in getattr(item, "fixturenames", ()):
-        pytest.fail(f"the session's budget of {session.settings.budget:.0f} s is spent", pytrace=False)
+        pytest.fail(_spent(session), pytrace=False)
+
+
+def _spent(session: SmokeSession) -> str:
+    s = session.settings
+    return f"the session's budget of {s.budget:g} s is spent ({s.teardown_timeout:g} s of it kept for the teardown)"
 
 
 def pytest_runtest_teardown(item: pytest.Item) -> None:

@@ -29,7 +29,7 @@ import time
 
 from ..protocol import PhaseError
 from .driver import STEPS, SmokeRun
-from .settings import OPTIONS, VAST_URL, SettingError, Settings, from_sources
+from .settings import OPTIONS, VAST_URL, SettingError, Settings, read
 
 log = logging.getLogger(__name__)
 
@@ -65,10 +65,9 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Settings]:
     flags = {o.name: getattr(args, o.name) for o in OPTIONS if o.cli}
     flags["mode"] = "vastai" if args.vastai or args.reap else "local"
     try:
-        values, _ = from_sources(flags, face="cli")
+        settings = read(flags, face="cli")
     except SettingError as e:
         p.error(str(e))
-    settings = Settings.resolve(values)
     if (args.vastai or args.reap or settings.vast_url) and not settings.api_key:
         p.error("a vast.ai API key is needed: set VAST_API_KEY or pass --api-key")
     if not args.reap:

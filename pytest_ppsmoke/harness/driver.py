@@ -7,8 +7,16 @@
 
 ``pp-smoke-run`` runs every step at once; the pytest session steps it phase by phase from its
 fixtures. Each step runs the steps before it that have not run, at most once; a failed step
-fails every later one with the same :class:`PhaseError`. The whole run (teardown excepted, which
-has its own deadline) must finish within the settings' budget, counted from :meth:`start`.
+fails every later one with the same :class:`PhaseError`.
+
+The budget is wall clock, counted from :meth:`start` to the end of :meth:`close`, teardown
+included. The teardown's deadline (``teardown_timeout``) is kept back from it: the steps must end
+by ``budget - teardown_timeout`` (:meth:`remaining`; a step still running then fails, naming the
+phase and the budget), and the teardown then gets what is left of the budget, at most
+``teardown_timeout`` (:meth:`teardown_seconds`). Only a teardown that starts late, because
+something outside the driver held the run past the steps' deadline (a test of the plugin's
+session), gets more than what is left: at least :data:`LATE_TEARDOWN` of its deadline, since
+destroying what was rented comes before the budget.
 
 :meth:`close` destroys everything that was rented, on every path, then closes the client and
 the embedded emulator, and completes the report.
@@ -39,6 +47,8 @@ REFERENCE_LEAST = 10.0  # seconds of budget the reference step needs left to sta
 REFERENCE_MARGIN = 2.0  # seconds of budget the reference step leaves for itself to record its outcome
 
 OnPhase = Callable[[str, float, str], None]
+
+LATE_TEARDOWN = 0.5  # the share of teardown_timeout a teardown gets even when the budget is spent
 
 
 def run_config(s: Settings) -> RunConfig:
@@ -79,6 +89,7 @@ class SmokeRun(Resource):
         self.result: InferenceResult | None = None
         self.failure: PhaseError | None = None
         self.failed_step: str | None = None  # the step that failed: every later one fails with it
+        self.out_of_budget = False  # the failure is the budget's: the steps' deadline passed
         self.done: set[str] = set()
         self.tearing_down = False
         self.closed = False
@@ -93,10 +104,18 @@ class SmokeRun(Resource):
             return "teardown"
         return self.deployment.phase if self.deployment is not None else "rent"
 
+    def elapsed(self) -> float:
+        return 0.0 if self.started is None else time.monotonic() - self.started
+
     def remaining(self) -> float:
-        if self.started is None:
-            return self.settings.budget
-        return self.settings.budget - (time.monotonic() - self.started)
+        """Seconds left to the steps: the budget less the teardown's deadline, less the time spent."""
+        return self.settings.phases_budget - self.elapsed()
+
+    def teardown_seconds(self) -> float:
+        """The teardown's deadline, were it to start now: what is left of the budget, at most
+        ``teardown_timeout``, at least its :data:`LATE_TEARDOWN` share."""
+        s = self.settings
+        return max(min(s.teardown_timeout, s.budget - self.elapsed()), LATE_TEARDOWN * s.teardown_timeout)
 
     def fail(self, phase: str | None, message: str) -> None:
         """Record a failure from outside (a signal, a test's timeout): the first one is the cause."""
@@ -117,7 +136,6 @@ class SmokeRun(Resource):
         self.report.vast_url = url
         self.vast = VastClient(key, url)
         self.deployment = Deployment(self.vast, run_config(s), on_phase=self.on_phase)
-        self.deployment.teardown_timeout = s.teardown_timeout
         self.report.run_id = self.deployment.run_id
 
     # --- the steps -------------------------------------------------------------------------
@@ -157,8 +175,11 @@ class SmokeRun(Resource):
         except TimeoutError:
             if self.remaining() > 0:  # a deadline of the step's own, not the budget
                 raise
-            budget = self.settings.budget
-            self._failed(step, PhaseError(dep.phase, f"the run did not finish within its budget of {budget:.0f} s"))
+            s = self.settings
+            self.out_of_budget = True
+            spent = f"the run did not finish within its budget of {s.budget:g} s"
+            kept = f"{s.teardown_timeout:g} s of it kept for the teardown"
+            self._failed(step, PhaseError(dep.phase, f"{spent} ({kept})"))
 
     def _failed(self, step: str, e: PhaseError) -> None:
         self.failure, self.failed_step = e, step
@@ -273,8 +294,11 @@ class SmokeRun(Resource):
         self.closed = True
         self.tearing_down = True
         r = self.report
+        seconds = self.teardown_seconds()
+        deadline = time.monotonic() + seconds
         try:
             if self.deployment is not None:
+                self.deployment.teardown_timeout = seconds  # the destroys and the sweep
                 try:
                     await self.deployment.close()
                 except PhaseError as e:
@@ -286,11 +310,12 @@ class SmokeRun(Resource):
                     self._take_figures()
                 if self.vast is not None and self.deployment.creates_sent:  # vast.ai's own word on what is left
                     try:
-                        left = await self.vast.list_instances(self.deployment.label_prefix)
+                        async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                            left = await self.vast.list_instances(self.deployment.label_prefix)
                         # only what names them: a record also holds the instance's own key
                         r.left_after_teardown = [{k: i.get(k) for k in ("id", "label", "actual_status")} for i in left]
-                    except Exception as e:
-                        log.warning("could not list the run's instances after teardown: %s", e)
+                    except Exception as e:  # TimeoutError included: the teardown's deadline has passed
+                        log.warning("could not list the run's instances after teardown: %r", e)
         finally:
             if self.vast is not None:
                 with contextlib.suppress(Exception):

@@ -161,7 +161,13 @@ OPTIONS: tuple[Option, ...] = (
         "bf16",
         choices=WIRE_DTYPES,
     ),
-    _opt("budget", "seconds for the whole run, teardown excepted (default 300)", _positive, 300.0),
+    _opt(
+        "budget",
+        "seconds for the whole run, start to exit, teardown included; rent to decode get it less "
+        "--teardown-timeout (default 300)",
+        _positive,
+        300.0,
+    ),
     _opt(
         "reference",
         "after the request, run the model in one piece on stage 0's node and compare tokens: on (default) or off",
@@ -188,7 +194,13 @@ OPTIONS: tuple[Option, ...] = (
         group="deadlines",
     ),
     _opt("resolve_timeout", "stage names, seconds (default 60)", _positive, 60.0, group="deadlines"),
-    _opt("teardown_timeout", "destroying everything, seconds (default 120)", _positive, 120.0, group="deadlines"),
+    _opt(
+        "teardown_timeout",
+        "destroying everything, seconds; kept back from the budget for the teardown (default 60)",
+        _positive,
+        60.0,
+        group="deadlines",
+    ),
     _opt(
         "node_ttl",
         f"a node's own time-to-live, seconds (default {NODE.ttl:.0f})",
@@ -233,13 +245,20 @@ class Settings:
     converge_timeout: float = 120.0
     load_timeout: float = NODE.worker_ready_timeout
     resolve_timeout: float = 60.0
-    teardown_timeout: float = 120.0
+    teardown_timeout: float = 60.0
     node_ttl: float = NODE.ttl
     orphan_grace: float = NODE.orphan_grace
 
     @property
     def local(self) -> bool:
         return self.mode == "local"
+
+    @property
+    def phases_budget(self) -> float:
+        """Seconds for rent to decode (and, under pytest, every test that uses the deployment):
+        the budget less the teardown's deadline, which the budget keeps back so that the whole
+        run, teardown included, ends within it."""
+        return self.budget - self.teardown_timeout
 
     @property
     def embedded_emulator(self) -> bool:
@@ -266,6 +285,36 @@ class Settings:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "api_key"}
         out["report"] = str(self.report) if self.report else None
         return out
+
+
+def read(
+    flags: Mapping[str, Any],
+    ini: Callable[[str], Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    face: str = "pytest",
+) -> Settings:
+    """:func:`from_sources`, resolved, and checked across options. Raises :class:`SettingError`
+    naming each option involved and where its value came from."""
+    values, sources = from_sources(flags, ini, env, face)
+    s = Settings.resolve(values)
+    if s.budget <= s.teardown_timeout:
+        budget, teardown = _named("budget", sources, face), _named("teardown_timeout", sources, face)
+        raise SettingError(
+            f"{budget} = {s.budget:g} s must be more than {teardown} = {s.teardown_timeout:g} s: the budget "
+            "is the whole run's, and keeps the teardown's deadline back from rent to decode; "
+            "raise the budget or lower the teardown's deadline"
+        )
+    return s
+
+
+def _named(name: str, sources: Mapping[str, str], face: str) -> str:
+    """An option as an error names it: its flag on this face, and where its value came from."""
+    opt = next(o for o in OPTIONS if o.name == name)
+    flag = (opt.pytest if face == "pytest" else opt.cli) or opt.name
+    source = sources.get(name)
+    if source is None:
+        return f"{flag} (the default)"
+    return flag if source == flag else f"{flag} (from {source})"
 
 
 def from_sources(

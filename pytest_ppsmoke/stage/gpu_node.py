@@ -342,6 +342,7 @@ class StageActor:
             self.stats.finished_at = time.time()
             return
         async with self._ends_on_failure(msg.request_id):
+            await _slow_decode()
             reply = await self._compute("decode_step", token_id=msg.token_id, position=msg.position)
             act = StageActivation(msg.request_id, msg.position, 1, False, self._hidden(reply))
             await self._send_activation(act, reply)
@@ -373,6 +374,8 @@ class StageActor:
                 )
             if not msg.is_prefill and msg.seq_len != 1:
                 raise ValueError(f"decode activation with seq_len {msg.seq_len}; decode carries one position")
+            if not msg.is_prefill:
+                await _slow_decode()
             fields = {
                 "hidden_b64": base64.b64encode(h.data).decode(),
                 "position": msg.position,
@@ -488,6 +491,12 @@ class StageActor:
             int(reply["mem_before"]),
             int(reply["mem_after"]),
         )
+
+
+async def _slow_decode() -> None:
+    """The failpoint ``node.slow_decode``: a decode step that takes this long more."""
+    if failpoints.on("node.slow_decode"):
+        await asyncio.sleep(failpoints.value("node.slow_decode"))
 
 
 class StatusActor:
