@@ -110,7 +110,8 @@ def test_the_workflow_pushes_the_packages_default_image(tmp_path: Path) -> None:
 
 def test_the_version_step_refuses_a_tag_that_is_not_the_packages_version(tmp_path: Path) -> None:
     done, outputs = run_version_step("v9.9.9", tmp_path)
-    assert done.returncode != 0 and outputs == {}
+    assert done.returncode != 0, f"the version step accepted tag v9.9.9 for version {project_version()}: {outputs}"
+    assert outputs == {}, outputs
     assert "9.9.9" in done.stderr and project_version() in done.stderr, done.stderr
 
 
