@@ -47,7 +47,7 @@ class OfferQuery:
     num_gpus: int = 1
     gpu_ram_gb: float = 8.0
     min_reliability: float = 0.95
-    min_cuda: float = 12.0
+    min_cuda: float = 12.4
     max_dph: float | None = 2.0  # dollars per hour, per instance
     disk_gb: float = 20.0
     verified: bool = True

@@ -182,7 +182,13 @@ OPTIONS: tuple[Option, ...] = (
     _opt("gpu_ram", "least GPU RAM per instance, GB (default 8)", _positive, 8.0, group="instances"),
     _opt("max_price", "most $/hour per instance (default 2.0)", _positive, 2.0, group="instances"),
     _opt("min_reliability", "least host reliability, 0..1 (default 0.95)", _fraction, 0.95, group="instances"),
-    _opt("min_cuda", "least CUDA version the host supports (default 12.0)", _number, 12.0, group="instances"),
+    _opt(
+        "min_cuda",
+        "least CUDA version the host supports (default 12.4: the image's NVRTC makes PTX for it)",
+        _number,
+        12.4,
+        group="instances",
+    ),
     _opt("polls", "status polls until running (default 60)", _int_at_least(1), 60, group="deadlines"),
     _opt("poll_interval", "seconds between polls (default 3; local 0.25)", _positive, group="deadlines"),
     _opt("converge_timeout", "SWIM convergence, seconds (default 120)", _positive, 120.0, group="deadlines"),
@@ -239,7 +245,7 @@ class Settings:
     gpu_ram: float = 8.0
     max_price: float = 2.0
     min_reliability: float = 0.95
-    min_cuda: float = 12.0
+    min_cuda: float = 12.4
     polls: int = 60
     poll_interval: float = 0.25
     converge_timeout: float = 120.0
