@@ -4,11 +4,16 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
 
+from pytest_ppsmoke.cloud.fake_vast import FakeVast
 from pytest_ppsmoke.runtime.node import Node, NodeConfig
+
+from .helpers import TEST_TAG
+from .smoke import KEY, TAG, Smoke
 
 NodeFactory = Callable[..., "AsyncIterator[Node]"]
 
@@ -45,3 +50,24 @@ def repo_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert done.returncode == 0, done.stderr[-2000:]
     [wheel] = out.glob("pytest_ppsmoke-*.whl")
     return wheel
+
+
+@pytest_asyncio.fixture
+async def emulator(synth_model: str, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Callable[[str], Any]]:
+    """Starts emulators (``start(faults)``) in the test's event loop, all closed after the test;
+    their nodes carry ``tests.smoke.TAG``, and every ``Smoke`` run of the test uses the session's
+    synthetic model: these runs check what is rented, destroyed, reported and left running, not
+    tokens or text."""
+    started: list[FakeVast] = []
+    monkeypatch.setenv(TEST_TAG, TAG)  # the emulator's nodes inherit this process's environment
+    monkeypatch.setattr(Smoke, "model", synth_model)
+
+    async def start(faults: str) -> FakeVast:
+        fake = FakeVast(api_key=KEY, faults=faults)
+        started.append(fake)
+        await fake.start()
+        return fake
+
+    yield start
+    for fake in started:
+        await fake.close()

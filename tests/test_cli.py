@@ -25,12 +25,17 @@ def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
 
 def test_local_run_says_hello_reports_everything_and_leaves_nothing(tmp_path: Path, synth_model: str) -> None:
     report_path = tmp_path / "r.json"
-    out = run("--local", "-v", "--model", synth_model, "--max-tokens", "16", "--report", str(report_path))
+    # with the reference left out (its step: tests/test_driver.py and the spec suite), which this
+    # run also shows: no step, the report says so, and the run passes
+    args = ["--model", synth_model, "--max-tokens", "16", "--reference", "off", "--report", str(report_path)]
+    out = run("--local", "-v", *args)
     assert out.returncode == 0, out.stderr[-3000:]
     for phase in ("rent", "boot", "converge", "load", "resolve", "prefill", "decode", "teardown"):
         assert f"] {phase}" in out.stdout
     report = json.loads(report_path.read_text())
     assert report["ok"] is True and report["exit_code"] == 0 and report["error"] is None
+    assert report["reference"]["state"] == "off" and report["reference"]["token_ids"] == []
+    assert "reference" not in report["timings"] and "reference" not in out.stdout
     assert report["text"].strip() and report["text"] in out.stdout
     assert 1 <= len(report["token_ids"]) <= 16 and len(report["prompt_token_ids"]) > 5
     ids = [i["id"] for i in report["instances"]]

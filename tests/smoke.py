@@ -1,0 +1,108 @@
+"""``pp-smoke-run`` against the emulator, as users run it, for the modules that drive it through
+its failures (test_lifecycle) and its interruptions (test_signals): the subprocess, its output as
+it comes, its report, and the check that nothing is left rented or running and that the API key
+appeared nowhere. The ``emulator`` fixture (``tests/conftest.py``) starts the emulators."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from pytest_ppsmoke.cloud.fake_vast import FakeVast
+
+from .helpers import CLI, SMOLLM2, node_processes
+
+KEY = "vk-LIFECYCLE-7f3e9a1c55d0-NEVER-PRINT-ME"
+TAG = f"lifecycle-{os.getpid()}"  # in the environment of every node the ``emulator`` fixture starts
+
+
+class Smoke:
+    """One ``pp-smoke-run --local --vast-url <emulator>`` subprocess."""
+
+    model = SMOLLM2.name  # the ``emulator`` fixture sets the session's synthetic model
+
+    def __init__(self, fake: FakeVast, tmp_path: Path, *args: str, mode: str = "--local") -> None:
+        self.fake = fake
+        self.report_path = tmp_path / "report.json"
+        self.argv = [*CLI, mode, "--vast-url", fake.url, *args]
+        if mode != "--reap":
+            self.argv += ["--model", self.model, "--report", str(self.report_path), "-v"]
+        self.lines: list[str] = []
+        self.stderr = ""
+        self._new = asyncio.Event()
+
+    async def __aenter__(self) -> Smoke:
+        self.proc = await asyncio.create_subprocess_exec(
+            *self.argv,
+            env={**os.environ, "VAST_API_KEY": KEY},
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        self._readers = [asyncio.ensure_future(self._out()), asyncio.ensure_future(self._err())]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.proc.returncode is None:
+            self.proc.kill()
+            await self.proc.wait()
+
+    async def _out(self) -> None:
+        assert self.proc.stdout is not None
+        async for line in self.proc.stdout:
+            self.lines.append(line.decode())
+            self._new.set()
+        self._new.set()
+
+    async def _err(self) -> None:
+        assert self.proc.stderr is not None
+        self.stderr = (await self.proc.stderr.read()).decode()
+
+    @property
+    def stdout(self) -> str:
+        return "".join(self.lines)
+
+    async def wait_line(self, phase: str, timeout: float = 120) -> None:
+        """Until the progress line of ``phase`` (printed when the phase ends) has appeared."""
+        deadline = time.monotonic() + timeout
+        while not any(f"] {phase} " in line for line in self.lines):
+            assert self.proc.returncode is None, f"exited before {phase}:\n{self.stdout}\n{self.stderr[-3000:]}"
+            assert time.monotonic() < deadline, f"no {phase} line:\n{self.stdout}"
+            self._new.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._new.wait(), 0.5)
+
+    async def finish(self, timeout: float = 240) -> int:
+        rc = await asyncio.wait_for(self.proc.wait(), timeout)
+        await asyncio.gather(*self._readers)
+        return rc
+
+    def report(self) -> dict[str, Any]:
+        return json.loads(self.report_path.read_text())  # type: ignore[no-any-return]
+
+
+async def assert_nothing_left(fake: FakeVast, smoke: Smoke, created: int) -> None:
+    """Every instance created was destroyed, no node process is left, and the key was never shown."""
+    assert fake.live() == [], f"still rented: {fake.live()}"
+    assert len(fake.destroyed) == created, [i.id for i in fake.destroyed]
+    deadline = time.monotonic() + 15
+    while node_processes(TAG) and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)  # the emulator stops destroyed instances behind its answer
+    assert node_processes(TAG) == []
+    logs = [i.proc.stderr_tail() for i in fake.destroyed if i.proc]
+    report = smoke.report_path.read_text() if smoke.report_path.exists() else ""
+    places = [("stdout", smoke.stdout), ("stderr", smoke.stderr), ("report", report)] + [
+        ("a node's log", t) for t in logs
+    ]
+    for where, text in places:
+        assert KEY not in text, f"the API key appears in {where}"
+    assert "vk-LIFECYCLE" not in smoke.stderr + smoke.stdout + report + "".join(logs)
+    # no cluster secret either: every 64-hex string printed or reported is a public endpoint id
+    if report:
+        public = {i["endpoint_id"] for i in json.loads(report)["instances"]}
+        assert set(re.findall(r"\b[0-9a-f]{64}\b", smoke.stdout + smoke.stderr + report)) <= public
