@@ -41,8 +41,8 @@ def test_the_dockerfile_follows_its_rules() -> None:
     words = [w for w, _ in ins]
     assert set(words) <= {"ARG", "FROM", "ENV", "RUN", "COPY", "USER", "WORKDIR", "ENTRYPOINT"}, words
     args = dict(a.partition("=")[::2] for w, a in ins if w == "ARG")
-    assert "nvidia/cuda" in args["CUDA_IMAGE"] and "runtime" in args["CUDA_IMAGE"]  # nvrtc, for tinygrad's CUDA
-    assert ("FROM", "${CUDA_IMAGE}") in ins and "BAKE_MODEL" in args
+    assert "nvidia/cuda" in args["BASE"] and "runtime" in args["BASE"]  # nvrtc, for tinygrad's CUDA
+    assert ("FROM", "${BASE}") in ins and "BAKE_MODEL" in args
     assert ins[-1] == ("ENTRYPOINT", '["pp-gpu-node"]')  # exec form: signals reach the node
     assert [a for w, a in ins if w == "USER"] == ["node"]
     env = " ".join(a for w, a in ins if w == "ENV")
