@@ -65,6 +65,7 @@ from . import image as images
 log = logging.getLogger(__name__)
 
 RUNTIMES = ("processes", "image")  # what an instance is: a node process, or the image in a container
+TEST_TAG = "PPSMOKE_TEST_TAG"  # tests/helpers.py's: a container's processes carry it too
 UNREACHABLE = "127.0.0.1:9"  # discard port: nothing answers QUIC there
 
 
@@ -622,6 +623,8 @@ class FakeVast(Resource):
         inst.container = images.Container(f"{self.container_prefix}{inst.id}", inst.image)
         command, user = await inst.container.create()
         env = self._node_env(inst, inherit=False)
+        if TEST_TAG in os.environ:  # the test suite finds what a test left running by this variable
+            env[TEST_TAG] = os.environ[TEST_TAG]
         if not self.gpus:  # no GPU here: tinygrad's CPU device (docker/debian-base.sh gives it clang)
             env |= {"CUDA": "0", "CPU": "1"}
         model = Path(NodeEnv.read(env, "model").get("model", ""))

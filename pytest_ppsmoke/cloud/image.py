@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -39,6 +40,8 @@ DOCKERFILE = ROOT / "docker" / "Dockerfile"
 DEBIAN_BASE_SCRIPT = ROOT / "docker" / "debian-base.sh"
 BUILDAH = ("buildah", "--storage-driver", "vfs")
 HOST = "/run/pp-host"  # where the build's RUN steps see this machine's pip files
+CONTEXT = ("pyproject.toml", "README.md", "pytest_ppsmoke", "worker")  # what the Dockerfile copies
+LABEL = "io.github.pytest-ppsmoke.context"  # the image's context digest: an unchanged one is not rebuilt
 CREATE_TIMEOUT = 600.0  # seconds for buildah from (vfs copies the image's files)
 PIP_PATH_KEYS = ("cert", "client-cert", "constraint", "requirement", "find-links", "index-url", "extra-index-url")
 
@@ -116,20 +119,56 @@ def pip_conf(settings: Mapping[str, str]) -> tuple[str, list[Path]]:
     return "\n".join(lines) + "\n", [p for p in dict.fromkeys(paths) if p.exists()]
 
 
-def build(tag: str = DEFAULT_IMAGE, base: str | None = None, build_args: Mapping[str, str] | None = None) -> None:
+def image_id(name: str) -> str:
+    r = subprocess.run([*BUILDAH, "inspect", "--type", "image", name], capture_output=True, text=True, timeout=60)
+    return str(json.loads(r.stdout).get("FromImageID", "")) if r.returncode == 0 else ""
+
+
+def context_digest(base: str | None, args: Mapping[str, str]) -> str:
+    """What an image built from docker/Dockerfile depends on: the Dockerfile, the files it copies
+    (the build context less .dockerignore's exclusions), the base image's id and the build
+    arguments."""
+    h = hashlib.sha256(DOCKERFILE.read_bytes())
+    h.update(json.dumps([base, image_id(base) if base else "", sorted(args.items())]).encode())
+    for top in CONTEXT:
+        path = ROOT / top
+        files = sorted(path.rglob("*")) if path.is_dir() else [path]
+        for f in files:
+            if f.is_file() and "__pycache__" not in f.parts:
+                h.update(str(f.relative_to(ROOT)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def built(tag: str) -> str:
+    """The context digest ``tag`` was built from (its :data:`LABEL`), "" if none."""
+    r = subprocess.run([*BUILDAH, "inspect", "--type", "image", tag], capture_output=True, text=True, timeout=60)
+    if r.returncode:
+        return ""
+    labels = json.loads(r.stdout).get("OCIv1", {}).get("config", {}).get("Labels") or {}
+    return str(labels.get(LABEL, ""))
+
+
+def build(tag: str = DEFAULT_IMAGE, base: str | None = None, build_args: Mapping[str, str] | None = None) -> bool:
     """``buildah bud`` of docker/Dockerfile as ``tag`` on ``base`` (None: the Dockerfile's
-    default, the CUDA runtime base); layers are cached, so an unchanged rebuild is quick."""
+    default, the CUDA runtime base). Returns False, building nothing, when ``tag`` was built
+    from the same context (:func:`context_digest`): vfs storage copies every layer's files even
+    when it is cached, so a cached rebuild takes minutes on a busy machine; otherwise the
+    unchanged layers are reused."""
+    args = {**({"BASE": base} if base else {}), **(build_args or {})}
+    digest = context_digest(base, args)
+    if built(tag) == digest:
+        return False
     with tempfile.TemporaryDirectory(prefix="pp-image-") as tmp:
         conf, paths = pip_conf(pip_settings())
         (Path(tmp) / "pip.conf").write_text(conf)
         volumes = [f"{tmp}/pip.conf:/etc/pip.conf:ro"] + [f"{p}:{HOST}{p}:ro" for p in paths]
-        args = {**({"BASE": base} if base else {}), **(build_args or {})}
         cmd = [
             *BUILDAH, "bud", "--isolation", "chroot", "--layers", "--network", "host", "-f", str(DOCKERFILE),
-            "-t", tag, *(f"--volume={v}" for v in volumes), *(f"--build-arg={k}={v}" for k, v in args.items()),
-            str(ROOT),
+            "-t", tag, f"--label={LABEL}={digest}", *(f"--volume={v}" for v in volumes),
+            *(f"--build-arg={k}={v}" for k, v in args.items()), str(ROOT),
         ]  # fmt: skip
         subprocess.run(cmd, check=True, timeout=1800)
+    return True
 
 
 def entrypoint(image: str) -> tuple[list[str], str]:
@@ -245,8 +284,8 @@ def main(argv: list[str] | None = None) -> None:
         subprocess.run([str(DEBIAN_BASE_SCRIPT), base], check=True, timeout=1800)
         print(f"image: the Debian base in {time.monotonic() - t:.1f} s", file=sys.stderr)
     t = time.monotonic()
-    build(args.tag, base, dict(a.partition("=")[::2] for a in args.build_arg))
-    print(f"image: {args.tag} built in {time.monotonic() - t:.1f} s", file=sys.stderr)
+    done = build(args.tag, base, dict(a.partition("=")[::2] for a in args.build_arg))
+    print(f"image: {args.tag} {'built' if done else 'up to date'} in {time.monotonic() - t:.1f} s", file=sys.stderr)
 
 
 if __name__ == "__main__":
