@@ -84,6 +84,7 @@ def built_image() -> str:
 
 
 @pytest.mark.image
+@pytest.mark.timeout(1200)  # a cold build takes minutes; .ci/run builds first, so it is found up to date
 async def test_a_smoke_run_passes_with_both_nodes_in_the_image(
     built_image: str, tmp_path: Path, synth_model: str
 ) -> None:
