@@ -1,6 +1,7 @@
-"""The node image, checked as far as this machine allows (no Docker engine here): the Dockerfile's
-rules, then its install steps replayed in a clean virtual environment whose ``pp-gpu-node``
-entrypoint serves a real run through the emulator (the session's synthetic model: quick)."""
+"""The node image: the Dockerfile's rules, then the image itself, built with buildah on the Debian
+base (``python -m pytest_ppsmoke.cloud.image``; ``.ci/run`` builds it before the suite, so the
+test's build finds it up to date) and run as both instances of a smoke run through the emulator
+(``--runtime image``, the session's synthetic model)."""
 
 from __future__ import annotations
 
@@ -8,15 +9,17 @@ import asyncio
 import json
 import os
 import re
-import site
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
 import pytest
 
+from pytest_ppsmoke import DEFAULT_IMAGE
+from pytest_ppsmoke.cloud import fake_vast, image
 from pytest_ppsmoke.cloud.fake_vast import FakeVast
+from pytest_ppsmoke.harness import settings
+from tests.helpers import TEST_TAG, tagged_processes
 
 pytestmark = pytest.mark.local
 
@@ -41,8 +44,8 @@ def test_the_dockerfile_follows_its_rules() -> None:
     words = [w for w, _ in ins]
     assert set(words) <= {"ARG", "FROM", "ENV", "RUN", "COPY", "USER", "WORKDIR", "ENTRYPOINT"}, words
     args = dict(a.partition("=")[::2] for w, a in ins if w == "ARG")
-    assert "nvidia/cuda" in args["CUDA_IMAGE"] and "runtime" in args["CUDA_IMAGE"]  # nvrtc, for tinygrad's CUDA
-    assert ("FROM", "${CUDA_IMAGE}") in ins and "BAKE_MODEL" in args
+    assert "nvidia/cuda" in args["BASE"] and "runtime" in args["BASE"]  # nvrtc, for tinygrad's CUDA
+    assert ("FROM", "${BASE}") in ins and "BAKE_MODEL" in args
     assert ins[-1] == ("ENTRYPOINT", '["pp-gpu-node"]')  # exec form: signals reach the node
     assert [a for w, a in ins if w == "USER"] == ["node"]
     env = " ".join(a for w, a in ins if w == "ENV")
@@ -63,60 +66,50 @@ def test_the_dockerfile_follows_its_rules() -> None:
     assert "pip install /src" in runs and "rm -rf /var/lib/apt/lists/*" in runs
 
 
-def site_dirs() -> list[str]:
-    """Where this interpreter finds its packages: a virtual environment's own site-packages (and
-    the system's, if it was made with them), or the system's."""
-    dirs = [*site.getsitepackages(), sysconfig.get_path("purelib"), sysconfig.get_path("platlib")]
-    if site.ENABLE_USER_SITE:
-        dirs.append(site.getusersitepackages())
-    return list(dict.fromkeys(d for d in dirs if Path(d).is_dir()))
+def test_the_runtimes_are_the_same_in_the_settings_and_the_emulator() -> None:
+    assert settings.RUNTIMES == fake_vast.RUNTIMES
 
 
-@pytest.fixture
-def installed(tmp_path: Path, repo_wheel: Path) -> Path:
-    """The Dockerfile's steps: a virtual environment, then ``pip install`` of the source tree (not
-    editable; its wheel, which pip builds first anyway, is built once per session). The
-    dependencies come from this interpreter's environment instead of the network, whether that
-    is the system's or a virtual environment's: a ``.pth`` file puts its site-packages after the
-    new environment's own (``--system-site-packages`` would give the base interpreter's, which
-    lack them when this one is a venv). Returns the new environment's ``pp-gpu-node``."""
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
-    python = venv / "bin" / "python"
-    where = [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"]
-    purelib = Path(subprocess.run(where, capture_output=True, text=True, check=True, timeout=60).stdout.strip())
-    (purelib / "_this_environment.pth").write_text("".join(f"{d}\n" for d in site_dirs()))
-    # this interpreter's pip installs into the new environment (which has none), offline
-    install = [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", "--no-index"]
-    pip = subprocess.run([*install, str(repo_wheel)], capture_output=True, text=True, timeout=300)
-    assert pip.returncode == 0, pip.stderr[-2000:]
-    probe = "import pytest_ppsmoke.stage.gpu_node as g; print(g.__file__); print(g.default_worker_path())"
-    where = subprocess.run(  # not from the checkout: python -c puts the working directory first on the path
-        [str(venv / "bin" / "python"), "-c", probe], capture_output=True, text=True, timeout=60, cwd=tmp_path
-    )
-    package, worker = where.stdout.split()
-    assert package.startswith(str(venv)) and worker.startswith(str(venv))  # the installed copy and its worker
-    assert Path(worker).is_file()
-    entrypoint = venv / "bin" / "pp-gpu-node"
-    assert entrypoint.is_file()
-    return entrypoint
+@pytest.fixture(scope="module")
+def built_image() -> str:
+    """The node image on the Debian base, built (or found up to date); skips, saying why, where
+    this machine cannot run buildah."""
+    why = image.buildah_missing()
+    if why:
+        pytest.skip(f"the image tests need buildah: {why}")
+    base = image.debian_base()
+    subprocess.run([str(image.DEBIAN_BASE_SCRIPT), base], check=True, timeout=1200, capture_output=True)
+    image.build(DEFAULT_IMAGE, base)
+    return DEFAULT_IMAGE
 
 
-async def test_the_images_install_steps_give_a_working_entrypoint(
-    installed: Path, tmp_path: Path, synth_model: str
+@pytest.mark.image
+@pytest.mark.timeout(1200)  # a cold build takes minutes; .ci/run builds first, so it is found up to date
+async def test_a_smoke_run_passes_with_both_nodes_in_the_image(
+    built_image: str, tmp_path: Path, synth_model: str
 ) -> None:
-    entrypoint = installed
-    async with FakeVast(node_argv=[str(entrypoint)]) as fake:
+    async with FakeVast(runtime="image") as fake:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "pytest_ppsmoke.harness.cli", "--local", "--vast-url", fake.url,
-            "--model", synth_model,
-            "--max-tokens", "6", "--report", str(tmp_path / "r.json"),
+            "--image", built_image, "--model", synth_model, "--max-tokens", "4", "--reference", "off",
+            "--poll-interval", "1", "--report", str(tmp_path / "r.json"),
             env={**os.environ, "VAST_API_KEY": fake.api_key},
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
         _, err = await asyncio.wait_for(proc.communicate(), 240)
         assert proc.returncode == 0, err.decode()[-3000:]
-    report = json.loads((tmp_path / "r.json").read_text())
-    assert report["ok"] and 1 <= len(report["token_ids"]) <= 6
-    assert [i["final_state"] for i in report["instances"]] == ["destroyed", "destroyed"]
-    assert [i.proc.argv for i in fake.destroyed if i.proc] == [[str(entrypoint)]] * 2
+        report = json.loads((tmp_path / "r.json").read_text())
+        assert report["ok"] and 1 <= len(report["token_ids"]) <= 4
+        assert [i["final_state"] for i in report["instances"]] == ["destroyed", "destroyed"]
+        # each instance ran as the image's entrypoint in its own working container, now removed
+        assert len(fake.destroyed) == 2 and not fake.instances
+        for inst in fake.destroyed:
+            assert inst.container is not None and inst.proc is not None, inst
+            argv = inst.proc.argv
+            assert argv[:4] == [*image.BUILDAH, "run"] and argv[-2:] == ["--", "pp-gpu-node"], argv
+            assert inst.container.name in argv and inst.proc.proc is not None
+            await asyncio.wait_for(inst.proc.proc.wait(), 30)
+        prefix = fake.container_prefix
+        assert await asyncio.to_thread(image.containers, prefix) == [], "a working container was left"
+    # the containers' processes carry the test's tag (the emulator passes it in): none is left
+    assert tagged_processes(os.environ[TEST_TAG]) == {}

@@ -17,6 +17,15 @@ that may act on that instance only) and ``vast_url``. Its ``actual_status`` goes
 frees the offer. Closing the emulator kills whatever is left, and the nodes also exit when the
 emulator's process dies (stdin EOF), so nothing outlives it.
 
+``runtime="image"`` (``--runtime image``) runs each instance as vast.ai does: a working container
+of the image the create call names (built here by ``python -m pytest_ppsmoke.cloud.image``; never
+pulled), its entrypoint under ``buildah run`` as the image's user, with only the instance's
+environment (the create call's and the host agent's, no variable of this process), on the host's
+network, so the emulator's loopback URL and the cluster's ports are the same as for a process. A
+model given as a file on this machine (``MODEL``) is copied into the container at the same path,
+owned by the image's user, as a fetched model would lie on the instance's disk. Destroy kills
+the container's process group and removes the working container.
+
 Faults are failpoints (``pytest_ppsmoke/failpoints.py``, the ``vast.*`` points), one or more for
 each row of the spec's error table: ``FakeVast(faults=...)`` takes them in PP_FAILPOINTS's form or
 as a mapping; without it, the emulator takes this process's (PP_FAILPOINTS, ``failpoints.scoped``).
@@ -51,9 +60,12 @@ from ..nodeenv import NodeEnv, process_env
 from ..runtime.localproc import ChildProcess
 from ..runtime.resource import Resource
 from ..runtime.transport import PeerAddr
+from . import image as images
 
 log = logging.getLogger(__name__)
 
+RUNTIMES = ("processes", "image")  # what an instance is: a node process, or the image in a container
+TEST_TAG = "PPSMOKE_TEST_TAG"  # tests/helpers.py's: a container's processes carry it too
 UNREACHABLE = "127.0.0.1:9"  # discard port: nothing answers QUIC there
 
 
@@ -195,6 +207,7 @@ class Instance:
     status_msg: str = ""
     destroyed_at: float | None = None
     proc: ChildProcess | None = None
+    container: images.Container | None = None  # runtime "image": its working container
     boot: asyncio.Task[None] | None = None
     destroy_attempts: int = 0
 
@@ -310,7 +323,11 @@ class FakeVast(Resource):
         host: str = "127.0.0.1",
         port: int = 0,
         gpus: list[str] | None = None,
+        runtime: str = "processes",
     ) -> None:
+        if runtime not in RUNTIMES:
+            raise ValueError(f"unknown runtime {runtime!r}; expected one of {', '.join(RUNTIMES)}")
+        self.runtime = runtime
         self.api_key = api_key or "fake-" + secrets.token_hex(16)
         self.gpus = gpus  # this host's GPUs: each instance gets one (CUDA_VISIBLE_DEVICES), in turn
         self.catalogue = [dict(o) for o in (catalogue if catalogue is not None else default_catalogue())]
@@ -325,6 +342,7 @@ class FakeVast(Resource):
         self._next_id = 12_400_000
         self._runner: web.AppRunner | None = None
         self._tmp = tempfile.TemporaryDirectory(prefix="pp-fake-vast-")
+        self.container_prefix = f"pp-fake-vast-{os.getpid()}-{secrets.token_hex(3)}-"  # + the instance's id
         self._watch: asyncio.Task[None] | None = None
         self._stopping: set[asyncio.Future[None]] = set()
         self._released = asyncio.Event()
@@ -581,10 +599,10 @@ class FakeVast(Resource):
         if inst.stage in self.faults.value("vast.never_running"):
             return  # stuck pulling, as a host with a broken registry mirror would be
         await asyncio.sleep(self.faults.value("vast.boot_delay"))
-        inst.proc = ChildProcess(f"instance-{inst.id}", self.node_argv, self._node_env(inst))
         try:
+            inst.proc = await self._process(inst)
             await inst.proc.start()
-        except OSError as e:  # a broken image: the container never starts
+        except (OSError, RuntimeError) as e:  # a broken or missing image: the container never starts
             inst.proc = None
             inst.actual_status, inst.status_msg = "exited", f"container failed to start: {e}"
             return
@@ -596,7 +614,26 @@ class FakeVast(Resource):
         if rc:
             log.info("instance %d %s; stderr:\n%s", inst.id, how, inst.proc.stderr_tail())
 
-    def _node_env(self, inst: Instance) -> dict[str, str]:
+    async def _process(self, inst: Instance) -> ChildProcess:
+        """The instance's node: a process of this machine's Python, or the image's entrypoint in
+        a working container (made here; :meth:`_stop` removes it)."""
+        name = f"instance-{inst.id}"
+        if self.runtime == "processes":
+            return ChildProcess(name, self.node_argv, self._node_env(inst))
+        inst.container = images.Container(f"{self.container_prefix}{inst.id}", inst.image)
+        command, user = await inst.container.create()
+        env = self._node_env(inst, inherit=False)
+        if TEST_TAG in os.environ:  # the test suite finds what a test left running by this variable
+            env[TEST_TAG] = os.environ[TEST_TAG]
+        if not self.gpus:  # no GPU here: tinygrad's CPU device (docker/debian-base.sh gives it clang)
+            env |= {"CUDA": "0", "CPU": "1"}
+        model = Path(NodeEnv.read(env, "model").get("model", ""))
+        if model.is_absolute() and await asyncio.to_thread(model.is_file):
+            await inst.container.copy_in(model, user)  # tinygrad opens it read-write: its user's own copy
+        # buildah itself gets this process's environment (its storage settings, PATH)
+        return ChildProcess(name, inst.container.argv(command, env), os.environ)
+
+    def _node_env(self, inst: Instance, inherit: bool = True) -> dict[str, str]:
         """The create call's env over this process's (less any node variable), plus what vast.ai's
         host agent adds and the node-side failpoints of the instance's stage."""
         stage = inst.stage
@@ -615,7 +652,7 @@ class FakeVast(Resource):
                 node = node.replace(seed="0" * 63)  # not even an address
         if stage in self.faults.value("vast.stall_worker"):
             node = node.replace(worker_ready_timeout=3.0)  # the node gives up on its stalled worker after 3 s
-        env = {**process_env(NodeEnv()), **inst.env, **node.to_env()}
+        env = {**(process_env(NodeEnv()) if inherit else {"PYTHONUNBUFFERED": "1"}), **inst.env, **node.to_env()}
         if self.gpus:
             env["CUDA_VISIBLE_DEVICES"] = self.gpus[(inst.number - 1) % len(self.gpus)]
         return env
@@ -623,8 +660,14 @@ class FakeVast(Resource):
     async def _stop(self, inst: Instance) -> None:
         if inst.boot is not None and not inst.boot.done():
             inst.boot.cancel()
-        if inst.proc is not None:
-            await inst.proc.stop(grace=5.0)
+            # a boot making a container finishes that (and removes it) before it ends
+            await asyncio.wait([inst.boot], timeout=images.CREATE_TIMEOUT + 30)
+        try:
+            if inst.proc is not None:
+                await inst.proc.stop(grace=5.0)
+        finally:
+            if inst.container is not None:
+                await inst.container.remove()
 
     async def _kill_after_tokens(self) -> None:
         stage, after = self.faults.value("vast.kill_stage"), self.faults.value("vast.kill_after_tokens")
@@ -682,6 +725,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--catalogue", type=Path, help="a JSON file with a list of offers (default: a built-in set)")
     p.add_argument("--node-command", default="", help="what an instance runs (default: pp-gpu-node in this Python)")
+    p.add_argument(
+        "--runtime",
+        choices=RUNTIMES,
+        default="processes",
+        help="an instance is a node process (default) or the image it names, run by buildah",
+    )
     p.add_argument("--gpus", default="", help="this host's GPUs, e.g. 0,1: each instance gets one in turn")
     args = p.parse_args(argv)
     if args.host not in ("127.0.0.1", "::1", "localhost"):
@@ -705,6 +754,7 @@ def main(argv: list[str] | None = None) -> None:
             host=args.host,
             port=args.port,
             gpus=[g for g in args.gpus.split(",") if g] or None,
+            runtime=args.runtime,
         )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

@@ -128,7 +128,7 @@ class SmokeRun(Resource):
         s = self.settings
         self.started = time.monotonic()
         if s.embedded_emulator:
-            self.fake = FakeVast(gpus=[g for g in s.gpus.split(",") if g] or None)
+            self.fake = FakeVast(gpus=[g for g in s.gpus.split(",") if g] or None, runtime=s.runtime)
             await self.fake.start()
             url, key = self.fake.url, self.fake.api_key
         else:

@@ -23,6 +23,7 @@ from .. import DEFAULT_IMAGE
 from ..nodeenv import DEFAULTS as NODE
 
 MODES = ("local", "vastai")
+RUNTIMES = ("processes", "image")  # cloud.fake_vast.RUNTIMES (a test keeps them equal)
 WIRE_DTYPES = ("bf16", "f16", "f32")  # runtime.codec.WireDtype's names (a test keeps them equal)
 VAST_URL = "https://console.vast.ai"
 LOCAL_MODEL, VASTAI_MODEL = "smollm2:135m", "llama3.2:1b"
@@ -177,6 +178,14 @@ OPTIONS: tuple[Option, ...] = (
     ),
     _opt("report", "write the run's JSON report here", Path),
     _opt("gpus", "local: this machine's GPUs (e.g. 0,1), one per instance in turn", str, ""),
+    _opt(
+        "runtime",
+        "local: an instance is a node process (default) or the image, run by buildah "
+        "(build it first: python -m pytest_ppsmoke.cloud.image)",
+        _one_of(RUNTIMES, "runtime"),
+        "processes",
+        choices=RUNTIMES,
+    ),
     _opt("image", f"the node image (default {DEFAULT_IMAGE})", _text, DEFAULT_IMAGE, group="instances"),
     _opt("disk", "disk per instance, GB (default 20)", _positive, 20.0, group="instances"),
     _opt("gpu_ram", "least GPU RAM per instance, GB (default 8)", _positive, 8.0, group="instances"),
@@ -190,7 +199,12 @@ OPTIONS: tuple[Option, ...] = (
         group="instances",
     ),
     _opt("polls", "status polls until running (default 60)", _int_at_least(1), 60, group="deadlines"),
-    _opt("poll_interval", "seconds between polls (default 3; local 0.25)", _positive, group="deadlines"),
+    _opt(
+        "poll_interval",
+        "seconds between polls (default 3; local 0.25, 1 with --runtime image)",
+        _positive,
+        group="deadlines",
+    ),
     _opt("converge_timeout", "SWIM convergence, seconds (default 120)", _positive, 120.0, group="deadlines"),
     _opt(
         "load_timeout",
@@ -240,6 +254,7 @@ class Settings:
     reference: bool = True
     report: Path | None = None
     gpus: str = ""
+    runtime: str = "processes"
     image: str = DEFAULT_IMAGE
     disk: float = 20.0
     gpu_ram: float = 8.0
@@ -282,7 +297,8 @@ class Settings:
         if v["model"] is None:
             v["model"] = LOCAL_MODEL if local else VASTAI_MODEL
         if v["poll_interval"] is None:
-            v["poll_interval"] = 0.25 if local else 3.0
+            # a working container of the image takes seconds to make (its files are copied)
+            v["poll_interval"] = (1.0 if v.get("runtime") == "image" else 0.25) if local else 3.0
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: x for k, x in v.items() if k in names})
 
