@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from .harness.settings import OPTIONS, SettingError, Settings, read
+from .harness.settings import OPTIONS, STEPS, SettingError, Settings, read
 
 if TYPE_CHECKING:
     from .cloud.lifecycle import Deployment
@@ -72,7 +72,6 @@ STEP_OF = {
     "ppsmoke_inference": "infer",
     "ppsmoke_reference": "reference",
 }
-STEPS = ("rent", "boot", "converge", "load", "resolve", "infer", "reference")
 FIXTURES = ("ppsmoke_session", *STEP_OF, "ppsmoke_teardown")
 
 # under pytest-xdist: appended to the node id of each test that uses the deployment in the workers,

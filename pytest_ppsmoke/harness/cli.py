@@ -28,8 +28,8 @@ import sys
 import time
 
 from ..protocol import PhaseError
-from .driver import STEPS, SmokeRun
-from .settings import OPTIONS, VAST_URL, SettingError, Settings, read
+from .driver import SmokeRun
+from .settings import OPTIONS, STEPS, VAST_URL, SettingError, Settings, read
 
 log = logging.getLogger(__name__)
 

@@ -38,11 +38,10 @@ from ..runtime.errors import RemoteError
 from ..runtime.resource import Resource
 from .pipeline import InferenceResult, request_reference, run_inference
 from .report import ReferenceFigures, Report
-from .settings import Settings
+from .settings import STEPS, Settings
 
 log = logging.getLogger(__name__)
 
-STEPS = ("rent", "boot", "converge", "load", "resolve", "infer", "reference")
 REFERENCE_LEAST = 10.0  # seconds of budget the reference step needs left to start at all
 REFERENCE_MARGIN = 2.0  # seconds of budget the reference step leaves for itself to record its outcome
 

@@ -22,6 +22,8 @@ from typing import Any
 from .. import DEFAULT_IMAGE
 from ..nodeenv import DEFAULTS as NODE
 
+# the run's steps, in order: the driver runs them, the plugin maps its fixtures to them
+STEPS = ("rent", "boot", "converge", "load", "resolve", "infer", "reference")
 MODES = ("local", "vastai")
 RUNTIMES = ("processes", "image")  # cloud.fake_vast.RUNTIMES (a test keeps them equal)
 WIRE_DTYPES = ("bf16", "f16", "f32")  # runtime.codec.WireDtype's names (a test keeps them equal)
