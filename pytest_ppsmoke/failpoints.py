@@ -33,6 +33,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .protocol import VAST_DOCUMENTED_LIMITS, VAST_ENDPOINTS
+
 ENV = "PP_FAILPOINTS"
 
 # the rows of the spec's error table (section 6), and the rule under it
@@ -102,6 +104,30 @@ def _counts(v: Any) -> dict[int, int]:
     return {_count(a): _count(b) for a, b in dict(v).items()}
 
 
+def _limits(v: Any) -> dict[str, tuple[float, float]]:
+    if v == "documented":
+        return dict(VAST_DOCUMENTED_LIMITS)
+    items = [item.split(":") for item in v.split(",") if item.strip()] if isinstance(v, str) else None
+    if items is None:
+        items = [[k, *(t if isinstance(t, (list, tuple)) else [t])] for k, t in dict(v).items()]
+    out = {}
+    for item in items:
+        if len(item) not in (2, 3) or str(item[0]).strip() not in VAST_ENDPOINTS.values():
+            raise ValueError
+        threshold, penalty = _seconds(item[1]), _seconds(item[2]) if len(item) == 3 else 0.0
+        out[str(item[0]).strip()] = (threshold, penalty)
+    return out
+
+
+def _losses(v: Any) -> dict[int, str]:
+    pairs = [item.split(":") for item in v.split(",") if item.strip()] if isinstance(v, str) else list(dict(v).items())
+    if any(len(p) != 2 or str(p[1]).strip() not in LOST_STATES for p in pairs):
+        raise ValueError
+    return {_count(a): str(b).strip() for a, b in pairs}
+
+
+LOST_STATES = ("offline", "exited")  # how vast.ai shows a host that died: unreachable, or its container gone
+
 FLAG = Kind("nothing, 'on' or 'off'", _flag, lambda v: "")
 COUNT = Kind("an integer >= 0", _count, str)
 SECONDS = Kind("a number of seconds >= 0", _seconds, lambda v: f"{v:g}")
@@ -111,6 +137,31 @@ COUNTS = Kind(
     _counts,
     lambda v: ",".join(f"{a}:{b}" for a, b in sorted(v.items())),
 )
+
+
+LIMITS = Kind(
+    "'documented' (vast.ai's: create 4.5 s with a 12 s penalty, show 2 s), or endpoint:threshold[:penalty] "
+    "seconds, comma-separated (e.g. create:4.5:12,show:2); endpoints: search, create, show, label, destroy, list, "
+    "list_v0, destroy_many, user",
+    _limits,
+    lambda v: ",".join(f"{k}:{t:g}:{p:g}" for k, (t, p) in sorted(v.items())),
+)
+LOSSES = Kind(
+    "stage:state pairs, state offline or exited, comma-separated (e.g. 1:offline)",
+    _losses,
+    lambda v: ",".join(f"{a}:{b}" for a, b in sorted(v.items())),
+)
+STATUSES = Kind(
+    "create:status pairs, status 404 or 410, comma-separated (e.g. 1:410)",
+    lambda v: _statuses(_counts(v)),
+    lambda v: ",".join(f"{a}:{b}" for a, b in sorted(v.items())),
+)
+
+
+def _statuses(v: dict[int, int]) -> dict[int, int]:
+    if any(s not in (404, 410) for s in v.values()):
+        raise ValueError
+    return v
 
 
 @dataclass(frozen=True)
@@ -159,7 +210,17 @@ POINTS: dict[str, Point] = {
         Point(
             "vast.kill_stage", COUNT, ROW_DROP, "SIGKILL this stage's instance once vast.kill_after_tokens were sampled"
         ),
-        Point("vast.kill_after_tokens", COUNT, ROW_DROP, "how many tokens vast.kill_stage waits for", 1),
+        Point(
+            "vast.kill_after_tokens", COUNT, ROW_DROP, "how many tokens vast.kill_stage and vast.lose_host wait for", 1
+        ),
+        Point(
+            "vast.lose_host",
+            LOSSES,
+            ROW_DROP,
+            "stage:state: that stage's host dies once vast.kill_after_tokens were sampled; vast.ai then shows the "
+            "instance in that state: offline (its node frozen, unreachable) or exited (its node killed)",
+            {},
+        ),
         Point(
             "vast.destroy_fails", COUNTS, ROW_DESTROY, "stage:n: the first n destroys of that stage get HTTP 500", {}
         ),
@@ -172,6 +233,38 @@ POINTS: dict[str, Point] = {
             0,
         ),
         Point("vast.throttle_every", COUNT, ROW_CREATE, "the period of vast.burst_429, in API calls", 8),
+        Point(
+            "vast.rate_limit",
+            LIMITS,
+            ROW_CREATE,
+            "vast.ai's rate limits, per endpoint and per identity (key and client address): a call sooner than "
+            "the threshold after the last one let through gets HTTP 429 (plain text, no Retry-After), and so "
+            "does every call for the penalty that follows",
+            {},
+        ),
+        Point(
+            "vast.race_offers",
+            STATUSES,
+            ROW_CREATE,
+            "create:status: that create call finds its offer taken between search and create (someone else "
+            "rented it): HTTP 404 or 410 no_such_ask, and the offer is no longer offered",
+            {},
+        ),
+        Point(
+            "vast.destroy_linger",
+            SECONDS,
+            RULE_DESTROY,
+            "seconds a destroyed instance stays listed, on its way out (intended_status and next_state 'stopped')",
+            0.0,
+        ),
+        Point(
+            "vast.destroy_ignored",
+            COUNTS,
+            RULE_DESTROY,
+            "stage:n: the first n destroys of that stage are answered success but not done (the instance stays, "
+            "intended running)",
+            {},
+        ),
         Point(
             "vast.api_latency", SECONDS, RULE_DESTROY, "seconds before each answer (a slow link; a long teardown)", 0.0
         ),

@@ -16,6 +16,23 @@ STATUS_ACTOR = "status"  # a node's health: NodeStatusQuery
 ORCHESTRATOR_ACTOR = "orchestrator"  # the seed's collector of FirstToken and InferenceResponse
 
 
+# vast.ai's endpoints, by the names its rate limits are given in (``vast.rate_limit``) and the
+# client's figures are counted under: (method, route) -> name. A route's ``{id}`` is any number.
+VAST_ENDPOINTS: dict[tuple[str, str], str] = {
+    ("POST", "/api/v0/bundles/"): "search",
+    ("PUT", "/api/v0/asks/{id}/"): "create",
+    ("GET", "/api/v0/instances/{id}/"): "show",
+    ("PUT", "/api/v0/instances/{id}/"): "label",
+    ("DELETE", "/api/v0/instances/{id}/"): "destroy",
+    ("GET", "/api/v1/instances/"): "list",
+    ("GET", "/api/v0/instances/"): "list_v0",
+    ("DELETE", "/api/v0/instances/"): "destroy_many",
+    ("GET", "/api/v0/users/current"): "user",
+}
+# the intervals vast.ai's documentation gives, in seconds: (threshold between calls, penalty once exceeded)
+VAST_DOCUMENTED_LIMITS: dict[str, tuple[float, float]] = {"create": (4.5, 12.0), "show": (2.0, 0.0)}
+
+
 def stage_name(stage: int) -> str:
     return f"pp-stage-{stage}"
 
