@@ -57,6 +57,7 @@ from aiohttp import web
 
 from .. import failpoints
 from ..nodeenv import NodeEnv, process_env
+from ..protocol import VAST_ENDPOINTS
 from ..runtime.localproc import ChildProcess
 from ..runtime.resource import Resource
 from ..runtime.transport import PeerAddr
@@ -302,6 +303,40 @@ class Instance:
         }
 
 
+class RateLimiter:
+    """vast.ai's rate limits: a minimum interval between calls, per endpoint and per identity
+    (the key and the client's address). A call sooner than ``threshold`` after the last call let
+    through is refused, and so is every call until ``penalty`` seconds after that refusal
+    (refusals do not move it); ``limits``: endpoint name -> (threshold, penalty)."""
+
+    def __init__(self, limits: Mapping[str, tuple[float, float]], clock: Callable[[], float] = time.monotonic) -> None:
+        self.limits, self.clock = dict(limits), clock
+        self._last: dict[tuple[str, str], float] = {}  # the last call let through
+        self._penalty: dict[tuple[str, str], float] = {}  # refused until then
+        self.refused: dict[str, int] = {}  # by endpoint
+
+    def refuse(self, endpoint: str, identity: str) -> str | None:
+        """None to let the call through, else the 429's text."""
+        if endpoint not in self.limits:
+            return None
+        threshold, penalty = self.limits[endpoint]
+        now, key = self.clock(), (endpoint, identity)
+        last = self._last.get(key)
+        if now < self._penalty.get(key, 0.0) or (last is not None and now - last < threshold):
+            if now >= self._penalty.get(key, 0.0):
+                self._penalty[key] = now + penalty
+            self.refused[endpoint] = self.refused.get(endpoint, 0) + 1
+            return f"API requests too frequent endpoint threshold={threshold:g}"
+        self._last[key] = now
+        return None
+
+
+def endpoint_of(request: web.Request) -> str | None:
+    """The request's endpoint name in :data:`VAST_ENDPOINTS` (None: a path it does not name)."""
+    info = request.match_info.route.resource
+    return VAST_ENDPOINTS.get((request.method, info.canonical)) if info is not None else None
+
+
 def _json(data: Any, status: int = 200) -> web.Response:
     # exactly "application/json": the official CLI rejects the offers answer otherwise, and
     # aiohttp's json_response would add "; charset=utf-8"
@@ -338,6 +373,7 @@ class FakeVast(Resource):
         self.instances: dict[int, Instance] = {}
         self.destroyed: list[Instance] = []
         self.requests: list[tuple[str, str, int]] = []  # method, path, status
+        self.limiter = RateLimiter(self.faults.value("vast.rate_limit"))
         self._creates = 0
         self._next_id = 12_400_000
         self._runner: web.AppRunner | None = None
@@ -410,6 +446,14 @@ class FakeVast(Resource):
         if burst and n % max(every, burst + 1) < burst:
             self.requests.append((request.method, request.path, 429))
             return web.Response(status=429, text="Too Many Requests")  # plain text, no Retry-After
+        limits = self.faults.value("vast.rate_limit")
+        if limits != self.limiter.limits:  # faults changed since (a test may set them on a running emulator)
+            self.limiter = RateLimiter(limits)
+        endpoint = endpoint_of(request)
+        refused = self.limiter.refuse(endpoint, _identity(request)) if endpoint else None
+        if refused is not None:
+            self.requests.append((request.method, request.path, 429))
+            return web.Response(status=429, text=refused)  # plain text, no Retry-After, as vast.ai's
         resp = await self._authorized(request, handler)
         self.requests.append((request.method, request.path, resp.status))
         if self.faults.value("vast.api_latency"):
@@ -681,6 +725,13 @@ class FakeVast(Resource):
                         log.warning("killing instance %d (stage %s) after %d tokens", inst.id, inst.stage, sampled)
                         inst.proc.signal(signal.SIGKILL)
                 return
+
+
+def _identity(request: web.Request) -> str:
+    """Who a rate limit counts a call against: the key it carries and the address it came from."""
+    auth = request.headers.get("Authorization", "")
+    key = auth[7:].strip() if auth.startswith("Bearer ") else request.query.get("api_key", "")
+    return f"{key}@{request.remote}"
 
 
 def _sort_key(key: str) -> Callable[[Mapping[str, Any]], tuple[bool, Any]]:
