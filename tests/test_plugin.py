@@ -180,11 +180,15 @@ def test_the_spec_suite_passes_and_junit_carries_the_figures(
     pytester: pytest.Pytester, tmp_path: Path, synth_model: str
 ) -> None:
     """``pytest --pyargs pytest_ppsmoke.spec -m local``, against an emulator that requires a
-    distinctive key: every spec test passes, every test carries the figures, the key is nowhere.
-    On the synthetic model, whose random weights make no words: the test of coherent text is left
-    out here (the suite runs the spec tests on SmolLM2 too, ``testpaths``)."""
+    distinctive key and pushes back as vast.ai does: rate limits (scaled down: create 0.4 s apart
+    or a 1.5 s penalty, show 0.2 s apart), the cheapest offer taken between search and create, and
+    destroyed instances that stay listed on their way out. Every spec test passes, the teardown
+    claim included; every test carries the figures, what the API cost among them; the key is
+    nowhere. On the synthetic model, whose random weights make no words: the test of coherent text
+    is left out here (the suite runs the spec tests on SmolLM2 too, ``testpaths``)."""
+    pushback = "vast.rate_limit=create:0.4:1.5,show:0.2;vast.race_offers=1:404;vast.destroy_linger=60"
     emulator = subprocess.Popen(
-        [sys.executable, "-m", "pytest_ppsmoke.cloud.fake_vast"],
+        [sys.executable, "-m", "pytest_ppsmoke.cloud.fake_vast", "--faults", pushback],
         stdout=subprocess.PIPE, text=True, env={**os.environ, "VAST_API_KEY": KEY},
     )  # fmt: skip
     try:
@@ -202,6 +206,7 @@ def test_the_spec_suite_passes_and_junit_carries_the_figures(
     result.assert_outcomes(passed=7, deselected=1)
     out = result.stdout.str()
     assert f"pytest-ppsmoke: local, {synth_model}, 2 stages, bf16" in out  # the terminal summary
+    assert re.search(r"vast\.ai API: \d+ calls; \d+ answered 429 \(absorbed: .*1 offer\(s\) taken by someone else", out)
     hop = SYNTH.dim * 2  # bytes of one token's hidden state in bf16
     assert f"pp-stage-0->pp-stage-1 decode: 11 x [{hop}] B" in out
     assert "orchestrator frames in decode: received InferenceResponse 1; sent nothing (membership:" in out
@@ -213,6 +218,8 @@ def test_the_spec_suite_passes_and_junit_carries_the_figures(
         assert props["ppsmoke_mode"] == "local" and props["ppsmoke_run_id"], case.get("name")
         assert float(props["ppsmoke_time_rent"]) >= 0 and float(props["ppsmoke_cost_usd"]) > 0
         assert len(props["ppsmoke_instances"].split(",")) == 2
+        assert props["ppsmoke_offers_skipped"] == "4100000"  # the cheapest, raced away
+        assert int(props["ppsmoke_vast_throttled"]) >= 1 and float(props["ppsmoke_vast_retry_wait_s"]) > 0
         if case.get("name") in (
             "test_tokens_equal_the_unsplit_reference",
             "test_teardown_leaves_no_instance_with_the_runs_label",
@@ -223,6 +230,42 @@ def test_the_spec_suite_passes_and_junit_carries_the_figures(
             assert props["ppsmoke_reference_state"] == "done" and props["ppsmoke_reference_match"] == "True"
             assert props["ppsmoke_reference_token_ids"] == props["ppsmoke_token_ids"]
             assert float(props["ppsmoke_time_reference"]) > 0
+
+
+LOST = """
+import pytest
+pytestmark = pytest.mark.local
+
+def test_infer(ppsmoke_inference):
+    pass
+"""
+
+
+def test_a_host_lost_mid_decode_fails_the_session_naming_its_stage(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, synth_model: str
+) -> None:
+    """Stage 1's host stops answering mid-decode (vast.ai shows its instance offline; its node is
+    frozen, so no connection closes and SWIM would take seconds): the test that needs the inference
+    errors at once, in one line naming pp-stage-1, its instance and what vast.ai reported; both
+    instances are destroyed and no node is left running."""
+    pytester.makepyfile(LOST)
+    tag = f"plugin-{os.getpid()}-lost"
+    monkeypatch.setenv(TEST_TAG, tag)
+    monkeypatch.setenv("PP_FAILPOINTS", "vast.lose_host=1:offline;vast.kill_after_tokens=2")
+    report = pytester.path / "r.json"
+    result = pytester.runpytest_subprocess(
+        "-m", "local", "-p", "no:cacheprovider", "--ppsmoke-model", synth_model, "--ppsmoke-max-tokens", "512",
+        "--ppsmoke-report", str(report),
+    )  # fmt: skip
+    result.assert_outcomes(errors=1)
+    figures = json.loads(report.read_text())
+    lost = next(i for i in figures["instances"] if i["stage"] == 1)
+    where = re.escape(f"pp-stage-1 on instance {lost['id']} ({lost['label']})")
+    line = rf"E\s+Failed: the local deployment failed at decode: {where}: vast\.ai reports the instance offline \(.+\); its host was lost mid-run.*"
+    result.stdout.re_match_lines([line])
+    assert figures["failed_phase"] == "decode" and "pp-stage-1" in figures["error"]
+    assert [i["final_state"] for i in figures["instances"]] == ["destroyed", "destroyed"]
+    assert figures["emulator"]["live_instances"] == [] and node_processes(tag) == []
 
 
 INTERRUPTED = """

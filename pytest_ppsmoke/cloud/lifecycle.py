@@ -41,9 +41,11 @@ from ..runtime.localproc import ClusterKeys
 from ..runtime.node import Node, NodeConfig
 from ..runtime.resource import Resource
 from ..runtime.swim import SwimConfig
-from .vast import LABEL_PREFIX, Offer, OfferQuery, VastClient, VastError
+from .vast import LABEL_PREFIX, Offer, OfferGone, OfferQuery, VastClient, VastError, going_away
 
 log = logging.getLogger(__name__)
+
+LOST_STATES = ("offline", "exited", "unknown")  # vast.ai's states a running instance never comes back from
 
 
 @dataclass
@@ -63,6 +65,8 @@ class RunConfig:
     node_ttl: float = DEFAULTS.ttl  # a node removes itself after this long, whatever happens
     orphan_grace: float = DEFAULTS.orphan_grace  # ... or once it has lost the orchestrator for this long
     extra_env: Mapping[str, str] = field(default_factory=dict)  # raw variables over each node's NodeEnv
+    offer_races: int = 4  # offers raced away between search and create that the run moves past
+    redestroys: int = 2  # destroys sent again when vast.ai accepted one but still shows the instance running
 
     def __post_init__(self) -> None:
         if self.num_stages < 2:
@@ -71,6 +75,8 @@ class RunConfig:
             raise ValueError(f"network must be 'local' or 'wan', got {self.network!r}")
         if self.polls < 1:
             raise ValueError(f"polls must be at least 1, got {self.polls}")
+        if self.offer_races < 0:
+            raise ValueError(f"offer_races must be at least 0, got {self.offer_races}")
 
     @property
     def swim(self) -> SwimConfig:
@@ -93,6 +99,11 @@ class RentedInstance:
     @property
     def name(self) -> str:
         return f"instance {self.id} (stage {self.stage})"
+
+    @property
+    def where(self) -> str:
+        """How a failure names it: ``pp-stage-1 on instance N (label)``."""
+        return f"pp-stage-{self.stage} on instance {self.id} ({self.label})"
 
     def seconds(self) -> float:
         if self.created_at is None:
@@ -145,6 +156,9 @@ class Deployment(Resource):
         self.teardown_errors: list[str] = []
         self.creates_sent = 0  # create calls sent: with none, nothing of this run can be billing
         self._uncertain_creates = False
+        self.offers_skipped: list[dict[str, Any]] = []  # offers raced away between search and create
+        self.lost: asyncio.Future[PhaseError] | None = None  # set when a stage's host is lost mid-run
+        self._watch: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
         return f"Deployment({self.run_id}, {len(self.instances)} instances)"
@@ -193,7 +207,30 @@ class Deployment(Resource):
                 f"{len(offers)} offer(s) match ({c.query.describe()}); {c.num_stages} are needed. "
                 "Relax --gpu-ram, --max-price or --min-reliability",
             )
-        for stage, offer in enumerate(offers[: c.num_stages]):
+        tried: set[int] = set()
+        for stage in range(c.num_stages):
+            await self._rent_stage(stage, offers, tried)
+        detail = ", ".join(f"{i.id} ({i.offer.gpu_name}, ${i.offer.dph_total}/h)" for i in self.instances)
+        if self.offers_skipped:
+            gone = ", ".join(f"{o['offer']} (HTTP {o['status']})" for o in self.offers_skipped)
+            detail += f"; {len(self.offers_skipped)} offer(s) taken by someone else first: {gone}"
+        self._done("rent", t, detail)
+
+    async def _rent_stage(self, stage: int, offers: list[Offer], tried: set[int]) -> None:
+        """Create stage ``stage``'s instance on the cheapest matching offer not tried yet. An offer
+        taken by someone else between search and create (404/410 ``no_such_ask``) is reported and
+        the next one is tried, up to ``offer_races`` in the run; any other refusal ends the run."""
+        c = self.config
+        while True:
+            offer = next((o for o in offers if o.id not in tried), None)
+            if offer is None:
+                taken = ", ".join(str(o["offer"]) for o in self.offers_skipped)
+                raise PhaseError(
+                    "rent",
+                    f"no matching offer left for stage {stage}: {len(offers)} matched, and {taken} were taken "
+                    "between search and create. Relax --gpu-ram, --max-price or --min-reliability, or try again",
+                )
+            tried.add(offer.id)
             inst = RentedInstance(stage, offer, f"{self.label_prefix}stage{stage}")
             inst.endpoint_id = self.keys.ids[1 + stage]
             self.creates_sent += 1
@@ -202,14 +239,33 @@ class Deployment(Resource):
                 inst.id = await self.vast.create_instance(
                     offer.id, image=c.image, env=self._env(stage), label=inst.label, disk_gb=c.disk_gb
                 )
+            except OfferGone as e:
+                self._uncertain_creates = False  # refused: nothing was rented
+                self.offers_skipped.append(
+                    {
+                        "stage": stage,
+                        "offer": offer.id,
+                        "dph_total": offer.dph_total,
+                        "status": e.status,
+                        "error": str(e),
+                    }
+                )
+                log.warning("stage %d: offer %d was taken first (%s); trying the next", stage, offer.id, e)
+                if len(self.offers_skipped) > c.offer_races:
+                    taken = ", ".join(str(o["offer"]) for o in self.offers_skipped)
+                    raise PhaseError(
+                        "rent",
+                        f"{len(self.offers_skipped)} offers were taken by someone else between search and create "
+                        f"({taken}); the market is moving too fast: try again",
+                    ) from None
+                continue
             except VastError as e:
                 self._uncertain_creates = e.status == 0  # a definite refusal rented nothing
                 raise PhaseError("rent", f"creating stage {stage} on offer {offer.id} was rejected: {e}") from None
             self._uncertain_creates = False
             inst.created_at = time.time()
             self.instances.append(inst)  # one cancelled while its create was in flight is found by the sweep
-        detail = ", ".join(f"{i.id} ({i.offer.gpu_name}, ${i.offer.dph_total}/h)" for i in self.instances)
-        self._done("rent", t, detail)
+            return
 
     def _env(self, stage: int) -> dict[str, str]:
         c = self.config
@@ -249,6 +305,40 @@ class Deployment(Resource):
 
         await _all(one(i) for i in self.instances)
         self._done("boot", t, f"{len(self.instances)} running")
+        self.lost = asyncio.get_running_loop().create_future()
+        self._watch = asyncio.ensure_future(self._watch_hosts(self.lost))
+
+    async def _watch_hosts(self, lost: asyncio.Future[PhaseError]) -> None:
+        """From boot to teardown: vast.ai's list of the run's instances, every poll interval. A stage
+        instance that vast.ai shows ``offline``, ``exited`` or ``unknown`` (its host died), or no
+        longer lists twice running, ends the run at once: ``lost`` gets the PhaseError, naming the
+        stage, the instance and what vast.ai reported. A list that fails is retried next time."""
+        missing: dict[int, int] = {}
+        while not lost.done():
+            await asyncio.sleep(self.config.poll_interval)
+            try:
+                listed = {r.get("id"): r for r in await self.vast.list_instances(self.label_prefix)}
+            except VastError as e:
+                log.info("watching the run's instances: %s", e)
+                continue
+            for inst in self.instances:
+                if inst.id is None or inst.state in ("destroyed", "destroying"):
+                    continue
+                record = listed.get(inst.id)
+                if record is None:
+                    missing[inst.id] = missing.get(inst.id, 0) + 1
+                    if missing[inst.id] < 2:
+                        continue
+                    what = "vast.ai no longer lists the instance (destroyed from elsewhere, or its node's time-to-live)"
+                else:
+                    missing.pop(inst.id, None)
+                    state = record.get("actual_status")
+                    if state not in LOST_STATES:
+                        continue
+                    inst.state, inst.status_msg = state, str(record.get("status_msg") or "")
+                    what = f"vast.ai reports the instance {state} ({inst.status_msg or 'no status message'})"
+                lost.set_result(PhaseError(self.phase, f"{inst.where}: {what}; its host was lost mid-run"))
+                return
 
     async def converge(self) -> None:
         t = self._begin("converge")
@@ -314,6 +404,10 @@ class Deployment(Resource):
         naming every instance that could not be destroyed; never stops at the first failure, and
         ends within ``teardown_timeout`` even when vast.ai does not answer."""
         t = self._begin("teardown")
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
         try:
             async with asyncio.timeout(self.teardown_timeout):
                 await asyncio.gather(*(self._destroy(i) for i in self.instances if i.id is not None))
@@ -341,24 +435,40 @@ class Deployment(Resource):
             raise PhaseError("teardown", "; ".join(problems) + advice)
 
     async def _destroy(self, inst: RentedInstance) -> None:
+        """Destroy it, then ask vast.ai: gone (``destroyed``), still listed on its way out
+        (``destroying``: its state fields no longer intend it to run), or still intended running
+        although the destroy was accepted: then the destroy is sent again, ``redestroys`` times,
+        before it is reported as not destroyed."""
         assert inst.id is not None
         if inst.state in ("destroyed", "destroying"):
             return
-        try:
-            await self.vast.destroy_instance(inst.id)
-        except Exception as e:  # any failure is reported against this instance; the others go on
-            inst.destroy_error = str(e) or type(e).__name__
-            log.warning("could not destroy %s: %s", inst.name, inst.destroy_error)
-            return
-        inst.ended_at = time.time()  # billing stops with the accepted destroy
-        inst.destroy_error = None
-        try:
-            record = await self.vast.show_instance(inst.id)
-        except Exception as e:
-            log.info("destroy of %s accepted; the check afterwards failed: %s", inst.name, e)
-            record = {}
-        # gone at once (the emulator), or still listed while vast.ai tears it down
-        inst.state = "destroyed" if record is None else "destroying"
+        for attempt in range(1 + self.config.redestroys):
+            try:
+                await self.vast.destroy_instance(inst.id)
+            except Exception as e:  # any failure is reported against this instance; the others go on
+                inst.destroy_error = str(e) or type(e).__name__
+                log.warning("could not destroy %s: %s", inst.name, inst.destroy_error)
+                return
+            inst.ended_at = inst.ended_at or time.time()  # billing stops with the accepted destroy
+            inst.destroy_error = None
+            try:
+                record = await self.vast.show_instance(inst.id)
+            except Exception as e:
+                log.info("destroy of %s accepted; the check afterwards failed: %s", inst.name, e)
+                inst.state = "destroying"
+                return
+            if record is None or going_away(record):
+                inst.state = "destroyed" if record is None else "destroying"
+                return
+            inst.state, inst.status_msg = record.get("actual_status"), str(record.get("status_msg") or "")
+            log.warning("%s: destroy accepted, but vast.ai still shows it intended running", inst.name)
+            if attempt < self.config.redestroys:
+                await asyncio.sleep(min(2.0, self.config.poll_interval))
+        inst.ended_at = None  # still billing
+        inst.destroy_error = (
+            f"vast.ai accepted {1 + self.config.redestroys} destroys but still shows it intended running "
+            f"(actual_status {inst.state!r}, intended_status {record.get('intended_status')!r})"
+        )
 
     async def _sweep(self) -> None:
         """Destroy instances with this run's label that the run holds no id for: a create that

@@ -158,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         print(r.text)  # the answer, even when something failed afterwards (a destroy)
     if r.reference.state in ("failed", "skipped") or r.reference.match is False:
         print(f"pp-smoke-run: WARNING: {r.reference.line()}", file=sys.stderr)
+    if (api := r.api_line()) is not None:
+        print(f"pp-smoke-run: {api}", file=sys.stderr)
     if r.teardown_error:  # said apart, also after an earlier failure: something may still be billing
         print(f"pp-smoke-run: WARNING: {r.teardown_error}", file=sys.stderr)
     if not r.ok and r.error != r.teardown_error:

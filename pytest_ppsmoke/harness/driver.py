@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable
 
 from ..cloud.fake_vast import FakeVast
 from ..cloud.lifecycle import Deployment, RunConfig
-from ..cloud.vast import DEFAULT_URL, OfferQuery, VastClient
+from ..cloud.vast import DEFAULT_URL, OfferQuery, VastClient, going_away
 from ..protocol import PhaseError
 from ..runtime.errors import RemoteError
 from ..runtime.resource import Resource
@@ -73,6 +73,24 @@ def run_config(s: Settings) -> RunConfig:
         node_ttl=s.node_ttl,
         orphan_grace=s.orphan_grace,
     )
+
+
+async def _unless_lost(step: Awaitable[None], dep: Deployment) -> None:
+    """Run the step, unless a stage's host is lost first (``Deployment.lost``, from boot on):
+    then the step is cancelled and the loss is its failure."""
+    if dep.lost is None:
+        await step
+        return
+    task = asyncio.ensure_future(step)
+    try:
+        await asyncio.wait([task, dep.lost], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    if dep.lost.done() and not (task.done() and not task.cancelled() and task.exception() is None):
+        raise dep.lost.result()
+    await task  # its result, or its own failure
 
 
 class SmokeRun(Resource):
@@ -134,6 +152,7 @@ class SmokeRun(Resource):
             url, key = s.vast_url or DEFAULT_URL, s.api_key
         self.report.vast_url = url
         self.vast = VastClient(key, url)
+        self.vast.deadline = self.started + s.phases_budget  # no retry waits past the steps' deadline
         self.deployment = Deployment(self.vast, run_config(s), on_phase=self.on_phase)
         self.report.run_id = self.deployment.run_id
 
@@ -196,7 +215,7 @@ class SmokeRun(Resource):
             "reference": self._reference,
         }
         try:
-            await calls[step]()
+            await _unless_lost(calls[step](), dep)
         finally:
             self._take_figures()
 
@@ -280,6 +299,9 @@ class SmokeRun(Resource):
         r.instances = [i.summary() for i in dep.instances]
         r.cost_usd = round(dep.cost_usd(), 6)
         r.creates_sent = dep.creates_sent
+        r.offers_skipped = list(dep.offers_skipped)
+        if self.vast is not None:
+            r.vast_api = self.vast.stats.summary()
         if not r.split and dep.instances:
             r.split = [{"stage": i.stage, "blocks": None, "instance": i.id} for i in dep.instances]
 
@@ -295,6 +317,8 @@ class SmokeRun(Resource):
         r = self.report
         seconds = self.teardown_seconds()
         deadline = time.monotonic() + seconds
+        if self.vast is not None:
+            self.vast.deadline = deadline  # the teardown's own retries may wait until its deadline
         try:
             if self.deployment is not None:
                 self.deployment.teardown_timeout = seconds  # the destroys and the sweep
@@ -311,8 +335,11 @@ class SmokeRun(Resource):
                     try:
                         async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
                             left = await self.vast.list_instances(self.deployment.label_prefix)
-                        # only what names them: a record also holds the instance's own key
-                        r.left_after_teardown = [{k: i.get(k) for k in ("id", "label", "actual_status")} for i in left]
+                        # only what names them: a record also holds the instance's own key; one still
+                        # listed but on its way out (its state fields say so) is gone, and shown apart
+                        keys = ("id", "label", "actual_status", "intended_status", "next_state")
+                        r.left_after_teardown = [{k: i.get(k) for k in keys} for i in left if not going_away(i)]
+                        r.going_after_teardown = [{k: i.get(k) for k in keys} for i in left if going_away(i)]
                     except Exception as e:  # TimeoutError included: the teardown's deadline has passed
                         log.warning("could not list the run's instances after teardown: %r", e)
         finally:

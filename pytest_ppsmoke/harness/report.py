@@ -85,6 +85,9 @@ class Report:
     creates_sent: int = 0  # create calls sent to vast.ai: nothing can be billing when 0
     teardown_error: str | None = None  # what could not be destroyed, even when an earlier failure is the error
     left_after_teardown: list[dict[str, Any]] | None = None  # vast.ai's list of the run's label, after
+    going_after_teardown: list[dict[str, Any]] = field(default_factory=list)  # still listed, on their way out
+    offers_skipped: list[dict[str, Any]] = field(default_factory=list)  # taken by someone else before our create
+    vast_api: dict[str, Any] = field(default_factory=dict)  # the client's calls, 429s, retries and waits
     emulator: dict[str, list[int]] | None = None  # the embedded emulator's own record (local mode)
     reference: ReferenceFigures = field(default_factory=ReferenceFigures)  # the token-exact reference
 
@@ -108,6 +111,26 @@ class Report:
         hint = HINTS.get(self.failed_phase or "")
         interrupted = "interrupted" in self.error or "budget" in self.error
         return f"{self.error} ({hint})" if hint and not interrupted else self.error
+
+    def api_line(self) -> str | None:
+        """What vast.ai's API cost the run when it pushed back: its 429s (absorbed, and the time
+        waited on them), other retries, and the offers taken by someone else first; None when
+        every call was answered at once."""
+        a = self.vast_api
+        parts = []
+        if a.get("throttled"):
+            parts.append(
+                f"{a['throttled']} answered 429 (absorbed: {a.get('retry_wait_s', 0):.1f} s waited on retries, "
+                f"{a.get('pace_wait_s', 0):.1f} s spacing calls)"
+            )
+        if a.get("retries", 0) > a.get("throttled", 0):
+            parts.append(f"{a['retries'] - a.get('throttled', 0)} other retries")
+        if self.offers_skipped:
+            taken = ", ".join(f"{o['offer']} (HTTP {o['status']}, stage {o['stage']})" for o in self.offers_skipped)
+            parts.append(f"{len(self.offers_skipped)} offer(s) taken by someone else first: {taken}")
+        if not parts:
+            return None
+        return f"vast.ai API: {a.get('calls', 0)} calls; " + "; ".join(parts)
 
     def destroyed(self) -> int:
         return sum(i.get("final_state") in ("destroyed", "destroying") for i in self.instances)
@@ -133,6 +156,13 @@ class Report:
             out.append(("ppsmoke_reference_where", f"pp-stage-{ref.stage} {ref.device}: {ref.method}"))
         elif ref.detail:
             out.append(("ppsmoke_reference_detail", ref.detail))
+        a = self.vast_api
+        out += [
+            (f"ppsmoke_vast_{k}", a[k])
+            for k in ("calls", "throttled", "retries", "retry_wait_s", "pace_wait_s")
+            if k in a
+        ]
+        out.append(("ppsmoke_offers_skipped", ",".join(str(o["offer"]) for o in self.offers_skipped)))
         out.append(("ppsmoke_instances", ",".join(str(i["id"]) for i in self.instances)))
         out.append(("ppsmoke_cost_usd", self.cost_usd))
         if self.error:
@@ -162,6 +192,8 @@ class Report:
             lines.append(f"{who} frames: {_window(window)}")
         if self.reference.state != "not run":
             lines.append(self.reference.line())
+        if (api := self.api_line()) is not None:
+            lines.append(api)
         for i in self.instances:
             gpu = (i.get("offer") or {}).get("gpu_name", "?")
             lines.append(f"instance {i['id']} stage {i['stage']}: {gpu} ${i['dph_total']}/h, {i['final_state']}")
