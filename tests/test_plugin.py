@@ -261,7 +261,8 @@ def test_a_host_lost_mid_decode_fails_the_session_naming_its_stage(
     figures = json.loads(report.read_text())
     lost = next(i for i in figures["instances"] if i["stage"] == 1)
     where = re.escape(f"pp-stage-1 on instance {lost['id']} ({lost['label']})")
-    line = rf"E\s+Failed: the local deployment failed at decode: {where}: vast\.ai reports the instance offline \(.+\); its host was lost mid-run.*"
+    said = r"vast\.ai reports the instance offline \(.+\); its host was lost mid-run"
+    line = rf"E\s+Failed: the local deployment failed at decode: {where}: {said}.*"
     result.stdout.re_match_lines([line])
     assert figures["failed_phase"] == "decode" and "pp-stage-1" in figures["error"]
     assert [i["final_state"] for i in figures["instances"]] == ["destroyed", "destroyed"]
