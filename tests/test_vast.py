@@ -94,7 +94,7 @@ async def test_instance_lifecycle_create_show_label_list_destroy(fake: FakeVast)
         assert [(r["id"], r["label"]) for r in await vast.list_instances()] == [(iid, "renamed")]
         assert await vast.destroy_instance(iid) is True
         assert await vast.show_instance(iid) is None
-        assert await vast.destroy_instance(iid) is False  # 404 no_such_instance: already gone
+        assert await vast.destroy_instance(iid) is False  # 404 not_found: already gone
         await asyncio.wait_for(inst.proc.proc.wait(), 10)  # its process group was killed
         assert offer.id in [o.id for o in await vast.search_offers(OfferQuery())]
 
@@ -265,6 +265,7 @@ def test_the_official_vastai_cli_works_against_the_emulator(tmp_path: Path) -> N
         assert [o["dph_total"] for o in offers] == [0.21, 0.34, 0.36, 1.05, 2.19]
         table = vastai(url, tmp_path, "search", "offers", "gpu_ram>=16", "-o", "dph+")
         assert "RTX_3090" in table.stdout and "Poland,_PL" in table.stdout  # the CLI's table shows _ for spaces
+        assert " 24.6 " in table.stdout  # its VRAM column is GB; the REST answer's gpu_ram is MB (24576)
 
         env = "-e STAGE=0 -e MODEL=smollm2:135m -p 8080:8080"
         out = vastai(url, tmp_path, "create", "instance", str(offers[0]["id"]), "--image", "pp/gpu-node:1",
