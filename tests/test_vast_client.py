@@ -172,10 +172,11 @@ async def test_429s_give_up_at_the_runs_deadline_and_creates_do_too() -> None:
             VastError, match=r"gave up: the next retry would end past the run's budget \(0\.\d s left\)"
         ):
             await vast.show_instance(5)
+        vast.deadline = time.monotonic()  # the budget is spent: no retry at all
         with pytest.raises(
             VastError, match=r"PUT /api/v0/asks/7/: HTTP 429: rate limited: 1 answer 429 over .* past the run's budget"
         ):
-            await vast.create_instance(7, image="i", env={}, label="l")  # the deadline has passed: no retry
+            await vast.create_instance(7, image="i", env={}, label="l")
         assert vast.stats.of("create").calls == 1 and vast.stats.of("list").calls == 0
         vast.deadline = None
         vast.rate_limit_window = 0.2
@@ -197,17 +198,25 @@ async def test_5xx_keeps_the_sdk_schedule() -> None:
 
 
 async def test_a_raced_away_offer_is_offer_gone_and_other_rejections_are_not() -> None:
-    async with emulator("vast.reject_create=3") as fake, VastClient(KEY, fake.url) as vast:
-        iid = await vast.create_instance(OFFERS[0], image="i", env={}, label="a")
-        with pytest.raises(OfferGone) as info:  # rented by someone (here, by us) since the search
-            await vast.create_instance(OFFERS[0], image="i", env={}, label="b")
-        assert str(info.value) == (
-            f"vast.ai PUT /api/v0/asks/{OFFERS[0]}/: HTTP 404: no_such_ask: offer {OFFERS[0]} is not available "
-            "(the offer was taken between search and create)"
-        )
+    async with emulator("vast.race_offers=1:410,2:404;vast.reject_create=5") as fake, VastClient(KEY, fake.url) as vast:
+        for status, gone in ((410, "is no longer available"), (404, "is not available")):
+            offer = (await vast.search_offers(OfferQuery()))[0].id
+            with pytest.raises(OfferGone) as info:  # someone else rented it between our search and create
+                await vast.create_instance(offer, image="i", env={}, label="a")
+            assert str(info.value) == (
+                f"vast.ai PUT /api/v0/asks/{offer}/: HTTP {status}: no_such_ask: Offer {offer} {gone} "
+                "(the offer was taken between search and create)"
+            )
+            assert info.value.status == status and offer not in [o.id for o in await vast.search_offers(OfferQuery())]
+        offer = (await vast.search_offers(OfferQuery()))[0].id
+        iid = await vast.create_instance(offer, image="i", env={}, label="a")  # the next offer is there to rent
+        with pytest.raises(OfferGone, match=r"HTTP 404: no_such_ask: Offer \d+ is not available"):
+            await vast.create_instance(offer, image="i", env={}, label="b")  # rented since (here, by us)
         with pytest.raises(VastError, match="HTTP 400: invalid_args") as other:
-            await vast.create_instance(OFFERS[1], image="i", env={}, label="c")
+            await vast.create_instance(OFFERS[-1], image="i", env={}, label="c")
         assert not isinstance(other.value, OfferGone)
+        assert vast.stats.of("create").calls == 5  # none is retried
+        assert list(fake.instances) == [iid]
         await vast.destroy_instance(iid)
 
     async def answers(request: web.Request) -> web.Response:
