@@ -85,11 +85,11 @@ def test_endpoints_are_named_as_the_protocol_names_them() -> None:
 
 
 async def test_two_creates_back_to_back_get_through_the_penalty_window() -> None:
-    # vast.ai: create's threshold 4.5 s, then a 12 s penalty; the 5xx schedule (here 0.08 s in all)
+    # vast.ai: create's threshold 4.5 s, then a 12 s penalty; the 5xx schedule (here 2 attempts)
     # would give up inside it, the 429 schedule outlasts it
     async with (
         emulator("vast.rate_limit=create:0.4:1.2") as fake,
-        VastClient(KEY, fake.url, backoff=0.01, rng=random.Random(1)) as vast,
+        VastClient(KEY, fake.url, attempts=2, backoff=0.01, rng=random.Random(1)) as vast,
     ):
         a = await vast.create_instance(OFFERS[0], image="i", env={}, label="ppsmoke-t-stage0")
         b = await vast.create_instance(OFFERS[1], image="i", env={}, label="ppsmoke-t-stage1")
@@ -133,7 +133,7 @@ async def test_429_waits_are_jittered_within_half_to_full() -> None:
         rng = Recording(seed)
         async with (
             emulator("vast.burst_429=4;vast.throttle_every=1000") as fake,
-            VastClient(KEY, fake.url, rate_limit_first=0.02, rate_limit_cap=0.1, rng=rng) as vast,
+            VastClient(KEY, fake.url, attempts=2, rate_limit_first=0.02, rate_limit_cap=0.1, rng=rng) as vast,
         ):
             assert len(await vast.search_offers(OfferQuery())) == 4
             search = vast.stats.of("search")

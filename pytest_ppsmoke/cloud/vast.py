@@ -231,12 +231,13 @@ class _Retries:
         self.first = time.monotonic()
         self.limited = self.errors = 0
         self.delay = client.backoff
+        self.full = client.rate_limit_first  # the next 429 wait's upper bound
 
     async def after_429(self, text: str) -> None:
         """Sleep before the next try, or raise VastError when the 429s have outlasted the limits."""
         c = self.client
         self.limited += 1
-        full = min(c.rate_limit_first * c.rate_limit_factor ** (self.limited - 1), c.rate_limit_cap)
+        full, self.full = self.full, min(self.full * c.rate_limit_factor, c.rate_limit_cap)
         wait = c.rng.uniform(full / 2, full)
         now = time.monotonic()
         spent = now - self.first
