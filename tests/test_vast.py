@@ -94,7 +94,7 @@ async def test_instance_lifecycle_create_show_label_list_destroy(fake: FakeVast)
         assert [(r["id"], r["label"]) for r in await vast.list_instances()] == [(iid, "renamed")]
         assert await vast.destroy_instance(iid) is True
         assert await vast.show_instance(iid) is None
-        assert await vast.destroy_instance(iid) is False  # 404 no_such_instance: already gone
+        assert await vast.destroy_instance(iid) is False  # 404 not_found: already gone
         await asyncio.wait_for(inst.proc.proc.wait(), 10)  # its process group was killed
         assert offer.id in [o.id for o in await vast.search_offers(OfferQuery())]
 
@@ -160,7 +160,7 @@ async def test_a_container_key_acts_on_its_own_instance_only(fake: FakeVast) -> 
 
 @pytest.mark.parametrize("fake", ["vast.burst_429=3;vast.throttle_every=5"], indirect=True)
 async def test_429_bursts_are_retried_with_backoff(fake: FakeVast) -> None:
-    async with client(fake, backoff=0.01) as vast:
+    async with client(fake, rate_limit_first=0.01) as vast:
         for _ in range(4):
             assert len(await vast.search_offers(OfferQuery())) == 4
         assert vast.retries >= 6 and vast.calls == vast.retries + 4
@@ -169,8 +169,10 @@ async def test_429_bursts_are_retried_with_backoff(fake: FakeVast) -> None:
 
 async def test_giving_up_names_the_call_and_the_attempts(fake: FakeVast) -> None:
     fake.faults = failpoints.parse("vast.burst_429=1000;vast.throttle_every=1001")
-    async with client(fake, backoff=0.001, attempts=3) as vast:
-        with pytest.raises(VastError, match=r"POST /api/v0/bundles/: HTTP 429: Too Many Requests \(after 3 attempts\)"):
+    async with client(fake, rate_limit_first=0.01, rate_limit_cap=0.02, rate_limit_window=0.2) as vast:
+        with pytest.raises(
+            VastError, match=r"POST /api/v0/bundles/: HTTP 429: rate limited: \d+ answers 429 over .*Too Many Requests"
+        ):
             await vast.search_offers(OfferQuery())
 
 
@@ -263,6 +265,7 @@ def test_the_official_vastai_cli_works_against_the_emulator(tmp_path: Path) -> N
         assert [o["dph_total"] for o in offers] == [0.21, 0.34, 0.36, 1.05, 2.19]
         table = vastai(url, tmp_path, "search", "offers", "gpu_ram>=16", "-o", "dph+")
         assert "RTX_3090" in table.stdout and "Poland,_PL" in table.stdout  # the CLI's table shows _ for spaces
+        assert " 24.6 " in table.stdout  # its VRAM column is GB; the REST answer's gpu_ram is MB (24576)
 
         env = "-e STAGE=0 -e MODEL=smollm2:135m -p 8080:8080"
         out = vastai(url, tmp_path, "create", "instance", str(offers[0]["id"]), "--image", "pp/gpu-node:1",

@@ -13,9 +13,13 @@ paginated ``GET /api/v1/instances/``. Every call needs ``Authorization: Bearer <
 An instance is a ``pp-gpu-node`` process started with the create call's ``env`` plus what
 vast.ai's host agent gives a container (``NodeEnv.container_id`` and ``container_api_key``, a key
 that may act on that instance only) and ``vast_url``. Its ``actual_status`` goes null -> ``loading`` ->
-``running`` (process started) -> ``exited`` (process gone). Destroy kills its process group and
-frees the offer. Closing the emulator kills whatever is left, and the nodes also exit when the
-emulator's process dies (stdin EOF), so nothing outlives it.
+``running`` (process started) -> ``exited`` (process gone). A record also carries vast.ai's
+``intended_status`` (what the owner wants: running, stopped once destroyed), ``cur_state`` (the
+contract: running while its container lives) and ``next_state`` (where it is headed); an instance
+whose process crashed is ``exited`` but still intended running. Destroy kills its process group and
+frees the offer; destroying an unknown instance is HTTP 404 ``not_found`` ("Instance not found"),
+vast.ai's way of saying it is gone. Closing the emulator kills whatever is left, and the nodes
+also exit when the emulator's process dies (stdin EOF), so nothing outlives it.
 
 ``runtime="image"`` (``--runtime image``) runs each instance as vast.ai does: a working container
 of the image the create call names (built here by ``python -m pytest_ppsmoke.cloud.image``; never
@@ -31,7 +35,26 @@ each row of the spec's error table: ``FakeVast(faults=...)`` takes them in PP_FA
 as a mapping; without it, the emulator takes this process's (PP_FAILPOINTS, ``failpoints.scoped``).
 Instances are picked by their stage (``NodeEnv.stage`` in the create call's env), create calls by
 their number (1-based). Symptoms only a node can show are switched on in that node's environment
-(``NodeEnv.failpoints``).
+(``NodeEnv.failpoints``). vast.ai's own misbehaviour, each off by default:
+
+- ``vast.rate_limit``: per endpoint and per identity (the key and the client's address: the
+  account key and a container's key count apart), a call within the endpoint's threshold of the
+  last one let through gets HTTP 429, and so does every call for the penalty that follows; the
+  body is plain text (``API requests too frequent endpoint threshold=4.5``), with no Retry-After.
+- ``vast.race_offers``: that create call finds its offer rented by someone else between search and
+  create: HTTP 404 ``no_such_ask`` ("Offer N is not available") or 410 ("... is no longer
+  available"); the offer stays rented, so later searches no longer return it.
+- ``vast.destroy_linger``: a destroyed instance stays listed (show and both lists) that long, going
+  away (``intended_status`` and ``next_state`` "stopped"; ``cur_state`` "running" until its process
+  has ended, then "stopped"; ``actual_status`` as the process is: running, then exited); destroying
+  it again answers success. :meth:`FakeVast.live` leaves it out: it is destroyed.
+- ``vast.destroy_ignored``: a destroy answered success that does nothing (still running, intended
+  running).
+- ``vast.lose_host``: mid-run (after ``vast.kill_after_tokens`` sampled tokens) a stage's host dies:
+  ``offline`` freezes its node's process group (SIGSTOP; "host N stopped answering"), ``exited``
+  kills it ("host N failed"); intended still running. A destroy then kills the node at once (no
+  stop grace). In the image runtime the same signals go to ``buildah run``'s process group, which
+  holds the container's processes (chroot isolation).
 """
 
 from __future__ import annotations
@@ -211,6 +234,8 @@ class Instance:
     container: images.Container | None = None  # runtime "image": its working container
     boot: asyncio.Task[None] | None = None
     destroy_attempts: int = 0
+    lost: str | None = None  # its host died (vast.lose_host): "offline" or "exited"
+    linger_until: float = 0.0  # destroyed: listed until then (time.monotonic())
 
     @property
     def stage(self) -> int | None:
@@ -220,19 +245,35 @@ class Instance:
         except ValueError:
             return None
 
+    @property
+    def ended(self) -> bool:
+        """Whether its process (or container) has ended, or never started and never will."""
+        return self.actual_status == "exited" or (
+            self.proc is not None and self.proc.proc is not None and self.proc.proc.returncode is not None
+        )
+
+    def states(self) -> tuple[str, str, str]:
+        """``intended_status``, ``cur_state`` and ``next_state`` as vast.ai shows them: what the
+        owner wants (running until destroyed, then stopped), the contract's state (running while
+        its container lives) and where it is headed. A crashed instance is still intended running."""
+        if self.destroyed_at is not None:  # on its way out
+            return "stopped", "stopped" if self.ended else "running", "stopped"
+        return "running", "stopped" if self.ended else "running", "running"
+
     def record(self) -> dict[str, Any]:
         """The instance as vast.ai shows it."""
         o = self.offer
         running = self.actual_status == "running"
+        intended, cur, nxt = self.states()
         return {
             "id": self.id,
             "machine_id": o["machine_id"],
             "host_id": o["host_id"],
             "bundle_id": o["bundle_id"],
             "actual_status": self.actual_status,
-            "intended_status": "running",
-            "cur_state": "running",
-            "next_state": "running",
+            "intended_status": intended,
+            "cur_state": cur,
+            "next_state": nxt,
             "status_msg": self.status_msg,
             "label": self.label,
             "image_uuid": self.image,
@@ -370,7 +411,8 @@ class FakeVast(Resource):
         self.faults = failpoints.active() if faults is None else failpoints.parse(faults)
         self.node_argv = node_argv or [sys.executable, "-m", "pytest_ppsmoke.stage.gpu_node"]
         self.host, self.port = host, port
-        self.instances: dict[int, Instance] = {}
+        self.instances: dict[int, Instance] = {}  # live: rented and not destroyed
+        self.lingering: dict[int, Instance] = {}  # destroyed, still listed (vast.destroy_linger)
         self.destroyed: list[Instance] = []
         self.requests: list[tuple[str, str, int]] = []  # method, path, status
         self.limiter = RateLimiter(self.faults.value("vast.rate_limit"))
@@ -413,8 +455,8 @@ class FakeVast(Resource):
         port = self._runner.addresses[0][1]  # the real port when asked for 0
         host = f"[{self.host}]" if ":" in self.host else self.host
         self.url = f"http://{host}:{port}"
-        if self.faults.on("vast.kill_stage"):
-            self._watch = asyncio.ensure_future(self._kill_after_tokens())
+        if self.faults.on("vast.kill_stage") or self.faults.value("vast.lose_host"):
+            self._watch = asyncio.ensure_future(self._lose_hosts())
         return self.url
 
     def release(self) -> None:
@@ -437,7 +479,20 @@ class FakeVast(Resource):
         self._tmp.cleanup()
 
     def live(self) -> list[Instance]:
+        """The instances rented and not destroyed (lingering ones are destroyed: not here)."""
         return list(self.instances.values())
+
+    def listed(self) -> list[Instance]:
+        """What vast.ai lists, by id: the live instances and the destroyed ones still lingering."""
+        self._purge()
+        return sorted([*self.instances.values(), *self.lingering.values()], key=lambda i: i.id)
+
+    def _purge(self) -> None:
+        """Forget the lingering instances whose time is up, and free their offers."""
+        now = time.monotonic()
+        for inst in [i for i in self.lingering.values() if i.linger_until <= now]:
+            del self.lingering[inst.id]
+            inst.offer["rentable"], inst.offer["rented"] = True, False
 
     @web.middleware
     async def _gate(self, request: web.Request, handler: Callable[[web.Request], Any]) -> web.StreamResponse:
@@ -469,7 +524,7 @@ class FakeVast(Resource):
         if not key:
             return _error(401, "auth_error", "authentication required: send Authorization: Bearer <api key>")
         if not secrets.compare_digest(key, self.api_key):
-            own = next((i for i in self.instances.values() if secrets.compare_digest(key, i.container_key)), None)
+            own = next((i for i in self.listed() if secrets.compare_digest(key, i.container_key)), None)
             if own is None or request.path != f"/api/v0/instances/{own.id}/":
                 return _error(401, "auth_error", "invalid api key")
         try:
@@ -487,7 +542,7 @@ class FakeVast(Resource):
         return _json({"id": 1, "username": "ppsmoke", "email": "ppsmoke@localhost", "host_agreement_accepted": False})
 
     async def instance_filters(self, request: web.Request) -> web.Response:
-        records = [i.record() for i in self.instances.values()]
+        records = [i.record() for i in self.listed()]
         keys = ("actual_status", "verification", "gpu_name")
         return _json({"filters": [{k: r[k] for k in keys} for r in records]})
 
@@ -499,6 +554,7 @@ class FakeVast(Resource):
             return _error(400, "invalid_args", f"the query must be an object, got {type(query).__name__}")
         if isinstance(query.get("q"), dict):  # some clients wrap the query
             query = query["q"]
+        self._purge()
         try:
             found = [o for o in self.catalogue if match_offer(o, query)]
         except ValueError as e:
@@ -523,9 +579,17 @@ class FakeVast(Resource):
             return _error(400, "invalid_args", "the body must be a JSON object")
         if n in self.faults.value("vast.reject_create"):
             return _error(400, "invalid_args", f"create call {n} rejected (failpoint vast.reject_create)")
+        self._purge()
         offer = next((o for o in self.catalogue if str(o["id"]) == request.match_info["id"]), None)
+        raced = self.faults.value("vast.race_offers").get(n)
+        if offer is not None and offer["rentable"] and raced is not None:
+            # someone else rented it between the search and this call, and keeps it
+            offer["rentable"], offer["rented"] = False, True
+            log.info("create call %d: offer %d taken by someone else (failpoint vast.race_offers)", n, offer["id"])
+            gone = "is not available" if raced == 404 else "is no longer available"
+            return _error(raced, "no_such_ask", f"Offer {offer['id']} {gone}")
         if offer is None or not offer["rentable"]:
-            return _error(404, "no_such_ask", f"offer {request.match_info['id']} is not available")
+            return _error(404, "no_such_ask", f"Offer {request.match_info['id']} is not available")
         image = body.get("image")
         if not isinstance(image, str) or not image:
             return _error(400, "invalid_args", "image is required")
@@ -555,20 +619,23 @@ class FakeVast(Resource):
             await self._released.wait()
         return _json({"success": True, "new_contract": inst.id, "instance_api_key": inst.container_key})
 
-    def _find(self, request: web.Request) -> Instance | None:
+    def _find(self, request: web.Request, lingering: bool = True) -> Instance | None:
+        """The instance the path names: a live one, or (``lingering``) a destroyed one still listed."""
         try:
-            return self.instances.get(int(request.match_info["id"]))
+            iid = int(request.match_info["id"])
         except ValueError:
             return None
+        self._purge()
+        return self.instances.get(iid) or (self.lingering.get(iid) if lingering else None)
 
     async def show_instance(self, request: web.Request) -> web.Response:
         inst = self._find(request)
         return _json({"instances": inst.record() if inst else None})
 
     async def update_instance(self, request: web.Request) -> web.Response:
-        inst = self._find(request)
+        inst = self._find(request, lingering=False)
         if inst is None:
-            return _error(404, "no_such_instance", f"instance {request.match_info['id']} does not exist")
+            return _error(404, "not_found", "Instance not found")
         body = await request.json()
         if not isinstance(body, dict) or not ({"label", "state"} & set(body)):
             return _error(400, "invalid_args", "expected a body with 'label' or 'state'")
@@ -581,38 +648,64 @@ class FakeVast(Resource):
     async def destroy_instance(self, request: web.Request) -> web.Response:
         inst = self._find(request)
         if inst is None:
-            return _error(404, "no_such_instance", f"instance {request.match_info['id']} does not exist")
-        inst.destroy_attempts += 1
-        failing = self.faults.value("vast.destroy_fails").get(inst.stage, 0) if inst.stage is not None else 0
-        if inst.destroy_attempts <= failing:
+            return _error(404, "not_found", "Instance not found")  # vast.ai's answer: already gone
+        if inst.destroyed_at is not None:
+            return _json({"success": True})  # lingering: already on its way out
+        outcome = self._destroy_outcome(inst)
+        if outcome == "failed":
             return _error(500, "server_error", f"destroy of {inst.id} failed (failpoint vast.destroy_fails)")
-        # vast.ai answers at once and tears the container down behind the answer
-        self._destroy(inst)
-        return _json({"success": True})
+        if outcome == "done":
+            self._destroy(inst)  # vast.ai answers at once and tears the container down behind the answer
+        return _json({"success": True})  # "ignored" too: accepted, and nothing happens
+
+    def _destroy_outcome(self, inst: Instance) -> str:
+        """What this destroy of ``inst`` does: the first vast.destroy_fails of its stage fail,
+        the next vast.destroy_ignored are accepted and ignored, the rest are done."""
+        inst.destroy_attempts += 1
+        stage = inst.stage
+        failing = self.faults.value("vast.destroy_fails").get(stage, 0) if stage is not None else 0
+        ignored = self.faults.value("vast.destroy_ignored").get(stage, 0) if stage is not None else 0
+        if inst.destroy_attempts <= failing:
+            return "failed"
+        if inst.destroy_attempts <= failing + ignored:
+            log.info("destroy of instance %d accepted and ignored (failpoint vast.destroy_ignored)", inst.id)
+            return "ignored"
+        return "done"
 
     async def destroy_instances(self, request: web.Request) -> web.Response:
         body = await request.json()
         ids = body.get("instance_ids") if isinstance(body, dict) else None
         if not isinstance(ids, list):
             return _error(400, "invalid_args", "expected {'instance_ids': [...]}")
+        failed = []
         for i in ids:
             inst = self.instances.get(int(i)) if str(i).isdigit() else None
-            if inst is not None:
+            outcome = self._destroy_outcome(inst) if inst is not None else "gone"
+            if inst is not None and outcome == "done":
                 self._destroy(inst)
+            elif outcome == "failed":
+                failed.append(str(i))
+        if failed:
+            return _error(500, "server_error", f"destroy of {', '.join(failed)} failed (failpoint vast.destroy_fails)")
         return _json({"success": True})
 
     def _destroy(self, inst: Instance) -> None:
         # vast.ai answers at once and tears the container down behind the answer
         del self.instances[inst.id]
         inst.destroyed_at = time.time()
-        inst.offer["rentable"], inst.offer["rented"] = True, False
+        linger = self.faults.value("vast.destroy_linger")
+        if linger:  # still listed, going away, until then; its offer stays taken as long
+            inst.linger_until = time.monotonic() + linger
+            self.lingering[inst.id] = inst
+        else:
+            inst.offer["rentable"], inst.offer["rented"] = True, False
         self.destroyed.append(inst)
         stopping = asyncio.ensure_future(self._stop(inst))
         self._stopping.add(stopping)
         stopping.add_done_callback(self._stopping.discard)
 
     async def list_v0(self, request: web.Request) -> web.Response:
-        return _json({"instances": [i.record() for i in self.instances.values()]})
+        return _json({"instances": [i.record() for i in self.listed()]})
 
     async def list_v1(self, request: web.Request) -> web.Response:
         try:
@@ -621,7 +714,8 @@ class FakeVast(Resource):
             filters = json.loads(request.query.get("select_filters") or "{}")
         except ValueError as e:
             return _error(400, "invalid_args", f"bad list parameters: {e}")
-        records = [i.record() for i in sorted(self.instances.values(), key=lambda i: i.id) if i.id > after]
+        listed = self.listed()
+        records = [i.record() for i in listed if i.id > after]
         try:
             records = [r for r in records if match_offer(r, filters)]
         except ValueError as e:
@@ -629,11 +723,9 @@ class FakeVast(Resource):
         page = records[:limit]
         token = str(page[-1]["id"]) if len(records) > limit else None
         labels: dict[str, int] = {}
-        for i in self.instances.values():
+        for i in listed:
             labels[i.label or ""] = labels.get(i.label or "", 0) + 1
-        return _json(
-            {"instances": page, "next_token": token, "total_instances": len(self.instances), "label_counts": labels}
-        )
+        return _json({"instances": page, "next_token": token, "total_instances": len(listed), "label_counts": labels})
 
     # --- the instance's life -----------------------------------------------------------------
 
@@ -654,6 +746,9 @@ class FakeVast(Resource):
         assert inst.proc.proc is not None
         rc = await inst.proc.proc.wait()
         how = f"killed by signal {-rc}" if rc < 0 else f"exited with status {rc}"
+        if inst.lost is not None:  # its host died: what vast.ai said then stands
+            log.info("instance %d's node %s (host lost: %s)", inst.id, how, inst.lost)
+            return
         inst.actual_status, inst.status_msg = "exited", f"container {how}"
         if rc:
             log.info("instance %d %s; stderr:\n%s", inst.id, how, inst.proc.stderr_tail())
@@ -708,23 +803,51 @@ class FakeVast(Resource):
             await asyncio.wait([inst.boot], timeout=images.CREATE_TIMEOUT + 30)
         try:
             if inst.proc is not None:
-                await inst.proc.stop(grace=5.0)
+                # a lost host's node (frozen, or gone) gets no grace: stop() wakes and kills it at once
+                await inst.proc.stop(grace=0.0 if inst.lost else 5.0)
         finally:
             if inst.container is not None:
                 await inst.container.remove()
+            if inst.destroyed_at is not None and inst.actual_status != "exited":  # what a lingering record shows
+                inst.actual_status, inst.status_msg = "exited", "container stopped: instance destroyed"
 
-    async def _kill_after_tokens(self) -> None:
-        stage, after = self.faults.value("vast.kill_stage"), self.faults.value("vast.kill_after_tokens")
-        while True:
+    async def _lose_hosts(self) -> None:
+        """Once vast.kill_after_tokens tokens were sampled (by any node): SIGKILL vast.kill_stage's
+        instance (its node crashes; vast.ai shows it ``exited``), and let vast.lose_host's hosts die."""
+        after = self.faults.value("vast.kill_after_tokens")
+        targets: dict[int, str] = dict(self.faults.value("vast.lose_host"))
+        if self.faults.on("vast.kill_stage"):
+            targets.setdefault(self.faults.value("vast.kill_stage"), "killed")
+        hit: set[int] = set()
+        while len(hit) < len(targets):
             await asyncio.sleep(0.02)
             events = [e for i in self.instances.values() if i.proc for e in i.proc.events]
             sampled = max((e.get("n", 0) for e in events if e.get("event") == "token"), default=0)
-            if sampled >= after:
-                for inst in self.instances.values():
-                    if inst.stage == stage and inst.proc is not None:
-                        log.warning("killing instance %d (stage %s) after %d tokens", inst.id, inst.stage, sampled)
-                        inst.proc.signal(signal.SIGKILL)
-                return
+            if sampled < after:
+                continue
+            for inst in list(self.instances.values()):
+                stage = inst.stage
+                if stage in targets and stage not in hit and inst.proc is not None and inst.proc.proc is not None:
+                    hit.add(stage)
+                    self._lose(inst, targets[stage], sampled)
+
+    def _lose(self, inst: Instance, how: str, sampled: int) -> None:
+        """``inst``'s node is killed ("killed": a crash), or its host dies: "offline" (unreachable:
+        the node's process group is frozen) or "exited" (the container is gone: killed). The status
+        set here stands (the boot task leaves it); a destroy kills a frozen node at once."""
+        assert inst.proc is not None
+        host = inst.offer["machine_id"]
+        log.warning("instance %d (stage %s) after %d tokens: %s", inst.id, inst.stage, sampled, how)
+        if how == "killed":
+            inst.proc.signal(signal.SIGKILL)
+            return
+        inst.lost = how
+        if how == "offline":
+            inst.proc.signal(signal.SIGSTOP)
+            inst.actual_status, inst.status_msg = "offline", f"host {host} stopped answering (no heartbeat)"
+        else:
+            inst.actual_status, inst.status_msg = "exited", f"host {host} failed: its container was lost"
+            inst.proc.signal(signal.SIGKILL)
 
 
 def _identity(request: web.Request) -> str:

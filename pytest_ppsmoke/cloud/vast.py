@@ -7,9 +7,29 @@
 
 Paths, fields and status values follow vast.ai's API as its official SDK (``vastai`` 1.9) uses it. The
 key goes only into the ``Authorization`` header; it is never part of a repr, a log line or an
-error. Every call has a timeout; 429, 5xx and connection errors are retried with backoff (as the
-SDK does: 0.15 s growing x1.5). A create is not blindly retried: a create whose answer was lost
-may have rented an instance, so the client first looks for an instance with the same label.
+error. Every call has a timeout. How vast.ai misbehaves, and what the client does about it:
+
+- 5xx answers and connection errors are retried as the SDK does (6 attempts, 0.15 s growing x1.5).
+- 429: vast.ai limits each endpoint per identity (key, session, address): a call sooner than the
+  endpoint's threshold after the last one (create: 4.5 s) is refused, and so is every call for a
+  penalty after that (create: 12 s), often in plain text and without Retry-After. The SDK's 2 s of
+  retries end inside that penalty, so a 429 has its own schedule: 0.5 s doubling up to 8 s, each
+  wait jittered (uniform in [half, full]) so that clients refused together do not return together.
+  It gives up, naming the 429s and the seconds they cost, once the next wait would end more than
+  ``rate_limit_window`` seconds after the call's first attempt, or past ``deadline`` (the run's
+  budget, set by whoever owns the client).
+- A 429 whose text names the endpoint's ``threshold=X`` paces that endpoint from then on: its
+  calls are sent one at a time, at least X (+5%) apart. Other endpoints are not slowed.
+- A create is not blindly retried: a create whose answer was lost may have rented an instance, so
+  the client first looks for an instance with the same label. A create whose offer was taken
+  between search and create (404/410 ``no_such_ask``) raises :class:`OfferGone`, so that the caller
+  can move to the next offer.
+- A destroy answered 404 means the instance is already gone. A destroyed instance may still be
+  listed for a while; :func:`going_away` says whether its record shows it on its way out.
+
+``VastClient.stats`` counts, per endpoint (:data:`VAST_ENDPOINTS`' names), the calls, the 429s, the
+other retries and the seconds spent waiting on retries and on pacing; ``stats.summary()`` is for
+the run's report.
 """
 
 from __future__ import annotations
@@ -17,13 +37,18 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
+import random
+import re
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from types import TracebackType
 from typing import Any
 
 import aiohttp
+
+from ..protocol import VAST_ENDPOINTS
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +63,79 @@ class VastError(RuntimeError):
     def __init__(self, method: str, path: str, status: int, message: str) -> None:
         super().__init__(f"vast.ai {method} {path}: {f'HTTP {status}' if status else 'no answer'}: {message}")
         self.method, self.path, self.status = method, path, status
+
+
+class OfferGone(VastError):
+    """A create whose offer was taken between search and create (404/410 ``no_such_ask``):
+    nothing was rented, and the next matching offer may be tried."""
+
+
+def endpoint_name(method: str, path: str) -> str:
+    """The endpoint a call goes to, by :data:`VAST_ENDPOINTS`' names (``PUT /api/v0/asks/7/`` ->
+    ``create``): numeric path segments are the ``{id}``. A path it does not name: ``METHOD route``."""
+    route = "/".join("{id}" if seg.isdigit() else seg for seg in path.split("?", 1)[0].split("/"))
+    return VAST_ENDPOINTS.get((method, route), f"{method} {route}")
+
+
+def going_away(record: Mapping[str, Any] | None) -> bool:
+    """Whether a destroyed instance that vast.ai still lists counts as gone: its record says it is
+    on its way out (``intended_status`` and ``next_state`` both present and neither ``running``).
+    ``cur_state`` and ``actual_status`` may still say running while it stops, so they are not
+    asked; an instance whose host crashed keeps ``intended_status`` running and is not going away.
+    None (no longer listed at all) is gone."""
+    if record is None:
+        return True
+    intended, nxt = record.get("intended_status"), record.get("next_state")
+    return isinstance(intended, str) and isinstance(nxt, str) and "running" not in (intended, nxt)
+
+
+_THRESHOLD = re.compile(r"threshold\s*=\s*([0-9]+(?:\.[0-9]+)?)")
+PACE_MARGIN = 1.05  # a paced endpoint's calls are this much more than its threshold apart
+
+
+@dataclass
+class EndpointStats:
+    """One endpoint's calls: ``calls`` requests sent (retries included), ``rate_limited`` answers
+    429, ``rate_limit_retries`` of them retried, ``retries`` retries after a 5xx or no answer,
+    ``retry_wait_s`` seconds slept before retries (both kinds), ``pace_wait_s`` seconds calls
+    waited for their endpoint's pace."""
+
+    calls: int = 0
+    rate_limited: int = 0
+    rate_limit_retries: int = 0
+    retries: int = 0
+    retry_wait_s: float = 0.0
+    pace_wait_s: float = 0.0
+
+
+@dataclass
+class ApiStats:
+    """Every endpoint's :class:`EndpointStats`, and their totals."""
+
+    endpoints: dict[str, EndpointStats] = field(default_factory=dict)
+
+    def of(self, endpoint: str) -> EndpointStats:
+        return self.endpoints.setdefault(endpoint, EndpointStats())
+
+    @property
+    def total(self) -> EndpointStats:
+        out = EndpointStats()
+        for e in self.endpoints.values():
+            out.calls += e.calls
+            out.rate_limited += e.rate_limited
+            out.rate_limit_retries += e.rate_limit_retries
+            out.retries += e.retries
+            out.retry_wait_s += e.retry_wait_s
+            out.pace_wait_s += e.pace_wait_s
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready: the totals, and each endpoint's (seconds rounded to ms)."""
+
+        def row(e: EndpointStats) -> dict[str, Any]:
+            return {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(e).items()}
+
+        return {**row(self.total), "endpoints": {name: row(e) for name, e in sorted(self.endpoints.items())}}
 
 
 @dataclass(frozen=True)
@@ -121,7 +219,62 @@ class Offer:
         }
 
 
+class _Retries:
+    """One call's retry schedule. A 429 waits ``rate_limit_first`` seconds growing by
+    ``rate_limit_factor`` up to ``rate_limit_cap``, each wait drawn uniformly from [half, full],
+    until the next wait would end past the window after the first attempt or past the client's
+    deadline; a 5xx or a lost answer waits ``backoff`` growing x1.5, for ``attempts`` attempts."""
+
+    def __init__(self, client: VastClient, method: str, path: str) -> None:
+        self.client, self.method, self.path = client, method, path
+        self.stats = client.stats.of(endpoint_name(method, path))
+        self.first = time.monotonic()
+        self.limited = self.errors = 0
+        self.delay = client.backoff
+        self.full = client.rate_limit_first  # the next 429 wait's upper bound
+
+    async def after_429(self, text: str) -> None:
+        """Sleep before the next try, or raise VastError when the 429s have outlasted the limits."""
+        c = self.client
+        self.limited += 1
+        full, self.full = self.full, min(self.full * c.rate_limit_factor, c.rate_limit_cap)
+        wait = c.rng.uniform(full / 2, full)
+        now = time.monotonic()
+        spent = now - self.first
+        stop = None
+        if now + wait > self.first + c.rate_limit_window:
+            stop = f"the next retry would end past the {c.rate_limit_window:g} s rate-limit window"
+        elif c.deadline is not None and now + wait > c.deadline:
+            stop = f"the next retry would end past the run's budget ({max(c.deadline - now, 0):.1f} s left)"
+        if stop is not None:
+            answers = f"{self.limited} answer{'s' * (self.limited > 1)} 429"
+            msg = f"rate limited: {answers} over {spent:.1f} s ({text or 'no text'}); gave up: {stop}"
+            raise VastError(self.method, self.path, 429, msg)
+        self.stats.rate_limit_retries += 1
+        await self._sleep(f"rate limited ({text or 'HTTP 429'})", self.limited, wait)
+
+    async def after_error(self, status: int, last: str, note: str = "") -> None:
+        """Sleep before the next try, or raise VastError once the attempts are spent."""
+        self.errors += 1
+        attempts = self.client.attempts
+        if self.errors >= attempts:
+            raise VastError(
+                self.method, self.path, status, f"{last} (after {attempts} attempt{'s' * (attempts > 1)}{note})"
+            )
+        self.stats.retries += 1
+        wait, self.delay = self.delay, self.delay * 1.5
+        await self._sleep(last, self.errors, wait)
+
+    async def _sleep(self, why: str, n: int, wait: float) -> None:
+        log.info("vast.ai %s %s: %s; retry %d in %.2f s", self.method, self.path, why, n, wait)
+        self.stats.retry_wait_s += wait
+        await asyncio.sleep(wait)
+
+
 class VastClient:
+    """vast.ai's REST API. ``deadline`` (a ``time.monotonic()`` time, None for none) bounds the
+    waits on 429s: the owner sets it to the end of the run's budget. ``rng`` draws the jitter."""
+
     def __init__(
         self,
         api_key: str,
@@ -130,17 +283,44 @@ class VastClient:
         timeout: float = 30.0,
         attempts: int = 6,
         backoff: float = 0.15,
+        rate_limit_first: float = 0.5,
+        rate_limit_factor: float = 2.0,
+        rate_limit_cap: float = 8.0,
+        rate_limit_window: float = 45.0,
+        rng: random.Random | None = None,
     ) -> None:
         if not api_key:
             raise ValueError("a vast.ai API key is needed (--api-key or VAST_API_KEY)")
         if attempts < 1:
             raise ValueError(f"attempts must be at least 1, got {attempts}")
+        if not 0 < rate_limit_first <= rate_limit_cap or rate_limit_factor < 1 or rate_limit_window <= 0:
+            got = f"{rate_limit_first}, {rate_limit_factor}, {rate_limit_cap}, {rate_limit_window}"
+            raise ValueError(
+                f"the 429 schedule needs 0 < first <= cap, factor >= 1, window > 0; got {got} (in that order)"
+            )
         self._key = api_key
         self.base_url = base_url.rstrip("/")
         self.timeout, self.attempts, self.backoff = timeout, attempts, backoff
+        self.rate_limit_first, self.rate_limit_factor = rate_limit_first, rate_limit_factor
+        self.rate_limit_cap, self.rate_limit_window = rate_limit_cap, rate_limit_window
+        self.rng = rng or random.Random()
+        self.deadline: float | None = None
+        self.stats = ApiStats()
+        self.pace: dict[str, float] = {}  # endpoint -> the least seconds between its calls, once learned
+        self._pace_locks: dict[str, asyncio.Lock] = {}
+        self._last_send: dict[str, float] = {}
         self._session: aiohttp.ClientSession | None = None
-        self.calls = 0  # HTTP requests made, retries included
-        self.retries = 0
+
+    @property
+    def calls(self) -> int:
+        """HTTP requests made, retries included."""
+        return self.stats.total.calls
+
+    @property
+    def retries(self) -> int:
+        """Requests sent again, after a 429, a 5xx or no answer."""
+        t = self.stats.total
+        return t.rate_limit_retries + t.retries
 
     def __repr__(self) -> str:
         return f"VastClient({self.base_url!r})"  # never the key
@@ -166,35 +346,53 @@ class VastClient:
             )
         return self._session
 
+    async def _send(self, method: str, path: str, body: Any, params: Mapping[str, str] | None) -> tuple[int, str, str]:
+        """One request, after its endpoint's pace (if learned): (status, text, what went wrong),
+        status 0 for no answer. A 429 that names the endpoint's threshold paces it from now on."""
+        endpoint = endpoint_name(method, path)
+        stats = self.stats.of(endpoint)
+        if endpoint in self.pace:  # one at a time, spaced: the lock is held for the wait, not the call
+            async with self._pace_locks.setdefault(endpoint, asyncio.Lock()):
+                wait = self._last_send.get(endpoint, -math.inf) + self.pace[endpoint] - time.monotonic()
+                if wait > 0:
+                    stats.pace_wait_s += wait
+                    await asyncio.sleep(wait)
+                self._last_send[endpoint] = time.monotonic()
+        else:
+            self._last_send[endpoint] = time.monotonic()
+        stats.calls += 1
+        try:
+            async with self._http().request(method, self.base_url + path, json=body, params=params) as resp:
+                status, text = resp.status, await resp.text()
+        except (aiohttp.ClientError, TimeoutError) as e:
+            # the message of a connection error names host and port, never headers
+            return 0, "", f"{type(e).__name__}: {e}" if str(e) else f"{type(e).__name__} after {self.timeout:g} s"
+        if status == 429:
+            stats.rate_limited += 1
+            if (m := _THRESHOLD.search(text)) and float(m.group(1)) > 0:
+                pace = float(m.group(1)) * PACE_MARGIN
+                if self.pace.get(endpoint) != pace:
+                    log.info("vast.ai %s: threshold %s s; its calls are paced %.2f s apart", endpoint, m.group(1), pace)
+                self.pace[endpoint] = pace
+        return status, text, _message(text) if status >= 400 else ""
+
     async def _call(
         self, method: str, path: str, *, body: Any = None, params: Mapping[str, str] | None = None, retry: bool = True
     ) -> tuple[int, Any]:
         """One API call with retries; returns (status, parsed JSON) for any answer that is not
-        retried, raises VastError once the attempts are spent. With ``retry=False`` every answer
+        retried, raises VastError once the retries are spent. With ``retry=False`` every answer
         is returned, and only a call with no answer at all raises (status 0)."""
-        last = ""
-        delay = self.backoff
-        attempts = self.attempts if retry else 1
-        for attempt in range(1, attempts + 1):
-            self.calls += 1
-            status = 0
-            try:
-                async with self._http().request(method, self.base_url + path, json=body, params=params) as resp:
-                    status = resp.status
-                    text = await resp.text()
-            except (aiohttp.ClientError, TimeoutError) as e:
-                # the message of a connection error names host and port, never headers
-                last = f"{type(e).__name__}: {e}" if str(e) else f"{type(e).__name__} after {self.timeout:g} s"
+        retries = _Retries(self, method, path)
+        while True:
+            status, text, last = await self._send(method, path, body, params)
+            if status and (status not in RETRY_STATUSES or not retry):
+                return status, _parse(method, path, status, text)
+            if not retry:
+                raise VastError(method, path, 0, f"{last} (after 1 attempt)")
+            if status == 429:
+                await retries.after_429(last)
             else:
-                if status not in RETRY_STATUSES or not retry:
-                    return status, _parse(method, path, status, text)
-                last = _message(text) or f"HTTP {status}"
-            if attempt < attempts:
-                self.retries += 1
-                log.info("vast.ai %s %s: %s; retry %d in %.2f s", method, path, last, attempt, delay)
-                await asyncio.sleep(delay)
-                delay *= 1.5
-        raise VastError(method, path, status, f"{last} (after {attempts} attempt{'s' * (attempts > 1)})")
+                await retries.after_error(status, last or f"HTTP {status}")
 
     async def _ok(self, method: str, path: str, **kw: Any) -> Any:
         status, data = await self._call(method, path, **kw)
@@ -235,33 +433,30 @@ class VastClient:
             "runtype": "args",  # run the image's entrypoint (pp-gpu-node)
             "price": None,  # on-demand
         }
-        delay = self.backoff
-        last = ""
-        for attempt in range(1, self.attempts + 1):
-            try:
-                status, data = await self._call("PUT", path, body=body, retry=False)
-            except VastError as e:
-                status, data, last = 0, None, str(e)
+        retries = _Retries(self, "PUT", path)
+        while True:
+            status, text, last = await self._send("PUT", path, body, None)
+            data = _parse("PUT", path, status, text) if status else None
             if 200 <= status < 300 and isinstance(data, dict) and data.get("success") is not False:
                 try:
                     return int(data["new_contract"])
                 except (KeyError, TypeError, ValueError):
                     raise VastError("PUT", path, status, f"no new_contract among {sorted(data)}") from None
+            if status in (404, 410) and isinstance(data, dict) and data.get("error") == "no_such_ask":
+                what = f"{_error_text(data)} (the offer was taken between search and create)"
+                raise OfferGone("PUT", path, status, what)
             if status and status not in RETRY_STATUSES:
                 raise VastError("PUT", path, status, _error_text(data))
             if status == 429:  # refused before anything was rented: safe to send again
-                last = _error_text(data)
-            else:  # no answer, or a 5xx: the instance may exist; look before renting again
-                last = last if not status else f"HTTP {status}: {_error_text(data)}"
-                found = await self._find_label(label)
-                if found is not None:
-                    log.info("create of %s lost its answer, but instance %d exists", label, found)
-                    return found
-            if attempt < self.attempts:
-                self.retries += 1
-                await asyncio.sleep(delay)
-                delay *= 1.5
-        raise VastError("PUT", path, status, f"{last} (after {self.attempts} attempts; no instance has label {label})")
+                await retries.after_429(last)
+                continue
+            # no answer, or a 5xx: the instance may exist; look before renting again
+            last = last if not status else f"HTTP {status}: {last}"
+            found = await self._find_label(label)
+            if found is not None:
+                log.info("create of %s lost its answer, but instance %d exists", label, found)
+                return found
+            await retries.after_error(status, last, f"; no instance has label {label}")
 
     async def _find_label(self, label: str, looks: int = 3) -> int | None:
         """The instance with this label, looked for a few times (a new instance may take a moment
@@ -288,7 +483,9 @@ class VastClient:
         raise VastError("GET", path, status, f"expected {{'instances': {{...}}}}, got {_shape(data)}")
 
     async def destroy_instance(self, instance_id: int) -> bool:
-        """Destroy it; False if it was already gone (vast.ai's 404 ``no_such_instance``)."""
+        """Destroy it; False if it was already gone: any 404 (vast.ai documents ``not_found``; older
+        answers say ``no_such_instance``). An accepted destroy may stay listed for a while
+        (:func:`going_away`)."""
         path = f"/api/v0/instances/{instance_id}/"
         status, data = await self._call("DELETE", path)
         if status == 404:

@@ -1,0 +1,272 @@
+"""The emulator's vast.ai misbehaviour, each behind its failpoint: rate limits, offers raced away,
+lingering and ignored destroys, hosts that die; and the official ``vastai`` SDK and CLI meeting
+its 429s. The answers are checked raw (status, body, headers) where they are the point."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import pytest_asyncio
+import requests
+from vastai import VastAI
+
+from pytest_ppsmoke import failpoints
+from pytest_ppsmoke.cloud.fake_vast import FakeVast, Instance, RateLimiter
+
+from .helpers import SLEEPER
+from .test_vast import KEY, vastai
+
+pytestmark = pytest.mark.local
+
+# a stand-in node that samples one token (what the host-loss watcher waits for) and ignores SIGTERM,
+# so that only a kill without grace ends it quickly
+TOKENER = [
+    sys.executable,
+    "-c",
+    "import json, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    "print(json.dumps({'event': 'token', 'n': 1}), flush=True); time.sleep(600)",
+]
+
+
+@pytest_asyncio.fixture
+async def fake(request: pytest.FixtureRequest) -> AsyncIterator[FakeVast]:
+    faults, argv = getattr(request, "param", ("", SLEEPER))
+    async with FakeVast(api_key=KEY, faults=f"vast.boot_delay=0;{faults}", node_argv=argv) as vast:
+        yield vast
+    assert not vast.live()
+
+
+async def call(
+    fake: FakeVast, method: str, path: str, body: Any = None, key: str = KEY
+) -> tuple[int, Any, Mapping[str, str]]:
+    """One raw call: status, body (JSON if it is, else its text), headers."""
+    headers = {"Authorization": f"Bearer {key}"}
+    async with aiohttp.ClientSession() as s, s.request(method, fake.url + path, json=body, headers=headers) as r:
+        text = await r.text()
+        try:
+            data = json.loads(text)
+        except ValueError:
+            data = text
+        return r.status, data, r.headers
+
+
+async def search(fake: FakeVast) -> list[int]:
+    status, data, _ = await call(fake, "POST", "/api/v0/bundles/", {"rentable": {"eq": True}, "num_gpus": {"eq": 1}})
+    assert status == 200, data
+    return [o["id"] for o in data["offers"]]
+
+
+async def create(fake: FakeVast, offer: int, stage: int = 0) -> tuple[int, Any]:
+    body = {"image": "img:1", "env": {"STAGE": str(stage)}, "label": f"t-stage{stage}", "disk": 10}
+    status, data, _ = await call(fake, "PUT", f"/api/v0/asks/{offer}/", body)
+    return status, data
+
+
+async def show(fake: FakeVast, iid: int) -> Any:
+    status, data, _ = await call(fake, "GET", f"/api/v0/instances/{iid}/")
+    assert status == 200, data
+    return data["instances"]
+
+
+async def until(what: str, check: Any, seconds: float = 10) -> None:
+    """Poll ``check()`` (sync or async) until it is true; fail naming ``what`` after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not ((await r) if asyncio.iscoroutine(r := check()) else r):
+        assert time.monotonic() < deadline, f"not {what} after {seconds} s"
+        await asyncio.sleep(0.02)
+
+
+def states(rec: Mapping[str, Any]) -> tuple[Any, ...]:
+    return tuple(rec[k] for k in ("actual_status", "intended_status", "cur_state", "next_state"))
+
+
+async def test_rate_limits_per_endpoint_and_identity_with_a_penalty(fake: FakeVast) -> None:
+    now = [100.0]  # the limiter's clock, moved by hand
+    fake.faults = failpoints.parse(f"{fake.faults};vast.rate_limit=documented")
+    fake.limiter = RateLimiter(fake.faults.value("vast.rate_limit"), clock=lambda: now[0])
+    offers = await search(fake)
+    assert (await create(fake, offers[0]))[0] == 200  # t=0
+    now[0] += 1
+    status, text, headers = await call(fake, "PUT", f"/api/v0/asks/{offers[1]}/", {"image": "i"})
+    assert (status, text) == (429, "API requests too frequent endpoint threshold=4.5")  # vast.ai's documented 4.5 s
+    assert headers["Content-Type"].startswith("text/plain") and "Retry-After" not in headers
+    now[0] += 6  # past the threshold, inside the 12 s penalty (counted from the refusal)
+    assert (await create(fake, offers[1]))[0] == 429
+    assert await search(fake) == offers[1:]  # another endpoint (unlimited) is not held back
+    now[0] += 6.1  # the penalty is over (refusals did not extend it)
+    status, data = await create(fake, offers[1])
+    assert status == 200, data
+    a, b = list(fake.instances)
+    assert (await call(fake, "GET", f"/api/v0/instances/{a}/"))[0] == 200  # show: 2 s, no penalty
+    status, text, _ = await call(fake, "GET", f"/api/v0/instances/{a}/")
+    assert (status, text) == (429, "API requests too frequent endpoint threshold=2")
+    # a container's key is another identity: its own show goes through while the account's is refused
+    assert (await call(fake, "GET", f"/api/v0/instances/{a}/", key=fake.instances[a].container_key))[0] == 200
+    now[0] += 2
+    assert (await call(fake, "GET", f"/api/v0/instances/{b}/"))[0] == 200
+    assert fake.limiter.refused == {"create": 2, "show": 1}
+    for iid in (a, b):
+        assert (await call(fake, "DELETE", f"/api/v0/instances/{iid}/"))[0] == 200  # destroy is not limited
+
+
+@pytest.mark.parametrize("fake", [("vast.race_offers=1:410,3:404", SLEEPER)], indirect=True)
+async def test_offers_raced_away_answer_no_such_ask_and_stay_taken(fake: FakeVast) -> None:
+    offers = await search(fake)
+    assert await create(fake, offers[0]) == (
+        410,
+        {"success": False, "error": "no_such_ask", "msg": f"Offer {offers[0]} is no longer available"},
+    )
+    assert await search(fake) == offers[1:]  # someone else has it
+    status, data = await create(fake, offers[1])
+    assert status == 200 and data["success"] is True, data
+    assert await create(fake, offers[2]) == (
+        404,
+        {"success": False, "error": "no_such_ask", "msg": f"Offer {offers[2]} is not available"},
+    )
+    assert await search(fake) == offers[3:]
+    assert await create(fake, offers[0]) == (  # the raced offer stays rented
+        404,
+        {"success": False, "error": "no_such_ask", "msg": f"Offer {offers[0]} is not available"},
+    )
+    assert [i.offer["id"] for i in fake.live()] == [offers[1]]  # no instance for a raced create
+    assert (await call(fake, "DELETE", f"/api/v0/instances/{data['new_contract']}/"))[0] == 200
+    assert await search(fake) == [offers[1], *offers[3:]]  # ours is back, the raced ones are not
+
+
+@pytest.mark.parametrize("fake", [("vast.destroy_linger=60", SLEEPER)], indirect=True)
+async def test_a_destroyed_instance_lingers_going_away_then_is_gone(fake: FakeVast) -> None:
+    offer = (await search(fake))[0]
+    iid = (await create(fake, offer))[1]["new_contract"]
+    await until("running", lambda: fake.instances[iid].actual_status == "running")
+    assert states(await show(fake, iid)) == ("running", "running", "running", "running")
+    inst = fake.instances[iid]
+    assert (await call(fake, "DELETE", f"/api/v0/instances/{iid}/"))[:2] == (200, {"success": True})
+    assert fake.live() == [] and fake.destroyed == [inst]  # destroyed, though still listed
+    rec = await show(fake, iid)
+    assert rec["intended_status"] == "stopped" and rec["next_state"] == "stopped", rec
+    await until("stopped", lambda: inst.proc is not None and inst.proc.proc is not None and inst.proc.proc.returncode)
+    rec = await show(fake, iid)
+    assert states(rec) == ("exited", "stopped", "stopped", "stopped") and "destroyed" in rec["status_msg"]
+    v0 = (await call(fake, "GET", "/api/v0/instances/"))[1]["instances"]
+    v1 = (await call(fake, "GET", "/api/v1/instances/"))[1]
+    assert [r["id"] for r in v0] == [r["id"] for r in v1["instances"]] == [iid] and v1["total_instances"] == 1
+    assert (await call(fake, "DELETE", f"/api/v0/instances/{iid}/"))[:2] == (200, {"success": True})  # again
+    assert offer not in await search(fake)  # its machine is not free yet
+    assert 55 < inst.linger_until - time.monotonic() <= 60  # the knob's seconds
+    inst.linger_until = 0.0  # its time is up
+    assert await show(fake, iid) is None
+    assert (await call(fake, "GET", "/api/v0/instances/"))[1]["instances"] == []
+    assert (await call(fake, "GET", "/api/v1/instances/"))[1]["instances"] == []
+    assert offer in await search(fake)
+    gone = (404, {"success": False, "error": "not_found", "msg": "Instance not found"})
+    assert (await call(fake, "DELETE", f"/api/v0/instances/{iid}/"))[:2] == gone
+    assert (await call(fake, "DELETE", "/api/v0/instances/77/"))[:2] == gone
+    assert (await call(fake, "PUT", f"/api/v0/instances/{iid}/", {"label": "x"}))[:2] == gone
+
+
+@pytest.mark.parametrize("fake", [("vast.destroy_ignored=1:2", SLEEPER)], indirect=True)
+async def test_ignored_destroys_answer_success_and_do_nothing(fake: FakeVast) -> None:
+    offers = await search(fake)
+    zero, one = [(await create(fake, o, stage))[1]["new_contract"] for stage, o in enumerate(offers[:2])]
+    await until("running", lambda: all(i.actual_status == "running" for i in fake.live()))
+    for _ in range(2):
+        assert (await call(fake, "DELETE", f"/api/v0/instances/{one}/"))[:2] == (200, {"success": True})
+        assert states(await show(fake, one)) == ("running", "running", "running", "running")
+        assert one in fake.instances
+    assert (await call(fake, "DELETE", f"/api/v0/instances/{zero}/"))[0] == 200  # another stage: done at once
+    assert (await call(fake, "DELETE", f"/api/v0/instances/{one}/"))[0] == 200  # the third: done
+    assert fake.live() == [] and await show(fake, one) is None
+
+
+def proc_state(inst: Instance) -> str:
+    """The process's state letter in /proc (T: stopped); "gone" once it is reaped."""
+    assert inst.proc is not None
+    try:
+        stat = Path(f"/proc/{inst.proc.pid}/stat").read_text()
+    except FileNotFoundError:
+        return "gone"
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
+@pytest.mark.parametrize(
+    "fake", [("vast.lose_host=0:exited,1:offline;vast.kill_after_tokens=1", TOKENER)], indirect=True
+)
+async def test_lost_hosts_go_offline_frozen_or_exited_killed(fake: FakeVast) -> None:
+    offers = await search(fake)
+    ids = [(await create(fake, o, stage))[1]["new_contract"] for stage, o in enumerate(offers[:2])]
+    exited, offline = (fake.instances[i] for i in ids)
+    await until("offline", lambda: offline.actual_status == "offline")
+    await until("frozen", lambda: proc_state(offline) == "T")
+    rec = await show(fake, offline.id)
+    assert states(rec) == ("offline", "running", "running", "running")
+    assert rec["status_msg"] == f"host {offline.offer['machine_id']} stopped answering (no heartbeat)"
+    assert exited.boot is not None
+    await until("exited, its boot task done", lambda: exited.boot is not None and exited.boot.done())
+    rec = await show(fake, exited.id)  # the process's end did not overwrite what the host's death said
+    assert states(rec) == ("exited", "running", "stopped", "running")
+    assert rec["status_msg"] == f"host {exited.offer['machine_id']} failed: its container was lost"
+    assert proc_state(exited) == "gone"
+    for iid in ids:
+        assert (await call(fake, "DELETE", f"/api/v0/instances/{iid}/"))[0] == 200
+    # the frozen node ignores SIGTERM: only a kill without the 5 s stop grace ends it this soon
+    await until("killed", lambda: proc_state(offline) == "gone", seconds=3)
+
+
+# --- the official vastai SDK and CLI -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("fake", [("vast.rate_limit=create:1:2.5,show:1:2.5", SLEEPER)], indirect=True)
+async def test_the_vastai_sdk_and_cli_against_the_emulator_and_its_429s(fake: FakeVast, tmp_path: Path) -> None:
+    sdk = VastAI(api_key=KEY, server_url=fake.url)  # its default: 3 tries, 0.15 s apart growing x1.5
+    patient = VastAI(api_key=KEY, server_url=fake.url, retry=8)  # 4.8 s of waits in all
+    # GPU RAM: the SDK and CLI take GB (x1000), the REST answer is MB
+    offers = await asyncio.to_thread(
+        sdk.search_offers, "gpu_ram>=24.57 gpu_ram<30 num_gpus=1 reliability>0.99", order="dph+"
+    )
+    assert [(o["gpu_name"], o["gpu_ram"]) for o in offers] == [("RTX 3090", 24576)]
+    offers = await asyncio.to_thread(sdk.search_offers, "gpu_ram>=16 num_gpus=1 reliability>0.99", order="dph+")
+    assert [o["dph_total"] for o in offers] == [0.21, 0.34, 0.36, 1.05, 2.19]
+    made = await asyncio.to_thread(sdk.create_instance, offers[0]["id"], image="img:1", env={"STAGE": "0"}, label="sdk")
+    assert made["success"] is True
+    a = made["new_contract"]
+    shown = await asyncio.to_thread(sdk.show_instance, a)
+    assert shown["label"] == "sdk" and shown["gpu_ram"] == 24576 and shown["extra_env"] == {"STAGE": "0"}
+
+    async def sdk_side() -> int:
+        with pytest.raises(requests.HTTPError) as info:  # the second create, at once: refused 3 times
+            await asyncio.to_thread(sdk.create_instance, offers[1]["id"], image="img:1", label="sdk")
+        assert info.value.response.status_code == 429
+        assert info.value.response.text == "API requests too frequent endpoint threshold=1"
+        made = await asyncio.to_thread(patient.create_instance, offers[1]["id"], image="img:1", label="sdk")
+        assert made["success"] is True  # it outlasted the penalty
+        return int(made["new_contract"])
+
+    async def cli_side() -> None:
+        assert (await call(fake, "GET", f"/api/v0/instances/{a}/"))[0] == 429  # right after the SDK's: a penalty
+        out = await asyncio.to_thread(vastai, fake.url, tmp_path, "show", "instance", str(a), "--raw")
+        assert out.stdout == "" and json.loads(out.stderr) == {  # (its exit status is 0 all the same)
+            "error": True,
+            "status_code": 429,
+            "msg": "(no detail message supplied)",  # what it makes of a plain-text body
+        }
+        out = await asyncio.to_thread(vastai, fake.url, tmp_path, "show", "instance", str(a), "--raw", "--retry", "8")
+        assert out.returncode == 0 and json.loads(out.stdout)["label"] == "sdk", out.stderr
+
+    refused = fake.limiter.refused
+    b, _ = await asyncio.gather(sdk_side(), cli_side())
+    assert refused["create"] >= 4 and refused["show"] >= 4  # 3 for each impatient client, 1+ for each patient one
+    assert fake.instances[b].label == "sdk"
+    for iid in (a, b):
+        assert (await asyncio.to_thread(sdk.destroy_instance, iid))["success"] is True
+    assert fake.live() == []
+    with pytest.raises(requests.HTTPError) as info:
+        await asyncio.to_thread(sdk.destroy_instance, a)
+    assert info.value.response.status_code == 404 and info.value.response.json()["error"] == "not_found"

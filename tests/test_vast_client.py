@@ -1,0 +1,294 @@
+"""The vast.ai client against vast.ai's misbehaviour: rate limits with penalty windows (retried on
+their own jittered schedule, bounded by a window and the run's deadline, and paced once the
+threshold is known), offers raced away between search and create, destroys of instances already
+gone, lingering records. Against the emulator (instances are a small stand-in process), or a stub
+server where an answer is needed that the emulator does not give. Limits are scaled down (tenths
+of a second where vast.ai has seconds) to keep the tests fast."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import pytest
+from aiohttp import web
+
+from pytest_ppsmoke.cloud.fake_vast import FakeVast, default_catalogue
+from pytest_ppsmoke.cloud.vast import (
+    PACE_MARGIN,
+    ApiStats,
+    OfferGone,
+    OfferQuery,
+    VastClient,
+    VastError,
+    endpoint_name,
+    going_away,
+)
+from pytest_ppsmoke.protocol import VAST_ENDPOINTS
+
+from .helpers import SLEEPER
+
+pytestmark = pytest.mark.local
+KEY = "vk-test-0123456789abcdef-DISTINCT"
+OFFERS = [int(o["id"]) for o in default_catalogue()]
+
+
+@asynccontextmanager
+async def emulator(faults: str) -> AsyncIterator[FakeVast]:
+    async with FakeVast(api_key=KEY, faults=f"vast.boot_delay=0.05;{faults}", node_argv=SLEEPER) as fake:
+        yield fake
+    assert not fake.live()
+
+
+@asynccontextmanager
+async def stub(handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> AsyncIterator[str]:
+    """A server that answers every request with ``handler``: answers the emulator does not give."""
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handler)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+def refused(fake: FakeVast, path_part: str = "") -> int:
+    return sum(s == 429 and path_part in p for _, p, s in fake.requests)
+
+
+class Recording(random.Random):
+    """A seeded Random that keeps each jittered wait it draws, with its bounds."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__(seed)
+        self.drawn: list[tuple[float, float, float]] = []
+
+    def uniform(self, a: float, b: float) -> float:
+        v = super().uniform(a, b)
+        self.drawn.append((a, b, v))
+        return v
+
+
+def test_endpoints_are_named_as_the_protocol_names_them() -> None:
+    for (method, route), name in VAST_ENDPOINTS.items():
+        assert endpoint_name(method, route.replace("{id}", "31337")) == name
+    assert endpoint_name("PUT", "/api/v0/asks/7/") == "create"
+    assert endpoint_name("GET", "/api/v0/instances/12/") == "show"
+    assert endpoint_name("DELETE", "/api/v0/instances/12/") == "destroy"
+    assert endpoint_name("GET", "/api/v9/odd/5/") == "GET /api/v9/odd/{id}/"
+
+
+async def test_two_creates_back_to_back_get_through_the_penalty_window() -> None:
+    # vast.ai: create's threshold 4.5 s, then a 12 s penalty; the 5xx schedule (here 2 attempts)
+    # would give up inside it, the 429 schedule outlasts it
+    async with (
+        emulator("vast.rate_limit=create:0.4:1.2") as fake,
+        VastClient(KEY, fake.url, attempts=2, backoff=0.01, rng=random.Random(1)) as vast,
+    ):
+        a = await vast.create_instance(OFFERS[0], image="i", env={}, label="ppsmoke-t-stage0")
+        b = await vast.create_instance(OFFERS[1], image="i", env={}, label="ppsmoke-t-stage1")
+        assert sorted(fake.instances) == sorted([a, b])  # one each: a 429 rents nothing
+        create = vast.stats.of("create")
+        assert create.rate_limited == refused(fake, "/asks/") >= 2  # refused, then refused in the penalty
+        assert create.rate_limit_retries == create.rate_limited and create.retries == 0
+        assert create.calls == create.rate_limited + 2 and create.retry_wait_s > 0
+        assert vast.pace["create"] == pytest.approx(0.4 * PACE_MARGIN)  # learned from the 429's text
+        assert vast.retries == create.rate_limited and vast.calls == vast.stats.total.calls
+        summary = json.loads(json.dumps(vast.stats.summary()))
+        assert summary["rate_limited"] == create.rate_limited == summary["endpoints"]["create"]["rate_limited"]
+        assert summary["retry_wait_s"] == round(create.retry_wait_s, 3) > 0
+        assert not any(p == "/api/v1/instances/" for _, p, _ in fake.requests)  # no label look-up on a 429
+        for iid in (a, b):
+            assert await vast.destroy_instance(iid) is True
+
+
+async def test_pacing_learned_from_the_threshold_stops_further_429s() -> None:
+    async with emulator("vast.rate_limit=show:0.15") as fake, VastClient(KEY, fake.url, rng=random.Random(2)) as vast:
+        a, b = [await vast.create_instance(o, image="i", env={}, label=f"l{o}") for o in OFFERS[:2]]
+        await vast.show_instance(a)
+        await vast.show_instance(b)  # too soon: one 429, then the endpoint is paced
+        assert refused(fake) == 1 and vast.pace == {"show": pytest.approx(0.15 * PACE_MARGIN)}
+        for _ in range(3):  # two instances polled together: sent one at a time, spaced
+            recs = await asyncio.gather(vast.show_instance(a), vast.show_instance(b))
+            assert [r["id"] for r in recs if r] == [a, b]
+        show = vast.stats.of("show")
+        assert refused(fake) == show.rate_limited == 1 and show.calls == 9 and show.pace_wait_s > 0
+        # the other endpoints are not paced
+        await asyncio.gather(*(vast.search_offers(OfferQuery()) for _ in range(3)))
+        assert vast.stats.of("search").pace_wait_s == 0 and vast.stats.of("create").pace_wait_s == 0
+        for iid in (a, b):
+            await vast.destroy_instance(iid)
+        assert vast.stats.of("destroy").pace_wait_s == 0 and refused(fake) == 1
+
+
+async def test_429_waits_are_jittered_within_half_to_full() -> None:
+    waited = []
+    for seed in (1, 2):
+        rng = Recording(seed)
+        async with (
+            emulator("vast.burst_429=4;vast.throttle_every=1000") as fake,
+            VastClient(KEY, fake.url, attempts=2, rate_limit_first=0.02, rate_limit_cap=0.1, rng=rng) as vast,
+        ):
+            assert len(await vast.search_offers(OfferQuery())) == 4
+            search = vast.stats.of("search")
+        assert [(a, b) for a, b, _ in rng.drawn] == [(0.01, 0.02), (0.02, 0.04), (0.04, 0.08), (0.05, 0.1)]
+        assert all(a <= v <= b for a, b, v in rng.drawn)
+        assert search.rate_limited == search.rate_limit_retries == 4 and search.calls == 5
+        assert search.retry_wait_s == pytest.approx(sum(v for *_, v in rng.drawn))
+        waited.append(search.retry_wait_s)
+    assert waited[0] != waited[1]  # two clients refused together do not come back together
+
+
+async def test_429s_give_up_at_the_window_naming_the_call_and_the_429s() -> None:
+    async with emulator("vast.burst_429=1000;vast.throttle_every=1001") as fake:
+        async with VastClient(KEY, fake.url, rate_limit_first=0.02, rate_limit_cap=0.05, rate_limit_window=0.3) as vast:
+            with pytest.raises(VastError) as info:
+                await vast.search_offers(OfferQuery())
+        search = vast.stats.of("search")
+    assert info.value.status == 429 and KEY not in str(info.value)
+    assert str(info.value).startswith(
+        f"vast.ai POST /api/v0/bundles/: HTTP 429: rate limited: {search.rate_limited} answers 429 over "
+    )
+    assert str(info.value).endswith(
+        "(Too Many Requests); gave up: the next retry would end past the 0.3 s rate-limit window"
+    )
+    assert search.rate_limited == refused(fake) >= 4 and search.rate_limit_retries == search.rate_limited - 1
+    assert search.retry_wait_s <= 0.3
+
+
+async def test_429s_give_up_at_the_runs_deadline_and_creates_do_too() -> None:
+    async def always_429(request: web.Request) -> web.Response:
+        return web.Response(status=429, text="API requests too frequent endpoint threshold=0.01")
+
+    async with stub(always_429) as url, VastClient(KEY, url, rate_limit_first=0.02, rate_limit_cap=0.05) as vast:
+        vast.deadline = time.monotonic() + 0.3
+        with pytest.raises(
+            VastError, match=r"gave up: the next retry would end past the run's budget \(0\.\d s left\)"
+        ):
+            await vast.show_instance(5)
+        vast.deadline = time.monotonic()  # the budget is spent: no retry at all
+        with pytest.raises(
+            VastError, match=r"PUT /api/v0/asks/7/: HTTP 429: rate limited: 1 answer 429 over .* past the run's budget"
+        ):
+            await vast.create_instance(7, image="i", env={}, label="l")
+        assert vast.stats.of("create").calls == 1 and vast.stats.of("list").calls == 0
+        vast.deadline = None
+        vast.rate_limit_window = 0.2
+        with pytest.raises(VastError, match=r"PUT /api/v0/asks/7/: HTTP 429: rate limited: .* rate-limit window"):
+            await vast.create_instance(7, image="i", env={}, label="l")
+        assert vast.stats.of("create").rate_limited >= 3 and vast.stats.of("list").calls == 0
+
+
+async def test_5xx_keeps_the_sdk_schedule() -> None:
+    async def bad_gateway(request: web.Request) -> web.Response:
+        return web.Response(status=502, text="Bad Gateway")
+
+    async with stub(bad_gateway) as url, VastClient(KEY, url, backoff=0.01) as vast:
+        with pytest.raises(VastError, match=r"GET /api/v0/instances/5/: HTTP 502: Bad Gateway \(after 6 attempts\)"):
+            await vast.show_instance(5)
+        show = vast.stats.of("show")
+        assert (show.calls, show.retries, show.rate_limited) == (6, 5, 0)
+        assert show.retry_wait_s == pytest.approx(sum(0.01 * 1.5**k for k in range(5)))
+
+
+async def test_a_raced_away_offer_is_offer_gone_and_other_rejections_are_not() -> None:
+    async with emulator("vast.race_offers=1:410,2:404;vast.reject_create=5") as fake, VastClient(KEY, fake.url) as vast:
+        for status, gone in ((410, "is no longer available"), (404, "is not available")):
+            offer = (await vast.search_offers(OfferQuery()))[0].id
+            with pytest.raises(OfferGone) as info:  # someone else rented it between our search and create
+                await vast.create_instance(offer, image="i", env={}, label="a")
+            assert str(info.value) == (
+                f"vast.ai PUT /api/v0/asks/{offer}/: HTTP {status}: no_such_ask: Offer {offer} {gone} "
+                "(the offer was taken between search and create)"
+            )
+            assert info.value.status == status and offer not in [o.id for o in await vast.search_offers(OfferQuery())]
+        offer = (await vast.search_offers(OfferQuery()))[0].id
+        iid = await vast.create_instance(offer, image="i", env={}, label="a")  # the next offer is there to rent
+        with pytest.raises(OfferGone, match=r"HTTP 404: no_such_ask: Offer \d+ is not available"):
+            await vast.create_instance(offer, image="i", env={}, label="b")  # rented since (here, by us)
+        with pytest.raises(VastError, match="HTTP 400: invalid_args") as other:
+            await vast.create_instance(OFFERS[-1], image="i", env={}, label="c")
+        assert not isinstance(other.value, OfferGone)
+        assert vast.stats.of("create").calls == 5  # none is retried
+        assert list(fake.instances) == [iid]
+        await vast.destroy_instance(iid)
+
+    async def answers(request: web.Request) -> web.Response:
+        offer = int(request.match_info["tail"].split("/")[3])
+        if offer == 410:
+            return web.json_response(
+                {"success": False, "error": "no_such_ask", "msg": "Offer 410 is no longer available"}, status=410
+            )
+        return web.json_response({"success": False, "error": "not_found", "msg": "no such thing"}, status=404)
+
+    async with stub(answers) as url, VastClient(KEY, url) as vast:
+        with pytest.raises(OfferGone, match=r"HTTP 410: no_such_ask: Offer 410 is no longer available \(the offer"):
+            await vast.create_instance(410, image="i", env={}, label="l")
+        with pytest.raises(VastError, match="HTTP 404: not_found") as info:
+            await vast.create_instance(404, image="i", env={}, label="l")
+        assert not isinstance(info.value, OfferGone)
+        assert vast.stats.of("create").calls == 2  # neither is retried
+
+
+async def test_destroy_of_an_instance_already_gone_is_false() -> None:
+    async with emulator("") as fake, VastClient(KEY, fake.url) as vast:
+        assert await vast.destroy_instance(424242) is False
+
+    async def gone(request: web.Request) -> web.Response:
+        if request.match_info["tail"].endswith("/1/"):  # vast.ai's documented answer
+            return web.json_response({"success": False, "error": "not_found", "msg": "Instance not found"}, status=404)
+        if request.match_info["tail"].endswith("/2/"):
+            return web.Response(status=404, text="Not Found")  # a proxy's plain text
+        return web.json_response({"success": False, "error": "forbidden", "msg": "not yours"}, status=403)
+
+    async with stub(gone) as url, VastClient(KEY, url) as vast:
+        assert await vast.destroy_instance(1) is False
+        assert await vast.destroy_instance(2) is False
+        with pytest.raises(VastError, match="HTTP 403: forbidden: not yours"):
+            await vast.destroy_instance(3)
+
+
+def test_going_away_reads_the_state_fields() -> None:
+    lingering = {"actual_status": "running", "cur_state": "running", "intended_status": "stopped"}
+    assert going_away({**lingering, "next_state": "stopped"})
+    assert going_away({**lingering, "next_state": "stopped", "actual_status": "exited", "cur_state": "stopped"})
+    assert going_away(None)  # not listed at all
+    assert not going_away({**lingering, "next_state": "running"})  # still on its way up
+    assert not going_away({"actual_status": "exited", "intended_status": "running", "next_state": "running"})  # crashed
+    assert not going_away({"actual_status": "offline", "intended_status": "running", "next_state": "stopped"})
+    assert not going_away(lingering)  # next_state missing: nothing says it is going away
+    assert not going_away({"actual_status": "exited"})
+    assert not going_away({"intended_status": None, "next_state": "stopped"})
+
+
+async def test_gpu_ram_is_sent_and_kept_in_mb() -> None:
+    assert OfferQuery(gpu_ram_gb=16).body()["gpu_ram"] == {"gte": 16000}
+    async with emulator("") as fake, VastClient(KEY, fake.url) as vast:
+        # 24,570 MB: the 3090's 24,576 MB passes, the 4090s' 24,564 MB do not (in GB or GiB, all or none would)
+        offers = await vast.search_offers(OfferQuery(gpu_ram_gb=24.57))
+        assert [(o.gpu_name, o.gpu_ram_mb) for o in offers] == [("RTX 3090", 24576), ("A100 SXM4", 81920)]
+        assert offers[0].summary()["gpu_ram_mb"] == 24576
+
+
+def test_stats_summary_totals_the_endpoints() -> None:
+    stats = ApiStats()
+    stats.of("create").rate_limited, stats.of("create").retry_wait_s = 3, 1.23456
+    stats.of("show").calls, stats.of("show").pace_wait_s = 4, 0.5
+    summary = stats.summary()
+    assert summary["rate_limited"] == 3 and summary["calls"] == 4
+    assert summary["retry_wait_s"] == 1.235 and summary["pace_wait_s"] == 0.5
+    assert list(summary["endpoints"]) == ["create", "show"] and summary["endpoints"]["create"]["retry_wait_s"] == 1.235
+    assert json.loads(json.dumps(summary)) == summary
+
+
+def test_the_schedule_is_checked() -> None:
+    with pytest.raises(ValueError, match=r"0 < first <= cap"):
+        VastClient(KEY, rate_limit_first=10, rate_limit_cap=8)
+    with pytest.raises(ValueError, match=r"window > 0"):
+        VastClient(KEY, rate_limit_window=0)
