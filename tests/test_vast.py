@@ -80,6 +80,7 @@ async def test_instance_lifecycle_create_show_label_list_destroy(fake: FakeVast)
         )
         rec = await vast.show_instance(iid)
         assert rec is not None and rec["actual_status"] in (None, "loading")
+        assert (rec["intended_status"], rec["cur_state"], rec["next_state"]) == ("running", "running", "running")
         rec = await wait_state(vast, iid, "running")
         assert rec["label"] == "ppsmoke-t-stage0" and rec["dph_total"] == offer.dph_total
         assert ["STAGE", "0"] in rec["extra_env"] and rec["disk_space"] == 30 and rec["image_uuid"] == "img:1"
@@ -106,6 +107,8 @@ async def test_status_goes_to_exited_when_the_process_dies() -> None:
         await wait_state(vast, iid, "running")
         rec = await wait_state(vast, iid, "exited")
         assert rec["status_msg"] == "container exited with status 3"
+        # crashed, not destroyed: still intended running, its contract stopped
+        assert (rec["intended_status"], rec["cur_state"], rec["next_state"]) == ("running", "stopped", "running")
         with pytest.raises(VastError, match=r"is exited \(container exited with status 3\); it will never run"):
             await vast.wait_running(iid, 60, 0.02)
         await vast.destroy_instance(iid)

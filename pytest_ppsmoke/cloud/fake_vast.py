@@ -808,7 +808,8 @@ class FakeVast(Resource):
         finally:
             if inst.container is not None:
                 await inst.container.remove()
-            if inst.destroyed_at is not None and inst.actual_status != "exited":  # what a lingering record shows
+            # what a lingering record shows (a lost host's instance stays as it was last seen)
+            if inst.destroyed_at is not None and inst.lost is None and inst.actual_status != "exited":
                 inst.actual_status, inst.status_msg = "exited", "container stopped: instance destroyed"
 
     async def _lose_hosts(self) -> None:
