@@ -357,7 +357,7 @@ async def test_vast_ais_pushback_is_absorbed_and_reported(emulator: Callable[[st
     # the 429s: as many as the emulator sent, at least the create's, and the penalty waited out
     refused = sum(status == 429 for _, _, status in fake.requests)
     api = report["vast_api"]
-    assert fake.limiter.refused.get("create", 0) >= 1 and api["throttled"] == refused
+    assert fake.limiter.refused.get("create", 0) >= 1 and api["rate_limited"] == refused
     assert api["retry_wait_s"] + api["pace_wait_s"] >= 11.0  # the create penalty is 12 s
     line = f"pp-smoke-run: vast.ai API: {api['calls']} calls; {refused} answered 429 (absorbed: "
     assert (

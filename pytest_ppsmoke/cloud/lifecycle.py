@@ -467,7 +467,7 @@ class Deployment(Resource):
         inst.ended_at = None  # still billing
         inst.destroy_error = (
             f"vast.ai accepted {1 + self.config.redestroys} destroys but still shows it intended running "
-            f"(actual_status {inst.state!r}, intended_status {record.get('intended_status')!r})"
+            f"(actual_status {inst.state!r})"
         )
 
     async def _sweep(self) -> None:

@@ -29,6 +29,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from ..cloud.fake_vast import FakeVast
 from ..cloud.lifecycle import Deployment, RunConfig
@@ -81,9 +82,10 @@ async def _unless_lost(step: Awaitable[None], dep: Deployment) -> None:
     if dep.lost is None:
         await step
         return
-    task = asyncio.ensure_future(step)
+    task: asyncio.Future[None] = asyncio.ensure_future(step)
+    lost: asyncio.Future[Any] = dep.lost
     try:
-        await asyncio.wait([task, dep.lost], return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait([task, lost], return_when=asyncio.FIRST_COMPLETED)
     finally:
         if not task.done():
             task.cancel()

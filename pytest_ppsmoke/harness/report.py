@@ -118,13 +118,13 @@ class Report:
         every call was answered at once."""
         a = self.vast_api
         parts = []
-        if a.get("throttled"):
+        if a.get("rate_limited"):
             parts.append(
-                f"{a['throttled']} answered 429 (absorbed: {a.get('retry_wait_s', 0):.1f} s waited on retries, "
+                f"{a['rate_limited']} answered 429 (absorbed: {a.get('retry_wait_s', 0):.1f} s waited on retries, "
                 f"{a.get('pace_wait_s', 0):.1f} s spacing calls)"
             )
-        if a.get("retries", 0) > a.get("throttled", 0):
-            parts.append(f"{a['retries'] - a.get('throttled', 0)} other retries")
+        if a.get("retries"):
+            parts.append(f"{a['retries']} retried after a 5xx or no answer")
         if self.offers_skipped:
             taken = ", ".join(f"{o['offer']} (HTTP {o['status']}, stage {o['stage']})" for o in self.offers_skipped)
             parts.append(f"{len(self.offers_skipped)} offer(s) taken by someone else first: {taken}")
@@ -159,7 +159,7 @@ class Report:
         a = self.vast_api
         out += [
             (f"ppsmoke_vast_{k}", a[k])
-            for k in ("calls", "throttled", "retries", "retry_wait_s", "pace_wait_s")
+            for k in ("calls", "rate_limited", "retries", "retry_wait_s", "pace_wait_s")
             if k in a
         ]
         out.append(("ppsmoke_offers_skipped", ",".join(str(o["offer"]) for o in self.offers_skipped)))
