@@ -109,6 +109,7 @@ async def test_a_smoke_run_passes_with_both_nodes_in_the_image(
             assert argv[:4] == [*image.BUILDAH, "run"] and argv[-2:] == ["--", "pp-gpu-node"], argv
             assert inst.container.name in argv and inst.proc.proc is not None
             await asyncio.wait_for(inst.proc.proc.wait(), 30)
+        await fake.torn_down()  # the containers are removed after their processes end
         prefix = fake.container_prefix
         assert await asyncio.to_thread(image.containers, prefix) == [], "a working container was left"
     # the containers' processes carry the test's tag (the emulator passes it in): none is left

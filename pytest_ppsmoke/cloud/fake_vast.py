@@ -478,6 +478,12 @@ class FakeVast(Resource):
             self._runner = None
         self._tmp.cleanup()
 
+    async def torn_down(self, timeout: float = 60.0) -> None:
+        """Wait until every destroy so far has finished behind its answer: its process reaped, its
+        working container removed (a destroy's answer comes first, as vast.ai's does)."""
+        if self._stopping:
+            await asyncio.wait_for(asyncio.gather(*list(self._stopping), return_exceptions=True), timeout)
+
     def live(self) -> list[Instance]:
         """The instances rented and not destroyed (lingering ones are destroyed: not here)."""
         return list(self.instances.values())
