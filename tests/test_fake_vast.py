@@ -234,35 +234,47 @@ async def test_the_vastai_sdk_and_cli_against_the_emulator_and_its_429s(fake: Fa
     assert [(o["gpu_name"], o["gpu_ram"]) for o in offers] == [("RTX 3090", 24576)]
     offers = await asyncio.to_thread(sdk.search_offers, "gpu_ram>=16 num_gpus=1 reliability>0.99", order="dph+")
     assert [o["dph_total"] for o in offers] == [0.21, 0.34, 0.36, 1.05, 2.19]
+    # the limiter's clock stands still (a slow machine cannot outlast a penalty by accident), and
+    # moves past the penalty only once a patient client has been refused once
+    now = [0.0]
+    fake.limiter = RateLimiter(fake.faults.value("vast.rate_limit"), clock=lambda: now[0])
+    refused = fake.limiter.refused
+
+    async def thaw(endpoint: str, refusals: int) -> None:
+        while refused.get(endpoint, 0) < refusals:
+            await asyncio.sleep(0.01)
+        now[0] += 10
+
     made = await asyncio.to_thread(sdk.create_instance, offers[0]["id"], image="img:1", env={"STAGE": "0"}, label="sdk")
     assert made["success"] is True
     a = made["new_contract"]
     shown = await asyncio.to_thread(sdk.show_instance, a)
     assert shown["label"] == "sdk" and shown["gpu_ram"] == 24576 and shown["extra_env"] == {"STAGE": "0"}
 
-    async def sdk_side() -> int:
-        with pytest.raises(requests.HTTPError) as info:  # the second create, at once: refused 3 times
-            await asyncio.to_thread(sdk.create_instance, offers[1]["id"], image="img:1", label="sdk")
-        assert info.value.response.status_code == 429
-        assert info.value.response.text == "API requests too frequent endpoint threshold=1"
-        made = await asyncio.to_thread(patient.create_instance, offers[1]["id"], image="img:1", label="sdk")
-        assert made["success"] is True  # it outlasted the penalty
-        return int(made["new_contract"])
+    with pytest.raises(requests.HTTPError) as info:  # the second create, at once: refused 3 times
+        await asyncio.to_thread(sdk.create_instance, offers[1]["id"], image="img:1", label="sdk")
+    assert info.value.response.status_code == 429 and refused["create"] == 3
+    assert info.value.response.text == "API requests too frequent endpoint threshold=1"
+    thawing = asyncio.ensure_future(thaw("create", 4))
+    made = await asyncio.to_thread(patient.create_instance, offers[1]["id"], image="img:1", label="sdk")
+    await thawing
+    assert made["success"] is True  # it outlasted the penalty
+    b = int(made["new_contract"])
 
-    async def cli_side() -> None:
-        assert (await call(fake, "GET", f"/api/v0/instances/{a}/"))[0] == 429  # right after the SDK's: a penalty
-        out = await asyncio.to_thread(vastai, fake.url, tmp_path, "show", "instance", str(a), "--raw")
-        assert out.stdout == "" and json.loads(out.stderr) == {  # (its exit status is 0 all the same)
-            "error": True,
-            "status_code": 429,
-            "msg": "(no detail message supplied)",  # what it makes of a plain-text body
-        }
-        out = await asyncio.to_thread(vastai, fake.url, tmp_path, "show", "instance", str(a), "--raw", "--retry", "8")
-        assert out.returncode == 0 and json.loads(out.stdout)["label"] == "sdk", out.stderr
-
-    refused = fake.limiter.refused
-    b, _ = await asyncio.gather(sdk_side(), cli_side())
-    assert refused["create"] >= 4 and refused["show"] >= 4  # 3 for each impatient client, 1+ for each patient one
+    assert (await call(fake, "GET", f"/api/v0/instances/{a}/"))[0] == 200  # the clock moved: a fresh interval
+    assert (await call(fake, "GET", f"/api/v0/instances/{a}/"))[0] == 429  # ... and at once: the penalty
+    shows = refused["show"]
+    out = await asyncio.to_thread(vastai, fake.url, tmp_path, "show", "instance", str(a), "--raw")
+    assert out.stdout == "" and json.loads(out.stderr) == {  # (its exit status is 0 all the same)
+        "error": True,
+        "status_code": 429,
+        "msg": "(no detail message supplied)",  # what it makes of a plain-text body
+    }
+    assert refused["show"] == shows + 3
+    thawing = asyncio.ensure_future(thaw("show", shows + 4))
+    out = await asyncio.to_thread(vastai, fake.url, tmp_path, "show", "instance", str(a), "--raw", "--retry", "8")
+    await thawing
+    assert out.returncode == 0 and json.loads(out.stdout)["label"] == "sdk", out.stderr
     assert fake.instances[b].label == "sdk"
     for iid in (a, b):
         assert (await asyncio.to_thread(sdk.destroy_instance, iid))["success"] is True
