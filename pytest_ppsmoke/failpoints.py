@@ -126,6 +126,19 @@ def _losses(v: Any) -> dict[int, str]:
     return {_count(a): str(b).strip() for a, b in pairs}
 
 
+def _partitions(v: Any) -> dict[int, tuple[str, float]]:
+    items = [item.split(":") for item in v.split(",") if item.strip()] if isinstance(v, str) else None
+    if items is None:
+        items = [[k, *t] for k, t in dict(v).items()]
+    out = {}
+    for item in items:
+        if len(item) != 3 or str(item[1]).strip() not in DIRECTIONS:
+            raise ValueError
+        out[_count(item[0])] = (str(item[1]).strip(), _seconds(item[2]))
+    return out
+
+
+DIRECTIONS = ("both", "in", "out")  # a partition's direction, from the cut-off node's side
 LOST_STATES = ("offline", "exited")  # how vast.ai shows a host that died: unreachable, or its container gone
 
 FLAG = Kind("nothing, 'on' or 'off'", _flag, lambda v: "")
@@ -145,6 +158,11 @@ LIMITS = Kind(
     "list_v0, destroy_many, user",
     _limits,
     lambda v: ",".join(f"{k}:{t:g}:{p:g}" for k, (t, p) in sorted(v.items())),
+)
+PARTITIONS = Kind(
+    "stage:direction:seconds, direction both, in or out, comma-separated (e.g. 1:both:5)",
+    _partitions,
+    lambda v: ",".join(f"{a}:{d}:{t:g}" for a, (d, t) in sorted(v.items())),
 )
 LOSSES = Kind(
     "stage:state pairs, state offline or exited, comma-separated (e.g. 1:offline)",
@@ -220,6 +238,22 @@ POINTS: dict[str, Point] = {
             "stage:state: that stage's host dies once vast.kill_after_tokens were sampled; vast.ai then shows the "
             "instance in that state: offline (its node frozen, unreachable) or exited (its node killed)",
             {},
+        ),
+        Point(
+            "vast.partition",
+            PARTITIONS,
+            ROW_DROP,
+            "stage:direction:seconds: with an emulated network, that stage's node is cut off (direction both, in "
+            "or out) once vast.kill_after_tokens were sampled, and healed after the seconds (0: never)",
+            {},
+        ),
+        Point(
+            "vast.isolate_orchestrator",
+            SECONDS,
+            RULE_DESTROY,
+            "with an emulated network, the orchestrator is cut off from every node for this long once "
+            "vast.kill_after_tokens were sampled (its nodes' orphan grace then destroys their instances)",
+            0.0,
         ),
         Point(
             "vast.destroy_fails", COUNTS, ROW_DESTROY, "stage:n: the first n destroys of that stage get HTTP 500", {}

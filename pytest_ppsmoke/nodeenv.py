@@ -164,6 +164,13 @@ class NodeEnv:
         "the orchestrator; the image sets wan",
     )
     swim: str = _var("", "PP_SWIM", TEXT, "SWIM settings over the network's defaults, e.g. suspicion_timeout=5")
+    bind: str = _var(
+        "",
+        "PP_BIND",
+        TEXT,
+        "the address the node's endpoint binds and advertises, ip:port (empty: 127.0.0.1:0 local, 0.0.0.0:0 wan)",
+        "the emulator, for a node in an emulated network's namespace",
+    )
     join_timeout: float = _var(30.0, "PP_JOIN_TIMEOUT", SECONDS, "seconds to join through the seed")
     names: tuple[str, ...] = _var(
         (), "PP_NAMES", NAMES, "names a bare member registers (runtime/member.py)", "LocalCluster, tests"

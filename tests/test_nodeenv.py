@@ -31,6 +31,7 @@ def full() -> NodeEnv:
         allowed_ids=("cd" * 32, "ef" * 32),
         network="wan",
         swim="suspicion_timeout=5",
+        bind="10.231.0.2:0",
         join_timeout=12.5,
         names=("pp-stage-1",),
         wire_dtype="f16",

@@ -67,6 +67,7 @@ class NodeConfig:
     allowed: frozenset[str] | None = None
     seed: str | None = None
     local: bool = True
+    bind_addr: str | None = None  # ip:port the endpoint binds (None: loopback when local, any address when not)
     swim: SwimConfig = field(default_factory=SwimConfig.loopback)
     join_timeout: float = DEFAULTS.join_timeout
     request_timeout: float = 10.0
@@ -97,6 +98,7 @@ class NodeConfig:
             allowed=frozenset(env.allowed_ids) if env.allowed_ids else None,
             seed=env.seed or None,
             local=env.network == "local",
+            bind_addr=env.bind or None,
             swim=swim,
         )
 
@@ -110,6 +112,7 @@ class Node(Resource):
             on_unknown=self._on_unknown,
             allowed=config.allowed,
             local=config.local,
+            bind_addr=config.bind_addr,
             max_frame=config.max_frame,
         )
         self.id = self.transport.id
