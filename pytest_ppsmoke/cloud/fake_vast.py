@@ -62,14 +62,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ctypes
 import json
 import logging
 import os
 import secrets
 import shlex
 import signal
+import socket
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -235,6 +238,7 @@ class Instance:
     boot: asyncio.Task[None] | None = None
     destroy_attempts: int = 0
     lost: str | None = None  # its host died (vast.lose_host): "offline" or "exited"
+    member: str | None = None  # its node's member of the emulated network, if there is one
     linger_until: float = 0.0  # destroyed: listed until then (time.monotonic())
 
     @property
@@ -400,6 +404,7 @@ class FakeVast(Resource):
         port: int = 0,
         gpus: list[str] | None = None,
         runtime: str = "processes",
+        network: str = "loopback",
     ) -> None:
         if runtime not in RUNTIMES:
             raise ValueError(f"unknown runtime {runtime!r}; expected one of {', '.join(RUNTIMES)}")
@@ -425,6 +430,14 @@ class FakeVast(Resource):
         self._stopping: set[asyncio.Future[None]] = set()
         self._released = asyncio.Event()
         self.url = ""
+        # an emulated network (pytest_ppsmoke.network): each instance's node in a namespace of its own,
+        # the orchestrator on the root namespace's "host" address, this API on an "api" member of its own
+        # (so that cutting the orchestrator off leaves the nodes their way to destroy themselves)
+        self.network_spec = network
+        self.network: Any = None  # an EmulatedNetwork once started
+        self.node_url = ""  # the URL nodes reach this API at (the network's api member; else self.url)
+        if network != "loopback" and runtime != "processes":
+            raise ValueError(f"an emulated network ({network!r}) runs node processes; the runtime {runtime!r} is not")
 
     def __repr__(self) -> str:
         return f"FakeVast({self.url or 'not started'}, {len(self.instances)} live)"
@@ -454,10 +467,32 @@ class FakeVast(Resource):
         await site.start()
         port = self._runner.addresses[0][1]  # the real port when asked for 0
         host = f"[{self.host}]" if ":" in self.host else self.host
-        self.url = f"http://{host}:{port}"
-        if self.faults.on("vast.kill_stage") or self.faults.value("vast.lose_host"):
+        self.url = self.node_url = f"http://{host}:{port}"
+        if self.network_spec != "loopback":
+            await self._start_network()
+        f = self.faults
+        if (
+            f.on("vast.kill_stage")
+            or f.value("vast.lose_host")
+            or f.value("vast.partition")
+            or f.on("vast.isolate_orchestrator")
+        ):
             self._watch = asyncio.ensure_future(self._lose_hosts())
         return self.url
+
+    async def _start_network(self) -> None:
+        """The emulated network, and this API on its "api" member: a listening socket made inside
+        that member's namespace (by a thread that enters it), served by the same application."""
+        from ..network import EmulatedNetwork, parse_network
+
+        assert self._runner is not None
+        self.network = EmulatedNetwork(parse_network(self.network_spec))
+        await self.network.start()
+        api = await self.network.add_member("api")
+        sock = await _in_new_thread(_listen_in, api.netns, api.addr)
+        site = web.SockSite(self._runner, sock)
+        await site.start()
+        self.node_url = f"http://{api.addr}:{sock.getsockname()[1]}"
 
     def release(self) -> None:
         """Answer the create calls held by the failpoint ``vast.hold_create``."""
@@ -476,6 +511,9 @@ class FakeVast(Resource):
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self.network is not None:
+            await self.network.close()
+            self.network = None
         self._tmp.cleanup()
 
     async def torn_down(self, timeout: float = 60.0) -> None:
@@ -763,6 +801,11 @@ class FakeVast(Resource):
         """The instance's node: a process of this machine's Python, or the image's entrypoint in
         a working container (made here; :meth:`_stop` removes it)."""
         name = f"instance-{inst.id}"
+        if self.runtime == "processes" and self.network is not None:
+            member = await self.network.add_member(self._member_name(inst))
+            inst.member = member.name
+            env = self._node_env(inst) | NodeEnv(bind=f"{member.addr}:0").to_env()
+            return ChildProcess(name, member.wrap(self.node_argv), env)
         if self.runtime == "processes":
             return ChildProcess(name, self.node_argv, self._node_env(inst))
         inst.container = images.Container(f"{self.container_prefix}{inst.id}", inst.image)
@@ -778,6 +821,13 @@ class FakeVast(Resource):
         # buildah itself gets this process's environment (its storage settings, PATH)
         return ChildProcess(name, inst.container.argv(command, env), os.environ)
 
+    def _member_name(self, inst: Instance) -> str:
+        """Its network member's name: its stage (as per-link overrides name it), unless another
+        instance of that stage holds it."""
+        taken = {i.member for i in [*self.instances.values(), *self.lingering.values()] if i is not inst}
+        name = str(inst.stage)
+        return name if name not in taken else f"{inst.stage}.{inst.number}"
+
     def _node_env(self, inst: Instance, inherit: bool = True) -> dict[str, str]:
         """The create call's env over this process's (less any node variable), plus what vast.ai's
         host agent adds and the node-side failpoints of the instance's stage."""
@@ -785,7 +835,7 @@ class FakeVast(Resource):
         node = NodeEnv(
             container_id=inst.id,
             container_api_key=inst.container_key,
-            vast_url=self.url,
+            vast_url=self.node_url,
             exit_on_stdin_eof=True,  # a node never outlives the emulator that started it
             failpoints=str(self.faults.for_stage(stage)),
         )
@@ -814,6 +864,10 @@ class FakeVast(Resource):
         finally:
             if inst.container is not None:
                 await inst.container.remove()
+            if inst.member is not None and self.network is not None:
+                with contextlib.suppress(Exception):  # the network's close removes it anyway
+                    await self.network.remove_member(inst.member)
+                inst.member = None
             # what a lingering record shows (a lost host's instance stays as it was last seen)
             if inst.destroyed_at is not None and inst.lost is None and inst.actual_status != "exited":
                 inst.actual_status, inst.status_msg = "exited", "container stopped: instance destroyed"
@@ -825,18 +879,41 @@ class FakeVast(Resource):
         targets: dict[int, str] = dict(self.faults.value("vast.lose_host"))
         if self.faults.on("vast.kill_stage"):
             targets.setdefault(self.faults.value("vast.kill_stage"), "killed")
+        cuts: dict[int, tuple[str, float]] = dict(self.faults.value("vast.partition"))
+        isolate = self.faults.value("vast.isolate_orchestrator")
         hit: set[int] = set()
-        while len(hit) < len(targets):
+        while True:
             await asyncio.sleep(0.02)
             events = [e for i in self.instances.values() if i.proc for e in i.proc.events]
             sampled = max((e.get("n", 0) for e in events if e.get("event") == "token"), default=0)
             if sampled < after:
                 continue
+            if cuts or isolate:
+                await self._cut(cuts, isolate, sampled)
+                cuts, isolate = {}, 0.0
+            if len(hit) >= len(targets):
+                return
             for inst in list(self.instances.values()):
                 stage = inst.stage
                 if stage in targets and stage not in hit and inst.proc is not None and inst.proc.proc is not None:
                     hit.add(stage)
                     self._lose(inst, targets[stage], sampled)
+
+    async def _cut(self, cuts: Mapping[int, tuple[str, float]], isolate: float, sampled: int) -> None:
+        """vast.partition's stages cut off from the network, vast.isolate_orchestrator's host cut off
+        from every node; each healed by the network after its seconds (0: never)."""
+        if self.network is None:
+            log.warning("vast.partition and vast.isolate_orchestrator need an emulated network; none here")
+            return
+        for inst in list(self.instances.values()):
+            stage = inst.stage
+            if stage is not None and stage in cuts and inst.member is not None:
+                direction, seconds = cuts[stage]
+                log.warning("instance %d (stage %d) after %d tokens: cut off (%s)", inst.id, stage, sampled, direction)
+                await self.network.partition(inst.member, direction, seconds or None)
+        if isolate:
+            log.warning("after %d tokens: the orchestrator cut off from every node for %g s", sampled, isolate)
+            await self.network.partition("host", "both", isolate)
 
     def _lose(self, inst: Instance, how: str, sampled: int) -> None:
         """``inst``'s node is killed ("killed": a crash), or its host dies: "offline" (unreachable:
@@ -855,6 +932,52 @@ class FakeVast(Resource):
         else:
             inst.actual_status, inst.status_msg = "exited", f"host {host} failed: its container was lost"
             inst.proc.signal(signal.SIGKILL)
+
+
+async def _in_new_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` in a thread of its own that then ends: for a call that changes its thread's
+    namespace, which must never happen to a pooled thread that later runs other work."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[Any] = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if not done.done():
+            if error is not None:
+                done.set_exception(error)
+            else:
+                done.set_result(result)
+
+    def run() -> None:
+        try:
+            result = fn(*args)
+        except BaseException as e:  # handed to the waiting coroutine
+            loop.call_soon_threadsafe(settle, None, e)
+        else:
+            loop.call_soon_threadsafe(settle, result, None)
+
+    threading.Thread(target=run, name="pp-netns", daemon=True).start()
+    return await asyncio.wait_for(done, 30)
+
+
+def _listen_in(netns: str, addr: str) -> socket.socket:
+    """A listening TCP socket on ``addr`` (any port) inside the named network namespace: made by
+    the calling thread after it entered the namespace (``setns`` moves only that thread), so run
+    it in a thread of its own. The socket stays in the namespace; the thread's namespace does not
+    matter afterwards, since the thread ends."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    with open(f"/var/run/netns/{netns}") as ns:
+        if libc.setns(ns.fileno(), CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"cannot enter network namespace {netns}: {os.strerror(err)}")
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((addr, 0))
+    sock.listen(128)
+    sock.setblocking(False)
+    return sock
+
+
+CLONE_NEWNET = 0x40000000
 
 
 def _identity(request: web.Request) -> str:
@@ -913,6 +1036,12 @@ def main(argv: list[str] | None = None) -> None:
         help="an instance is a node process (default) or the image it names, run by buildah",
     )
     p.add_argument("--gpus", default="", help="this host's GPUs, e.g. 0,1: each instance gets one in turn")
+    p.add_argument(
+        "--network",
+        default="loopback",
+        help="the network between the nodes: loopback (default) or an emulated profile (lan, wan, far, slow, "
+        "flaky; per-link overrides as in docs/network.md); needs root",
+    )
     args = p.parse_args(argv)
     if args.host not in ("127.0.0.1", "::1", "localhost"):
         p.error(f"--host must be loopback (127.0.0.1 or ::1), got {args.host!r}: the emulator runs local processes")
@@ -936,6 +1065,7 @@ def main(argv: list[str] | None = None) -> None:
             port=args.port,
             gpus=[g for g in args.gpus.split(",") if g] or None,
             runtime=args.runtime,
+            network=args.network,
         )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import secrets
 import time
@@ -65,6 +66,8 @@ class RunConfig:
     node_ttl: float = DEFAULTS.ttl  # a node removes itself after this long, whatever happens
     orphan_grace: float = DEFAULTS.orphan_grace  # ... or once it has lost the orchestrator for this long
     extra_env: Mapping[str, str] = field(default_factory=dict)  # raw variables over each node's NodeEnv
+    bind: str | None = None  # the seed's ip:port (None: loopback when local); an emulated network's host address
+    rtt: float = 0.0  # the network's worst round trip, seconds (an emulated network's profile): SWIM's timeouts
     offer_races: int = 4  # offers raced away between search and create that the run moves past
     redestroys: int = 2  # destroys sent again when vast.ai accepted one but still shows the instance running
 
@@ -80,7 +83,15 @@ class RunConfig:
 
     @property
     def swim(self) -> SwimConfig:
-        return SwimConfig.shared_cpu() if self.network == "local" else SwimConfig.wan()
+        """Loopback on shared cores; the WAN's; or, on an emulated network whose round trip is more
+        than a few milliseconds, the WAN's with a probe timeout of at least three round trips."""
+        if self.network != "local":
+            return SwimConfig.wan()
+        if self.rtt < 0.01:
+            return SwimConfig.shared_cpu()
+        wan = SwimConfig.wan()
+        timeout = max(wan.ping_timeout, 3 * self.rtt)
+        return dataclasses.replace(wan, ping_timeout=timeout, protocol_period=max(wan.protocol_period, 2 * timeout))
 
 
 @dataclass
@@ -193,6 +204,7 @@ class Deployment(Resource):
                 secret_key=self.keys.keys[0],
                 allowed=frozenset(self.keys.ids),
                 local=c.network == "local",
+                bind_addr=c.bind,
                 swim=c.swim,
             )
         )

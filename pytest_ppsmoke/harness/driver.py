@@ -146,16 +146,22 @@ class SmokeRun(Resource):
         """Start the clock, the embedded emulator (local mode with no URL) and the vast.ai client."""
         s = self.settings
         self.started = time.monotonic()
+        config = run_config(s)
         if s.embedded_emulator:
-            self.fake = FakeVast(gpus=[g for g in s.gpus.split(",") if g] or None, runtime=s.runtime)
+            gpus = [g for g in s.gpus.split(",") if g] or None
+            self.fake = FakeVast(gpus=gpus, runtime=s.runtime, network=s.network)
             await self.fake.start()
             url, key = self.fake.url, self.fake.api_key
+            if self.fake.network is not None:  # the seed on the network's host address, SWIM timed for it
+                config.bind = f"{self.fake.network.host_addr}:0"
+                config.rtt = self.fake.network.spec.max_rtt()
+                self.report.network = self.fake.network.describe()
         else:
             url, key = s.vast_url or DEFAULT_URL, s.api_key
         self.report.vast_url = url
         self.vast = VastClient(key, url)
         self.vast.deadline = self.started + s.phases_budget  # no retry waits past the steps' deadline
-        self.deployment = Deployment(self.vast, run_config(s), on_phase=self.on_phase)
+        self.deployment = Deployment(self.vast, config, on_phase=self.on_phase)
         self.report.run_id = self.deployment.run_id
 
     # --- the steps -------------------------------------------------------------------------
@@ -348,6 +354,9 @@ class SmokeRun(Resource):
             if self.vast is not None:
                 with contextlib.suppress(Exception):
                     await self.vast.close()
+            if self.fake is not None and self.fake.network is not None:
+                with contextlib.suppress(Exception):
+                    r.network_stats = await self.fake.network.stats()
             if self.fake is not None:
                 r.emulator = {
                     "live_instances": [i.id for i in self.fake.live()],

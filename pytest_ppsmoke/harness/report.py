@@ -87,6 +87,8 @@ class Report:
     left_after_teardown: list[dict[str, Any]] | None = None  # vast.ai's list of the run's label, after
     going_after_teardown: list[dict[str, Any]] = field(default_factory=list)  # still listed, on their way out
     offers_skipped: list[dict[str, Any]] = field(default_factory=list)  # taken by someone else before our create
+    network: dict[str, Any] | None = None  # the emulated network: its profile and each link's figures
+    network_stats: dict[str, Any] | None = None  # the delay switch's counts per link, at the end
     vast_api: dict[str, Any] = field(default_factory=dict)  # the client's calls, 429s, retries and waits
     emulator: dict[str, list[int]] | None = None  # the embedded emulator's own record (local mode)
     reference: ReferenceFigures = field(default_factory=ReferenceFigures)  # the token-exact reference

@@ -110,6 +110,16 @@ class Option:
         return "<hidden>" if self.secret else repr(str(raw))
 
 
+def _network(text: str) -> str:
+    """A network description, checked (its parser is loaded only when one is given)."""
+    if text.strip() == "loopback":
+        return "loopback"
+    from ..network import parse_network
+
+    parse_network(text)
+    return text.strip()
+
+
 def _opt(name: str, help: str, parse: Callable[[str], Any], default: Any = None, **kw: Any) -> Option:
     flag = "--" + name.replace("_", "-")
     kw.setdefault("cli", flag)
@@ -179,6 +189,14 @@ OPTIONS: tuple[Option, ...] = (
         choices=("on", "off"),
     ),
     _opt("report", "write the run's JSON report here", Path),
+    _opt(
+        "network",
+        "local: the network between the orchestrator and the nodes: loopback (default), or an emulated one, "
+        "each node in a network namespace behind a delay switch: lan, wan, far, slow, flaky, with per-link "
+        "overrides (e.g. 'wan;host->1=far'; docs/network.md)",
+        _network,
+        "loopback",
+    ),
     _opt("gpus", "local: this machine's GPUs (e.g. 0,1), one per instance in turn", str, ""),
     _opt(
         "runtime",
@@ -255,6 +273,7 @@ class Settings:
     budget: float = 300.0
     reference: bool = True
     report: Path | None = None
+    network: str = "loopback"
     gpus: str = ""
     runtime: str = "processes"
     image: str = DEFAULT_IMAGE
@@ -321,6 +340,12 @@ def read(
     naming each option involved and where its value came from."""
     values, sources = from_sources(flags, ini, env, face)
     s = Settings.resolve(values)
+    if s.network != "loopback" and not s.embedded_emulator:
+        net = _named("network", sources, face)
+        raise SettingError(
+            f"{net} = {s.network!r} needs local mode with the embedded emulator, which makes the network "
+            "(no --vast-url): vast.ai's network is the real one"
+        )
     if s.budget <= s.teardown_timeout:
         budget, teardown = _named("budget", sources, face), _named("teardown_timeout", sources, face)
         raise SettingError(
