@@ -152,10 +152,12 @@ class SmokeRun(Resource):
             self.fake = FakeVast(gpus=gpus, runtime=s.runtime, network=s.network)
             await self.fake.start()
             url, key = self.fake.url, self.fake.api_key
-            if self.fake.network is not None:  # the seed on the network's host address, SWIM timed for it
-                config.bind = f"{self.fake.network.host_addr}:0"
-                config.rtt = self.fake.network.spec.max_rtt()
-                self.report.network = self.fake.network.describe()
+            net = self.fake.network
+            if net is not None:  # the seed on the network's host address, SWIM timed for its worst link
+                config.bind = f"{net.host_addr}:0"
+                links = [net.spec.default, *net.spec.overrides.values()]
+                config.rtt = max(2 * (p.delay_ms + p.jitter_ms) for p in links) / 1000
+                self.report.network = {"spec": net.spec.name, "subnet": net.subnet, **net.spec.to_json()}
         else:
             url, key = s.vast_url or DEFAULT_URL, s.api_key
         self.report.vast_url = url
