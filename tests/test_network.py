@@ -19,7 +19,15 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from pytest_ppsmoke.network import EmulatedNetwork, LinkProfile, NetworkSpec, parse_network, sweep, unavailable
+from pytest_ppsmoke.network import (
+    EmulatedNetwork,
+    LinkProfile,
+    NetworkError,
+    NetworkSpec,
+    parse_network,
+    sweep,
+    unavailable,
+)
 from pytest_ppsmoke.network import netns as nsmod
 from pytest_ppsmoke.network.switch import Switch
 from pytest_ppsmoke.runtime import codec
@@ -293,3 +301,28 @@ def test_a_sigkilled_owner_leaves_nothing_after_the_switch_or_the_sweep(kill_swi
         assert f"{prefix}0" in removed
     else:  # the switch saw its stdin close and removed everything itself
         assert not [n for n in removed if n.startswith(prefix)]
+
+
+async def test_loopback_makes_nothing_and_needs_no_second_path() -> None:
+    async with EmulatedNetwork(parse_network("loopback")) as net:
+        m = await net.add_member("0")
+        assert (net.host_addr, m.addr, m.netns) == ("127.0.0.1", "127.0.0.1", None)
+        assert m.wrap(["true"]) == ["true"] and await net.stats() == {}
+        with pytest.raises(NetworkError, match="'loopback' is loopback: there is no link to partition"):
+            await net.partition("0")
+
+
+@pytest.mark.netns
+@needs_netns
+async def test_requests_that_make_no_sense_are_refused_by_name() -> None:
+    async with EmulatedNetwork(parse_network("lan")) as net:
+        await net.add_member("0")
+        with pytest.raises(NetworkError, match="member '0' is already on network 'lan'"):
+            await net.add_member("0")
+        with pytest.raises(NetworkError, match=r"no member '7' on this network; members: \['0', 'host'\]"):
+            await net.partition("7", "in")
+        with pytest.raises(ValueError, match="partition direction 'up': expected in, out or both"):
+            await net.partition("0", "up")
+        with pytest.raises(NetworkError, match="no member '7' on network 'lan'"):
+            await net.remove_member("7")
+        await net.heal()

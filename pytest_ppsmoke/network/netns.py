@@ -17,6 +17,7 @@ import os
 import re
 import signal
 import struct
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,8 +33,23 @@ _IFF_TUN, _IFF_NO_PI = 0x0001, 0x1000
 _CLONE_NEWNET = 0x40000000
 
 
+_probe_lock = threading.Lock()
+_probed_ok = False
+
+
 def unavailable() -> str | None:
-    """Why this machine cannot make an emulated network (None: it can)."""
+    """Why this machine cannot make an emulated network (None: it can). Thread-safe; a success is
+    remembered for the process, a failure is probed again next time."""
+    global _probed_ok
+    with _probe_lock:
+        if _probed_ok:
+            return None
+        why = _probe()
+        _probed_ok = why is None
+        return why
+
+
+def _probe() -> str | None:
     if os.geteuid() != 0:
         return f"network namespaces need root (CAP_NET_ADMIN); this process runs as uid {os.geteuid()}"
     if not os.path.exists("/dev/net/tun"):

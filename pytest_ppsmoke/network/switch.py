@@ -396,6 +396,8 @@ def main(argv: list[str] | None = None) -> int:
     except _Stop:
         pass
     finally:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)  # a second signal must not cut the cleanup short
         switch.close()
     return 0
 
