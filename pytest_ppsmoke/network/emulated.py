@@ -84,7 +84,7 @@ class EmulatedNetwork(Resource):
     async def start(self) -> EmulatedNetwork:
         if not self.spec.emulated:
             return self
-        why = await asyncio.to_thread(netns.unavailable)  # pyroute2's sync calls cannot run in a loop
+        why = netns.unavailable(create=False)  # the switch tries a namespace itself: no fork here
         if why is not None:
             raise NetworkError(f"network {self.spec.name!r} cannot be emulated here: {why}")
         argv = [sys.executable, "-m", "pytest_ppsmoke.network.switch", "--prefix", self.prefix]

@@ -37,10 +37,14 @@ _probe_lock = threading.Lock()
 _probed_ok = False
 
 
-def unavailable() -> str | None:
-    """Why this machine cannot make an emulated network (None: it can). Thread-safe; a success is
-    remembered for the process, a failure is probed again next time."""
+def unavailable(create: bool = True) -> str | None:
+    """Why this machine cannot make an emulated network (None: it can). ``create``: also make and
+    remove a namespace, which forks a helper (pyroute2's ``netns.create``): not for a process with
+    threads that hold locks (an iroh endpoint's); the switch probes for its owner. Thread-safe; a
+    success is remembered for the process, a failure is probed again next time."""
     global _probed_ok
+    if not create:
+        return _basics()
     with _probe_lock:
         if _probed_ok:
             return None
@@ -50,14 +54,9 @@ def unavailable() -> str | None:
 
 
 def _probe() -> str | None:
-    if os.geteuid() != 0:
-        return f"network namespaces need root (CAP_NET_ADMIN); this process runs as uid {os.geteuid()}"
-    if not os.path.exists("/dev/net/tun"):
-        return "/dev/net/tun is missing: the kernel has no TUN support here"
-    try:
-        import pyroute2  # noqa: F401
-    except ImportError:
-        return "pyroute2 is not installed (pip install pyroute2)"
+    why = _basics()
+    if why is not None:
+        return why
     name = f"pps{os.getpid()}-probe"
     try:
         create_netns(name)
@@ -66,6 +65,18 @@ def _probe() -> str | None:
     finally:
         with contextlib.suppress(OSError):
             remove_netns(name)
+    return None
+
+
+def _basics() -> str | None:
+    if os.geteuid() != 0:
+        return f"network namespaces need root (CAP_NET_ADMIN); this process runs as uid {os.geteuid()}"
+    if not os.path.exists("/dev/net/tun"):
+        return "/dev/net/tun is missing: the kernel has no TUN support here"
+    try:
+        import pyroute2  # noqa: F401
+    except ImportError:
+        return "pyroute2 is not installed (pip install pyroute2)"
     return None
 
 

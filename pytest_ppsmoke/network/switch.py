@@ -98,7 +98,7 @@ class _Due:
     packet: bytes = field(compare=False)
 
 
-class _Stop(Exception):
+class _Stop(BaseException):  # not an Exception: a request's error handling must not swallow it
     pass
 
 
@@ -122,6 +122,9 @@ class Switch:
     # --- setup and teardown --------------------------------------------------------------------
 
     def start(self) -> dict[str, Any]:
+        why = netns.unavailable()
+        if why is not None:
+            raise OSError(f"cannot emulate a network here: {why}")
         ifname = f"{self.prefix}h"
         fd = netns.open_tun(ifname)
         try:
@@ -368,8 +371,15 @@ def _emit(obj: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
+_MAIN_PID = os.getpid()
+
+
 def _raise_stop(signum: int, frame: object) -> None:
-    raise _Stop
+    if os.getpid() != _MAIN_PID:  # a helper pyroute2 forked (netns.create): die as the signal says
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
+    raise _Stop(signal.Signals(signum).name)
 
 
 def _precise_timers() -> None:
