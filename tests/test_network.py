@@ -326,3 +326,15 @@ async def test_requests_that_make_no_sense_are_refused_by_name() -> None:
         with pytest.raises(NetworkError, match="no member '7' on network 'lan'"):
             await net.remove_member("7")
         await net.heal()
+
+
+@pytest.mark.netns
+@needs_netns
+async def test_a_switch_that_cannot_start_fails_the_start_with_its_reason_and_leaves_nothing() -> None:
+    net = EmulatedNetwork(parse_network("lan"))
+    net.prefix = "pps-not-a-pid"
+    with pytest.raises(NetworkError, match=r"(?s)switch ready.*--prefix 'pps-not-a-pid': expected pps<pid>-<letters>"):
+        async with net:
+            pytest.fail("started")  # pragma: no cover
+    assert net._switch is None and net.members == {}
+    assert await asyncio.to_thread(_leftovers, "pps-not-a-pid") == []
