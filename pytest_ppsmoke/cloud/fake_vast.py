@@ -94,6 +94,7 @@ log = logging.getLogger(__name__)
 RUNTIMES = ("processes", "image")  # what an instance is: a node process, or the image in a container
 TEST_TAG = "PPSMOKE_TEST_TAG"  # tests/helpers.py's: a container's processes carry it too
 UNREACHABLE = "127.0.0.1:9"  # discard port: nothing answers QUIC there
+NETWORK_PATH = "/ppsmoke/network"  # the emulator's own path: the emulated network's host address
 
 
 def default_catalogue() -> list[dict[str, Any]]:
@@ -434,6 +435,7 @@ class FakeVast(Resource):
         # the orchestrator on the root namespace's "host" address, this API on an "api" member of its own
         # (so that cutting the orchestrator off leaves the nodes their way to destroy themselves)
         self.network_spec = network
+        self.isolated_until = 0.0  # vast.isolate_orchestrator: the account's calls get no answer until then
         self.network: Any = None  # an EmulatedNetwork once started
         self.node_url = ""  # the URL nodes reach this API at (the network's api member; else self.url)
         if network != "loopback" and runtime != "processes":
@@ -458,7 +460,16 @@ class FakeVast(Resource):
         r.add_get("/api/v0/instances/{id}/", self.show_instance)
         r.add_put("/api/v0/instances/{id}/", self.update_instance)
         r.add_delete("/api/v0/instances/{id}/", self.destroy_instance)
+        r.add_get(NETWORK_PATH, self.network_info)  # the emulator's own, not vast.ai's
         return app
+
+    async def network_info(self, request: web.Request) -> web.Response:
+        """The emulated network an orchestrator of these instances must join (``pp-smoke-run
+        --local --vast-url URL --network ...``): its description and the host address to bind."""
+        net = self.network
+        if net is None:
+            return _error(404, "no_network", "this emulator runs its nodes on loopback (start it with --network)")
+        return _json({"spec": net.spec.name, "host_addr": net.host_addr, "subnet": net.subnet})
 
     async def start(self) -> str:
         self._runner = web.AppRunner(self.app(), access_log=None)
@@ -545,6 +556,12 @@ class FakeVast(Resource):
         if burst and n % max(every, burst + 1) < burst:
             self.requests.append((request.method, request.path, 429))
             return web.Response(status=429, text="Too Many Requests")  # plain text, no Retry-After
+        if time.monotonic() < self.isolated_until and _identity(request).startswith(self.api_key + "@"):
+            # the orchestrator's network is down: its calls get no answer (the nodes' still do)
+            self.requests.append((request.method, request.path, 0))
+            if request.transport is not None:
+                request.transport.abort()
+            return web.Response(status=503)  # never sent: the connection is gone
         limits = self.faults.value("vast.rate_limit")
         if limits != self.limiter.limits:  # faults changed since (a test may set them on a running emulator)
             self.limiter = RateLimiter(limits)
@@ -912,8 +929,9 @@ class FakeVast(Resource):
                 log.warning("instance %d (stage %d) after %d tokens: cut off (%s)", inst.id, stage, sampled, direction)
                 await self.network.partition(inst.member, direction, seconds or None)
         if isolate:
-            log.warning("after %d tokens: the orchestrator cut off from every node for %g s", sampled, isolate)
+            log.warning("after %d tokens: the orchestrator cut off for %g s", sampled, isolate)
             await self.network.partition("host", "both", isolate)
+            self.isolated_until = time.monotonic() + isolate  # from vast.ai's API too
 
     def _lose(self, inst: Instance, how: str, sampled: int) -> None:
         """``inst``'s node is killed ("killed": a crash), or its host dies: "offline" (unreachable:

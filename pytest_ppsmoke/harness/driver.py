@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ..cloud.fake_vast import FakeVast
+from ..cloud.fake_vast import NETWORK_PATH, FakeVast
 from ..cloud.lifecycle import Deployment, RunConfig
 from ..cloud.vast import DEFAULT_URL, OfferQuery, VastClient, going_away
 from ..protocol import PhaseError
@@ -74,6 +75,41 @@ def run_config(s: Settings) -> RunConfig:
         node_ttl=s.node_ttl,
         orphan_grace=s.orphan_grace,
     )
+
+
+def rtt_of(spec: str) -> float:
+    """The worst round trip of a network description's links, in seconds."""
+    from ..network import parse_network
+
+    parsed = parse_network(spec)
+    links = [p for p in (parsed.default, *parsed.overrides.values()) if p is not None]
+    return max((2 * (p.delay_ms + p.jitter_ms) for p in links), default=0.0) / 1000
+
+
+async def emulated_network(url: str, key: str, spec: str) -> dict[str, str]:
+    """The emulated network of the emulator at ``url`` (its own ``/ppsmoke/network``), which
+    must be the one asked for: its description and the host address the orchestrator binds."""
+    import aiohttp
+
+    headers = {"Authorization": f"Bearer {key}"}
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http,
+            http.get(url.rstrip("/") + NETWORK_PATH, headers=headers) as resp,
+        ):
+            status, body = resp.status, await resp.text()
+    except (aiohttp.ClientError, TimeoutError) as e:
+        raise PhaseError("rent", f"could not ask the emulator at {url} for its network: {e}") from None
+    if status != 200:
+        raise PhaseError(
+            "rent",
+            f"--network {spec!r}: the emulator at {url} has no emulated network (HTTP {status}); "
+            f"start it with pp-fake-vast --network {spec}",
+        )
+    found = json.loads(body)
+    if found.get("spec") != spec:
+        raise PhaseError("rent", f"--network {spec!r}: the emulator at {url} emulates {found.get('spec')!r}")
+    return {k: str(found[k]) for k in ("spec", "host_addr", "subnet")}
 
 
 async def _unless_lost(step: Awaitable[None], dep: Deployment) -> None:
@@ -154,12 +190,14 @@ class SmokeRun(Resource):
             url, key = self.fake.url, self.fake.api_key
             net = self.fake.network
             if net is not None:  # the seed on the network's host address, SWIM timed for its worst link
-                config.bind = f"{net.host_addr}:0"
-                links = [net.spec.default, *net.spec.overrides.values()]
-                config.rtt = max(2 * (p.delay_ms + p.jitter_ms) for p in links) / 1000
-                self.report.network = {"spec": net.spec.name, "subnet": net.subnet, **net.spec.to_json()}
+                config.bind, config.rtt = f"{net.host_addr}:0", rtt_of(net.spec.name)
+                self.report.network = {"spec": net.spec.name, "host_addr": net.host_addr, "subnet": net.subnet}
         else:
             url, key = s.vast_url or DEFAULT_URL, s.api_key
+            if s.local and s.network != "loopback":  # an emulator started apart, with its network
+                found = await emulated_network(url, key, s.network)
+                config.bind, config.rtt = f"{found['host_addr']}:0", rtt_of(found["spec"])
+                self.report.network = found
         self.report.vast_url = url
         self.vast = VastClient(key, url)
         self.vast.deadline = self.started + s.phases_budget  # no retry waits past the steps' deadline

@@ -340,12 +340,9 @@ def read(
     naming each option involved and where its value came from."""
     values, sources = from_sources(flags, ini, env, face)
     s = Settings.resolve(values)
-    if s.network != "loopback" and not s.embedded_emulator:
+    if s.network != "loopback" and not s.local:
         net = _named("network", sources, face)
-        raise SettingError(
-            f"{net} = {s.network!r} needs local mode with the embedded emulator, which makes the network "
-            "(no --vast-url): vast.ai's network is the real one"
-        )
+        raise SettingError(f"{net} = {s.network!r} is for local runs: vast.ai's network is the real one")
     if s.budget <= s.teardown_timeout:
         budget, teardown = _named("budget", sources, face), _named("teardown_timeout", sources, face)
         raise SettingError(
