@@ -62,8 +62,8 @@ async def emulator(synth_model: str, monkeypatch: pytest.MonkeyPatch) -> AsyncIt
     monkeypatch.setenv(TEST_TAG, TAG)  # the emulator's nodes inherit this process's environment
     monkeypatch.setattr(Smoke, "model", synth_model)
 
-    async def start(faults: str) -> FakeVast:
-        fake = FakeVast(api_key=KEY, faults=faults)
+    async def start(faults: str, network: str = "loopback") -> FakeVast:
+        fake = FakeVast(api_key=KEY, faults=faults, network=network)
         started.append(fake)
         await fake.start()
         return fake

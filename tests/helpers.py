@@ -72,8 +72,16 @@ def tagged_processes(prefix: str) -> dict[int, str]:
 
 
 def node_processes(tag: str) -> list[int]:
-    """Live processes whose environment carries exactly ``TEST_TAG=tag``."""
-    return sorted(pid for pid, t in tagged_processes(tag).items() if t == tag)
+    """Live processes whose environment carries exactly ``TEST_TAG=tag``, less an emulated
+    network's switch (the emulator's own, which lives as long as the emulator, not a node)."""
+    return sorted(pid for pid, t in tagged_processes(tag).items() if t == tag and not _is_switch(pid))
+
+
+def _is_switch(pid: int) -> bool:
+    try:
+        return b"pytest_ppsmoke.network.switch" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 def process_state(pid: int) -> str:
