@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 import pytest
 
 from pytest_ppsmoke.protocol import stage_names
-from pytest_ppsmoke.runtime.codec import ActorAddress, MemberState, MemberStatus, Message, Ping
+from pytest_ppsmoke.runtime.codec import Ack, ActorAddress, MemberState, MemberStatus, Message, Ping
 from pytest_ppsmoke.runtime.node import NodeConfig
 from pytest_ppsmoke.runtime.swim import SWIM_ACTOR, MemberEvent, Membership, SwimConfig
 
@@ -72,6 +72,17 @@ def test_swim_config_errors_name_the_setting() -> None:
     cfg = SwimConfig().with_overrides("suspicion_timeout=3, indirect_checks=4")
     assert (cfg.suspicion_timeout, cfg.indirect_checks) == (3.0, 4)
     assert SwimConfig.wan().protocol_period > SwimConfig.loopback().protocol_period
+    with pytest.raises(ValueError, match=r"SWIM suspicion_max_mult must be at least 1 .* got 0.5"):
+        SwimConfig(suspicion_max_mult=0.5)
+    with pytest.raises(ValueError, match=r"SWIM awareness_max must be a whole number >= 1, got 2\.5"):
+        SwimConfig(awareness_max=2.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="SWIM awareness_max must be positive, got 0"):
+        SwimConfig().with_overrides("awareness_max=0")
+    for preset in (SwimConfig.loopback(), SwimConfig.shared_cpu(), SwimConfig.wan()):  # PP_SWIM carries every knob
+        assert SwimConfig().with_overrides(preset.to_env()) == preset
+    tuned = SwimConfig().with_overrides("suspicion_max_mult=6,awareness_max=4")
+    assert (tuned.suspicion_max_mult, tuned.awareness_max) == (6.0, 4)
+    assert tuned.suspicion_bounds(3) == (2.0, 12.0) and tuned.suspicion_bounds(100) == (4.0, 24.0)
 
 
 def test_node_environment_is_validated_without_echoing_the_key() -> None:
@@ -341,5 +352,61 @@ async def test_a_dead_member_is_declared_dead_within_the_documented_bound() -> N
         assert time.monotonic() - killed >= FAST.suspicion_timeout - 0.01
         assert [e.kind for e in events if e.member.id == victim.id] == ["suspect", "dead"]
         assert other.membership.get(victim.id).status != MemberStatus.alive  # type: ignore[union-attr]
+    finally:
+        await net.stop()
+
+
+async def test_a_suspicion_that_ran_out_while_our_loop_stalled_waits_for_what_came_meanwhile() -> None:
+    net = SimNet(FAST, 2)  # nobody else to confirm: the minimum suspicion
+    m, x = net.members[0], net.hosts[1].id
+    try:
+        m.merge([MemberState(x, MemberStatus.suspect, 0)])
+        loop = asyncio.get_running_loop()
+        # its refutation arrived during the stall, two steps from being handled (read, dispatch)
+        loop.call_soon(lambda: loop.call_soon(m.merge, [MemberState(x, MemberStatus.alive, 1)]))
+        time.sleep(FAST.suspicion_timeout + 0.1)  # noqa: ASYNC251 (the stall: our loop runs nothing past the deadline)
+        await asyncio.sleep(3 * FAST.ping_timeout)
+        assert m.get(x).status == MemberStatus.alive, m.stats()  # type: ignore[union-attr]
+        assert m.stats().deaths_declared == 0 and m.stats().suspicions_refuted == 1
+        assert m.awareness == 1  # the stall counts against our own health
+    finally:
+        await net.stop()
+
+
+class _SlowSwim:
+    """Answers a Ping after its prober gave up, with news: a member the prober has not met."""
+
+    def __init__(self, news: MemberState) -> None:
+        self.news = news
+
+    async def on_ping(self, msg: Ping, ctx: object) -> Ack:
+        await asyncio.sleep(0.3)
+        return Ack(msg.seq, (self.news,))
+
+
+async def test_a_late_ack_still_brings_its_news(nodes) -> None:
+    a = await nodes(NodeConfig.generate(), join=False)
+    b = await nodes(NodeConfig.generate(), join=False)
+    a.membership.merge([b.membership.me])  # a learns b's address
+    news = MemberState(NodeConfig.generate().id, MemberStatus.alive, 1, ("127.0.0.1:9",))
+    b.add_actor("slow", _SlowSwim(news))
+    with pytest.raises(TimeoutError):
+        await a.request(b.address("slow"), Ping(1, ()), 0.05, sender=SWIM_ACTOR)
+    await a.membership.wait_until(lambda: a.membership.get(news.id) is not None, 5, "the late ack's news")
+
+
+async def test_probing_a_suspect_tells_it_and_its_ack_refutes() -> None:
+    net = SimNet(replace(FAST, suspicion_timeout=60.0), 2)
+    m, suspect = net.members
+    x = suspect.me.id
+    try:
+        m.merge([MemberState(x, MemberStatus.suspect, 0)])  # heard from someone else: x does not know
+        await m._probe(x, time.monotonic() + FAST.protocol_period)  # the ping carries the suspicion
+        assert suspect.me.incarnation == 1 and suspect.stats().refuted_about_me == 1
+        assert m.get(x).status == MemberStatus.alive and m.stats().suspicions_refuted == 1  # type: ignore[union-attr]
+        # a prober that still suspects x after x's refutation left its queue gets x's alive state back
+        suspect._queue.clear()
+        ack = suspect.on_ping(Ping(7, (MemberState(x, MemberStatus.suspect, 0),)), SimContext(m.node.address("swim")))
+        assert ack is not None and suspect.me in ack.updates
     finally:
         await net.stop()
