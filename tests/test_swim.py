@@ -13,8 +13,17 @@ from dataclasses import dataclass, replace
 import pytest
 
 from pytest_ppsmoke.protocol import stage_names
-from pytest_ppsmoke.runtime.codec import Ack, ActorAddress, MemberState, MemberStatus, Message, Ping
-from pytest_ppsmoke.runtime.node import NodeConfig
+from pytest_ppsmoke.runtime.codec import (
+    Ack,
+    ActorAddress,
+    Envelope,
+    ErrorReply,
+    MemberState,
+    MemberStatus,
+    Message,
+    Ping,
+)
+from pytest_ppsmoke.runtime.node import Node, NodeConfig
 from pytest_ppsmoke.runtime.swim import SWIM_ACTOR, MemberEvent, Membership, SwimConfig
 
 from .helpers import cluster_configs
@@ -316,7 +325,7 @@ async def test_a_starved_member_does_not_declare_healthy_members_dead() -> None:
     peak = 0
     try:
         await net.run()
-        deadline = time.monotonic() + 3.0
+        deadline = time.monotonic() + hi + slow.delay  # a suspicion raised at the start has run out by then
         while time.monotonic() < deadline:
             peak = max(peak, slow.membership.awareness)
             await asyncio.sleep(0.05)
@@ -373,26 +382,21 @@ async def test_a_suspicion_that_ran_out_while_our_loop_stalled_waits_for_what_ca
         await net.stop()
 
 
-class _SlowSwim:
-    """Answers a Ping after its prober gave up, with news: a member the prober has not met."""
+def test_a_reply_after_its_request_gave_up_goes_to_the_actor_that_asked() -> None:
+    node = Node(NodeConfig.generate())  # not started: dispatch alone
+    got: list[tuple[Message, str]] = []
 
-    def __init__(self, news: MemberState) -> None:
-        self.news = news
+    class Asker:
+        def on_late_reply(self, msg: Message, ctx: SimContext) -> None:
+            got.append((msg, ctx.sender.node))
 
-    async def on_ping(self, msg: Ping, ctx: object) -> Ack:
-        await asyncio.sleep(0.3)
-        return Ack(msg.seq, (self.news,))
-
-
-async def test_a_late_ack_still_brings_its_news(nodes) -> None:
-    a = await nodes(NodeConfig.generate(), join=False)
-    b = await nodes(NodeConfig.generate(), join=False)
-    a.membership.merge([b.membership.me])  # a learns b's address
-    news = MemberState(NodeConfig.generate().id, MemberStatus.alive, 1, ("127.0.0.1:9",))
-    b.add_actor("slow", _SlowSwim(news))
-    with pytest.raises(TimeoutError):
-        await a.request(b.address("slow"), Ping(1, ()), 0.05, sender=SWIM_ACTOR)
-    await a.membership.wait_until(lambda: a.membership.get(news.id) is not None, 5, "the late ack's news")
+    node.actors[SWIM_ACTOR] = Asker()
+    peer = NodeConfig.generate().id
+    late = Ack(1, (MemberState(peer, MemberStatus.alive, 2),))
+    node._dispatch(peer, Envelope(SWIM_ACTOR, SWIM_ACTOR, 99, True), late)  # corr 99: nobody waits any more
+    node._dispatch(peer, Envelope("other", SWIM_ACTOR, 98, True), late)  # an actor without the hook: dropped
+    node._dispatch(peer, Envelope(SWIM_ACTOR, SWIM_ACTOR, 97, True), ErrorReply("x", "y"))  # errors: dropped
+    assert got == [(late, peer)]
 
 
 async def test_probing_a_suspect_tells_it_and_its_ack_refutes() -> None:
