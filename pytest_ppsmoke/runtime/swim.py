@@ -3,7 +3,8 @@
 Each protocol period a member probes one other member, chosen round-robin over a shuffled list:
 a direct ``Ping``, and if no ``Ack`` arrives within ``ping_timeout``, a ``PingReq`` through
 ``indirect_checks`` other members. A member that answers neither is *suspected*; a suspect that
-does not refute within ``suspicion_timeout`` is declared *dead* and its names vanish. A member
+does not refute within its suspicion timeout (dynamic, below) is declared *dead* and its names
+vanish. A member
 that hears it is suspected (or declared dead) while alive refutes by raising its incarnation.
 
 Updates ride on every probe message (piggybacking, each retransmitted ``retransmit_mult *
