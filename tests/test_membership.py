@@ -121,7 +121,7 @@ async def test_a_killed_member_is_declared_dead_and_its_names_vanish(cluster: Cl
     victim = cluster.ids[1]
     killed_at = time.monotonic()
     cluster.members[1].signal(signal.SIGKILL)
-    bound = SUSPICION + 3 * SWIM.protocol_period + 2.0  # the probe round, the suspicion, slack for a busy CI box
+    bound = SWIM.detection_bound(3) + 2.0  # confirmed by member-0's own probe; slack for a busy CI box
     await cluster.seed.membership.wait_until(lambda: bool(cluster.seen("dead", victim)), bound, "the victim dead")
     suspect, dead = cluster.seen("suspect", victim)[0], cluster.seen("dead", victim)[0]
     assert dead.at - suspect.at >= SUSPICION - 0.05, "declared dead before the suspicion time ran out"
@@ -151,7 +151,7 @@ async def test_a_stopped_member_resumed_within_the_suspicion_time_refutes_and_st
         c.members[1].signal(signal.SIGCONT)
         assert time.monotonic() - stopped_at < suspicion
         await c.seed.membership.wait_until(lambda: bool(c.seen("alive", victim)), suspicion, "the refutation")
-        await asyncio.sleep(suspicion + 1.0)  # any suspicion timer left running would fire by now
+        await asyncio.sleep(suspicion + 1.0)  # a confirmed suspicion's timer left running would fire by now
         assert not c.seen("dead", victim)
         state = c.seed.membership.members[victim]
         assert state.status == MemberStatus.alive and state.incarnation > before

@@ -3,13 +3,28 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
+import math
+import re
+import secrets
+import time
+from dataclasses import dataclass, replace
 
 import pytest
 
 from pytest_ppsmoke.protocol import stage_names
-from pytest_ppsmoke.runtime.codec import MemberState, MemberStatus
-from pytest_ppsmoke.runtime.node import NodeConfig
-from pytest_ppsmoke.runtime.swim import SwimConfig
+from pytest_ppsmoke.runtime.codec import (
+    Ack,
+    ActorAddress,
+    Envelope,
+    ErrorReply,
+    MemberState,
+    MemberStatus,
+    Message,
+    Ping,
+)
+from pytest_ppsmoke.runtime.node import Node, NodeConfig
+from pytest_ppsmoke.runtime.swim import SWIM_ACTOR, MemberEvent, Membership, SwimConfig
 
 from .helpers import cluster_configs
 
@@ -66,6 +81,17 @@ def test_swim_config_errors_name_the_setting() -> None:
     cfg = SwimConfig().with_overrides("suspicion_timeout=3, indirect_checks=4")
     assert (cfg.suspicion_timeout, cfg.indirect_checks) == (3.0, 4)
     assert SwimConfig.wan().protocol_period > SwimConfig.loopback().protocol_period
+    with pytest.raises(ValueError, match=r"SWIM suspicion_max_mult must be at least 1 .* got 0.5"):
+        SwimConfig(suspicion_max_mult=0.5)
+    with pytest.raises(ValueError, match=r"SWIM awareness_max must be a whole number >= 1, got 2\.5"):
+        SwimConfig(awareness_max=2.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="SWIM awareness_max must be positive, got 0"):
+        SwimConfig().with_overrides("awareness_max=0")
+    for preset in (SwimConfig.loopback(), SwimConfig.shared_cpu(), SwimConfig.wan()):  # PP_SWIM carries every knob
+        assert SwimConfig().with_overrides(preset.to_env()) == preset
+    tuned = SwimConfig().with_overrides("suspicion_max_mult=6,awareness_max=4")
+    assert (tuned.suspicion_max_mult, tuned.awareness_max) == (6.0, 4)
+    assert tuned.suspicion_bounds(3) == (2.0, 12.0) and tuned.suspicion_bounds(100) == (4.0, 24.0)
 
 
 def test_node_environment_is_validated_without_echoing_the_key() -> None:
@@ -110,3 +136,281 @@ async def test_a_member_restarted_with_the_same_key_republishes_its_state(nodes)
     assert state is not None and state.names == {"pp-stage-1": "node"}
     assert state.addrs == new.transport.addr().addrs
     assert new.membership.me.incarnation > 1  # it outbid its previous life
+
+
+# --- Lifeguard, on an in-memory network -------------------------------------------------------
+
+
+class SimNet:
+    """Members that talk through the event loop instead of iroh: each message reaches its
+    member after that member's ``delay`` (a starved event loop handles everything late), and a
+    member that is ``down`` neither receives nor answers. What ``Membership`` needs of a node."""
+
+    def __init__(self, config: SwimConfig, n: int) -> None:
+        self.hosts = [SimHost(self, secrets.token_hex(32)) for _ in range(n)]
+        self.members = [Membership(h, config, (f"sim:{i}",), None) for i, h in enumerate(self.hosts)]
+        for h, m in zip(self.hosts, self.members, strict=True):
+            h.membership = m
+        for m in self.members:  # everybody knows everybody, as after a join
+            m.merge([o.me for o in self.members if o is not m])
+
+    def host(self, member_id: str) -> SimHost:
+        return next(h for h in self.hosts if h.id == member_id)
+
+    def deliver(self, src: SimHost, dst_id: str, msg: Message, reply: asyncio.Future[Message] | None) -> None:
+        dst = self.host(dst_id)
+        if src.down or dst.down:
+            return
+        asyncio.get_running_loop().call_later(dst.delay, self._handle, src, dst, msg, reply)
+
+    def _handle(self, src: SimHost, dst: SimHost, msg: Message, reply: asyncio.Future[Message] | None) -> None:
+        if dst.down:
+            return
+        handler = getattr(dst.membership, "on_" + re.sub(r"(?<!^)(?=[A-Z])", "_", type(msg).__name__).lower())
+        result = handler(msg, SimContext(ActorAddress(src.id, SWIM_ACTOR)))
+        if reply is None:
+            return
+        if inspect.isawaitable(result):
+            task = asyncio.ensure_future(result)
+            src.tasks.add(task)
+            task.add_done_callback(lambda t: self._answer(dst, src, t.result(), reply) if not t.cancelled() else None)
+        elif result is not None:
+            self._answer(dst, src, result, reply)
+
+    def _answer(self, dst: SimHost, src: SimHost, result: Message, reply: asyncio.Future[Message]) -> None:
+        if src.down or dst.down:
+            return
+
+        def arrive() -> None:
+            if not reply.done():
+                reply.set_result(result)
+            else:  # the requester gave up: what a node does with a late reply
+                src.membership.on_late_reply(result, SimContext(ActorAddress(dst.id, SWIM_ACTOR)))
+
+        asyncio.get_running_loop().call_later(src.delay, arrive)
+
+    async def run(self) -> None:
+        for m in self.members:
+            m.start()
+
+    async def stop(self) -> None:
+        for h in self.hosts:
+            await h.membership.stop()
+            for t in h.tasks:
+                t.cancel()
+
+
+@dataclass(frozen=True)
+class SimContext:
+    sender: ActorAddress
+
+
+class SimHost:
+    def __init__(self, net: SimNet, member_id: str) -> None:
+        self.net, self.id = net, member_id
+        self.delay, self.down = 0.0, False
+        self.membership: Membership
+        self.tasks: set[asyncio.Task[object]] = set()
+        self.timeouts: list[float] = []  # of every Ping this member sent
+
+    @property
+    def transport(self) -> SimHost:
+        return self
+
+    def is_allowed(self, peer_id: str) -> bool:
+        return True
+
+    def forget(self, peer_id: str) -> None:
+        pass
+
+    def address(self, actor: str, node: str | None = None) -> ActorAddress:
+        return ActorAddress(node or self.id, actor)
+
+    def learn(self, m: MemberState) -> None:
+        pass
+
+    def send_nowait(self, to: ActorAddress, msg: Message, timeout: float, sender: str = "") -> None:
+        self.net.deliver(self, to.node, msg, None)
+
+    async def request(
+        self, to: ActorAddress, msg: Message, timeout: float | None = None, *, sender: str = ""
+    ) -> Message:
+        if isinstance(msg, Ping):
+            self.timeouts.append(timeout or 0.0)
+        reply: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        self.net.deliver(self, to.node, msg, reply)
+        try:
+            async with asyncio.timeout(timeout):
+                return await asyncio.shield(reply)
+        except TimeoutError:
+            reply.cancel()
+            raise TimeoutError(f"no reply from {to.node[:10]} to {type(msg).__name__} within {timeout} s") from None
+
+
+FAST = SwimConfig(protocol_period=0.05, ping_timeout=0.02, suspicion_timeout=0.3, suspicion_max_mult=6.0)
+
+
+async def test_awareness_rises_when_our_probes_fail_stretches_them_and_falls_on_success() -> None:
+    net = SimNet(replace(FAST, suspicion_timeout=60.0), 3)
+    me, b, c = net.hosts
+    m = me.membership
+    try:
+        # the target is down but the helper can tell: its Nack shows the fault is not ours
+        b.down = True
+        await m._probe(b.id, time.monotonic() + FAST.protocol_period)
+        assert m.awareness == 0 and m.get(b.id).status == MemberStatus.suspect  # type: ignore[union-attr]
+        assert m.stats().suspicions_raised == 1
+        b.down = False
+        # we are cut off: neither the Ack nor the helper's Nack comes, each failed probe costs us
+        me.down = True
+        for expected in range(1, FAST.awareness_max + 2):
+            await m._probe(c.id, time.monotonic() + m.probe_interval)
+            assert m.awareness == min(expected, FAST.awareness_max - 1)
+            assert me.timeouts[-1] == pytest.approx(
+                FAST.ping_timeout * min(expected, FAST.awareness_max)
+            )  # the ping waited longer each time
+        assert m.probe_interval == pytest.approx(FAST.protocol_period * FAST.awareness_max)
+        assert m.probe_timeout == pytest.approx(FAST.ping_timeout * FAST.awareness_max)
+        me.down = False
+        for expected in range(FAST.awareness_max - 2, -1, -1):  # every answered probe heals one step
+            await m._probe(c.id, time.monotonic() + m.probe_interval)
+            assert m.awareness == expected
+        assert m.probe_interval == FAST.protocol_period and m.stats().awareness == 0
+    finally:
+        await net.stop()
+
+
+async def test_confirmations_shorten_a_suspicion_toward_its_minimum() -> None:
+    cfg = replace(FAST, indirect_checks=3)
+    net = SimNet(cfg, 5)
+    m = net.members[0]
+    x, a, b, c = (h.id for h in net.hosts[1:])
+    lo, hi = cfg.suspicion_bounds(5)
+    assert (lo, hi) == (pytest.approx(0.3), pytest.approx(1.8))
+    try:
+        started = time.monotonic()
+        events: list[MemberEvent] = []
+        m.add_listener(events.append)
+        m.merge([MemberState(x, MemberStatus.suspect, 0)], a)  # the first accuser: the maximum
+        assert m.suspicion_timeout_of(x) == pytest.approx(hi)
+        for again in (a, x, None):  # the same accuser, the suspect itself, a full state: no confirmation
+            m.merge([MemberState(x, MemberStatus.suspect, 0)], again)
+        assert m.suspicion_timeout_of(x) == pytest.approx(hi)
+        m.merge([MemberState(x, MemberStatus.suspect, 0)], b)  # 1 of k=3
+        assert m.suspicion_timeout_of(x) == pytest.approx(hi - (hi - lo) * math.log(2) / math.log(4))
+        m.merge([MemberState(x, MemberStatus.suspect, 0)], c)  # 2 of 3
+        assert m.suspicion_timeout_of(x) == pytest.approx(hi - (hi - lo) * math.log(3) / math.log(4))
+        net.host(x).down = True
+        await m._probe(x, time.monotonic() + cfg.protocol_period)  # our own failed probe: 3 of 3
+        assert m.suspicion_timeout_of(x) == pytest.approx(lo)
+        assert m.stats().confirmations == 3
+        assert x in {u.id for u in m._piggyback()}, "our own accusation is passed on"
+        await m.wait_until(lambda: m.get(x).status == MemberStatus.dead, hi, "the confirmed suspect dead")  # type: ignore[union-attr]
+        assert time.monotonic() - started >= lo - 0.01
+        assert [e.kind for e in events] == ["suspect", "dead"] and m.stats().deaths_declared == 1
+        # with no one else to confirm (two members) a suspicion runs its minimum at once
+        pair = SimNet(cfg, 2)
+        pair.members[0].merge([MemberState(pair.hosts[1].id, MemberStatus.suspect, 0)], None)
+        assert pair.members[0].suspicion_timeout_of(pair.hosts[1].id) == pytest.approx(lo)
+        await pair.stop()
+    finally:
+        await net.stop()
+
+
+async def test_a_starved_member_does_not_declare_healthy_members_dead() -> None:
+    net = SimNet(FAST, 3)
+    slow, b, c = net.hosts
+    lo, hi = FAST.suspicion_bounds(3)
+    slow.delay = (lo + hi) / 3  # it hears everything later than the shortest suspicion: 0.7 s
+    peak = 0
+    try:
+        await net.run()
+        deadline = time.monotonic() + hi + slow.delay  # a suspicion raised at the start has run out by then
+        while time.monotonic() < deadline:
+            peak = max(peak, slow.membership.awareness)
+            await asyncio.sleep(0.05)
+        st = slow.membership.stats()
+        assert st.suspicions_raised > 0 and st.suspicions_refuted > 0, st  # it did blame them, and heard back
+        assert st.deaths_declared == 0, f"the slow member declared healthy members dead: {st}"
+        assert all(slow.membership.get(h.id).status != MemberStatus.dead for h in (b, c))  # type: ignore[union-attr]
+        assert peak == FAST.awareness_max - 1
+        for healthy in (b, c):  # nor did they declare each other dead (a missed 20 ms ping on a busy box is no death)
+            assert healthy.membership.get((c if healthy is b else b).id).status != MemberStatus.dead  # type: ignore[union-attr]
+        slow.delay = 0.0
+        await slow.membership.wait_until(lambda: slow.membership.awareness == 0, 10, "the slow member healed")
+    finally:
+        await net.stop()
+
+
+async def test_a_dead_member_is_declared_dead_within_the_documented_bound() -> None:
+    net = SimNet(FAST, 3)
+    me, other, victim = net.hosts
+    try:
+        await net.run()
+        await asyncio.sleep(4 * FAST.protocol_period)  # a few healthy rounds first
+        events: list[MemberEvent] = []
+        me.membership.add_listener(events.append)
+        victim.down = True
+        killed = time.monotonic()
+        bound = FAST.detection_bound(3)  # confirmed by the other live member
+        await me.membership.wait_until(
+            lambda: me.membership.get(victim.id).status == MemberStatus.dead,  # type: ignore[union-attr]
+            bound + 2 * FAST.protocol_period,
+            "the victim dead",
+        )
+        assert time.monotonic() - killed >= FAST.suspicion_timeout - 0.01
+        assert [e.kind for e in events if e.member.id == victim.id] == ["suspect", "dead"]
+        assert other.membership.get(victim.id).status != MemberStatus.alive  # type: ignore[union-attr]
+    finally:
+        await net.stop()
+
+
+async def test_a_suspicion_that_ran_out_while_our_loop_stalled_waits_for_what_came_meanwhile() -> None:
+    net = SimNet(FAST, 2)  # nobody else to confirm: the minimum suspicion
+    m, x = net.members[0], net.hosts[1].id
+    try:
+        m.merge([MemberState(x, MemberStatus.suspect, 0)])
+        loop = asyncio.get_running_loop()
+        # its refutation arrived during the stall, two steps from being handled (read, dispatch)
+        loop.call_soon(lambda: loop.call_soon(m.merge, [MemberState(x, MemberStatus.alive, 1)]))
+        time.sleep(FAST.suspicion_timeout + 0.1)  # noqa: ASYNC251 (the stall: our loop runs nothing past the deadline)
+        await asyncio.sleep(3 * FAST.ping_timeout)
+        assert m.get(x).status == MemberStatus.alive, m.stats()  # type: ignore[union-attr]
+        assert m.stats().deaths_declared == 0 and m.stats().suspicions_refuted == 1
+        assert m.awareness == 1  # the stall counts against our own health
+    finally:
+        await net.stop()
+
+
+def test_a_reply_after_its_request_gave_up_goes_to_the_actor_that_asked() -> None:
+    node = Node(NodeConfig.generate())  # not started: dispatch alone
+    got: list[tuple[Message, str]] = []
+
+    class Asker:
+        def on_late_reply(self, msg: Message, ctx: SimContext) -> None:
+            got.append((msg, ctx.sender.node))
+
+    node.actors[SWIM_ACTOR] = Asker()
+    peer = NodeConfig.generate().id
+    late = Ack(1, (MemberState(peer, MemberStatus.alive, 2),))
+    node._dispatch(peer, Envelope(SWIM_ACTOR, SWIM_ACTOR, 99, True), late)  # corr 99: nobody waits any more
+    node._dispatch(peer, Envelope("other", SWIM_ACTOR, 98, True), late)  # an actor without the hook: dropped
+    node._dispatch(peer, Envelope(SWIM_ACTOR, SWIM_ACTOR, 97, True), ErrorReply("x", "y"))  # errors: dropped
+    assert got == [(late, peer)]
+
+
+async def test_probing_a_suspect_tells_it_and_its_ack_refutes() -> None:
+    net = SimNet(replace(FAST, suspicion_timeout=60.0), 2)
+    m, suspect = net.members
+    x = suspect.me.id
+    try:
+        m.merge([MemberState(x, MemberStatus.suspect, 0)])  # heard from someone else: x does not know
+        await m._probe(x, time.monotonic() + FAST.protocol_period)  # the ping carries the suspicion
+        assert suspect.me.incarnation == 1 and suspect.stats().refuted_about_me == 1
+        assert m.get(x).status == MemberStatus.alive and m.stats().suspicions_refuted == 1  # type: ignore[union-attr]
+        # a prober that still suspects x after x's refutation left its queue gets x's alive state back
+        suspect._queue.clear()
+        ack = suspect.on_ping(Ping(7, (MemberState(x, MemberStatus.suspect, 0),)), SimContext(m.node.address("swim")))
+        assert ack is not None and suspect.me in ack.updates
+    finally:
+        await net.stop()

@@ -254,6 +254,11 @@ class Node(Resource):
         if env.reply:
             entry = self._pending.get(env.corr)
             if entry is None or entry[0] != peer or entry[1].done():
+                late = getattr(self.actors.get(env.to_actor), "on_late_reply", None) if entry is None else None
+                if late is not None and not isinstance(msg, ErrorReply):
+                    # the requester gave up; an actor that asks for them still gets the news
+                    late(msg, Context(self, ActorAddress(peer, env.from_actor), env.corr))
+                    return
                 log.debug("late or stray reply %s from %s", type(msg).__name__, peer[:10])
                 return
             fut = entry[1]

@@ -3,13 +3,26 @@
 Each protocol period a member probes one other member, chosen round-robin over a shuffled list:
 a direct ``Ping``, and if no ``Ack`` arrives within ``ping_timeout``, a ``PingReq`` through
 ``indirect_checks`` other members. A member that answers neither is *suspected*; a suspect that
-does not refute within ``suspicion_timeout`` is declared *dead* and its names vanish. A member
+does not refute within its suspicion timeout (dynamic, below) is declared *dead* and its names
+vanish. A member
 that hears it is suspected (or declared dead) while alive refutes by raising its incarnation.
 
 Updates ride on every probe message (piggybacking, each retransmitted ``retransmit_mult *
 ceil(log10(n + 1))`` times) and, as in memberlist, on a short gossip tick so that a join is known
 everywhere within a few ticks. A periodic push-pull ``Sync`` repairs anything gossip missed.
-From Lifeguard we take the ``Nack`` of an intermediary that cannot reach the target.
+
+From Lifeguard (Dadgar, Phillips, Currey 2018), as memberlist implements it, so that a member that
+is itself slow (a starved event loop) does not blame healthy members:
+
+- the ``Nack`` of an intermediary that cannot reach the target;
+- the *local health multiplier* ("awareness"): a score that rises when our own probes fail
+  without the helpers' Nacks that a healthy prober would have heard, and when we must refute a
+  suspicion about ourselves, and falls with every successful probe. The probe period and the
+  probe timeout are multiplied by ``score + 1``;
+- *dynamic suspicion*: a suspicion starts at its maximum timeout and shrinks toward its minimum
+  as other members independently confirm it (each member passes on only the suspicions its own
+  probes raised or confirmed, so the sender of a suspicion is its accuser);
+- the buddy system: a probe of a suspect carries the suspicion, so the suspect refutes at once.
 
 Member metadata (addresses and registered names) travels in the member's ``alive`` state; changing
 it raises the incarnation, as memberlist does for node metadata.
@@ -65,13 +78,20 @@ class Context(Protocol):
 
 @dataclass(frozen=True)
 class SwimConfig:
-    """Timing of the failure detector. Detection of a killed member takes at most about
-    ``n * protocol_period`` (the probe round) plus ``suspicion_timeout``."""
+    """Timing of the failure detector, the one place for its numbers (docs/runtime.md).
+
+    ``suspicion_timeout`` is the shortest suspicion of a cluster of up to 10 members (memberlist's
+    ``SuspicionMult * ProbeInterval``); it grows with ``log10(n)`` beyond. A suspicion that no other
+    member confirms lasts ``suspicion_max_mult`` times as long. ``awareness_max`` caps the local
+    health multiplier: the probe period and timeout stretch up to that factor.
+    """
 
     protocol_period: float = 0.25
     ping_timeout: float = 0.12
     indirect_checks: int = 2
     suspicion_timeout: float = 2.0
+    suspicion_max_mult: float = 3.0
+    awareness_max: int = 8
     gossip_interval: float = 0.05
     gossip_fanout: int = 3
     retransmit_mult: int = 4
@@ -87,33 +107,63 @@ class SwimConfig:
             raise ValueError(
                 f"SWIM ping_timeout ({self.ping_timeout}) must be shorter than protocol_period ({self.protocol_period})"
             )
+        if self.suspicion_max_mult < 1:
+            raise ValueError(
+                f"SWIM suspicion_max_mult must be at least 1 (the maximum suspicion is that multiple of the "
+                f"minimum), got {self.suspicion_max_mult!r}"
+            )
+        if self.awareness_max < 1 or self.awareness_max != int(self.awareness_max):
+            raise ValueError(f"SWIM awareness_max must be a whole number >= 1, got {self.awareness_max!r}")
 
     @classmethod
     def loopback(cls) -> SwimConfig:
+        """Members on one machine, nothing else running: fast detection."""
         return cls()
 
     @classmethod
     def shared_cpu(cls) -> SwimConfig:
         """Loopback, with the stages' tinygrad workers on the same few cores: a node's event
         loop can be starved for seconds, which must not read as death (seen on 2 cores with
-        seven workers busy: a live stage declared dead after the 2 s suspicion)."""
-        return cls(suspicion_timeout=5.0)
-
-    def to_env(self) -> str:
-        """The ``PP_SWIM`` value that gives a member this configuration."""
-        return ",".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
+        two runs at once: the orchestrator declared both live stages dead after a flat 5 s
+        suspicion). A lone accuser waits 4 x 3 s; a confirmed suspicion 3 s."""
+        return cls(suspicion_timeout=3.0, suspicion_max_mult=4.0)
 
     @classmethod
     def wan(cls) -> SwimConfig:
-        """Round trips of tens to hundreds of milliseconds between continents."""
+        """Round trips of tens to hundreds of milliseconds between continents: memberlist's LAN
+        timing (probe 1 s, timeout 500 ms, 3 indirect checks, suspicion 4 probe periods), with
+        a shorter maximum (x3, memberlist x6) so that a lone accuser's suspicion ends in 12 s."""
         return cls(
             protocol_period=1.0,
             ping_timeout=0.5,
             indirect_checks=3,
-            suspicion_timeout=6.0,
+            suspicion_timeout=4.0,
+            suspicion_max_mult=3.0,
             gossip_interval=0.2,
             sync_interval=15.0,
         )
+
+    def suspicion_bounds(self, n: int) -> tuple[float, float]:
+        """(minimum, maximum) suspicion timeout in a cluster of ``n`` members (memberlist's
+        ``suspicionTimeout``: the minimum grows with ``log10(n)`` from 10 members on)."""
+        lo = self.suspicion_timeout * max(1.0, math.log10(max(n, 1)))
+        return lo, lo * self.suspicion_max_mult
+
+    def detection_bound(self, n: int, confirmed: bool = True) -> float:
+        """Seconds from a member's death to its declaration at the latest, by a healthy prober
+        in a cluster of ``n`` members: the target is probed within two rounds of ``n - 1``
+        periods (the round-robin is reshuffled after each round), the probe ends within a period
+        or three ping timeouts (the direct ping, then the helpers' wait), then the suspicion runs
+        its minimum (confirmed by another member's failed probe) or its maximum (a lone
+        accuser). A prober whose awareness is up stretches the first two terms by it."""
+        lo, hi = self.suspicion_bounds(n)
+        probed = 2 * max(1, n - 1) * self.protocol_period
+        probe = max(self.protocol_period, 3 * self.ping_timeout)
+        return probed + probe + (lo if confirmed else hi)
+
+    def to_env(self) -> str:
+        """The ``PP_SWIM`` value that gives a member this configuration."""
+        return ",".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
 
     def with_overrides(self, spec: str) -> SwimConfig:
         """Apply ``"name=value,name=value"`` (for example from the ``PP_SWIM`` variable)."""
@@ -129,6 +179,64 @@ class SwimConfig:
             except ValueError:
                 raise ValueError(f"SWIM setting {key} needs a number, got {value!r}") from None
         return replace(self, **changes)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class SwimStats:
+    """What this member's failure detector has done so far (for reports and benchmarks).
+
+    ``awareness`` is the current local health score (0 healthy .. ``awareness_max - 1``);
+    ``suspicions_raised`` counts members our own probes made suspect; ``suspicions_refuted``
+    suspicions we held that ended with the member's refutation; ``confirmations`` independent
+    confirmations of suspicions we held (another accuser, or our own failed probe of a member
+    someone else suspected); ``deaths_declared`` members whose suspicion ran out here (deaths
+    learned from others are not counted); ``refuted_about_me`` suspicions or deaths of ours we
+    refuted."""
+
+    awareness: int = 0
+    suspicions_raised: int = 0
+    suspicions_refuted: int = 0
+    confirmations: int = 0
+    deaths_declared: int = 0
+    refuted_about_me: int = 0
+
+
+class _Suspicion:
+    """The suspicion timer of one member: it starts at ``hi`` and is driven toward ``lo`` by
+    independent confirmations, ``hi - (hi - lo) * log(c + 1) / log(k + 1)`` after ``c`` of the
+    ``k`` expected (memberlist's ``remainingSuspicionTime``). ``accusers`` holds who already
+    counted (the first accuser does not: our own suspicion may come back to us)."""
+
+    def __init__(self, incarnation: int, accuser: str | None, k: int, lo: float, hi: float) -> None:
+        self.incarnation = incarnation
+        self.k, self.lo, self.hi = k, lo, hi
+        self.accusers = {accuser} if accuser else set()
+        self.confirmed = 0
+        self.started = asyncio.get_running_loop().time()
+        self.handle: asyncio.TimerHandle | None = None
+        self.deferred = False
+
+    def timeout(self) -> float:
+        if self.k < 1:
+            return self.lo
+        frac = math.log(self.confirmed + 1) / math.log(self.k + 1)
+        return max(self.lo, self.hi - frac * (self.hi - self.lo))
+
+    def deadline(self) -> float:
+        return self.started + self.timeout()
+
+    def confirm(self, accuser: str) -> bool:
+        """Count ``accuser`` once; False if it already counted or the minimum is reached."""
+        if self.confirmed >= self.k or accuser in self.accusers:
+            return False
+        self.accusers.add(accuser)
+        self.confirmed += 1
+        return True
+
+    def cancel(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
 
 
 @dataclass(frozen=True)
@@ -167,7 +275,9 @@ class Membership:
         self.config = config
         self.me = MemberState(node.id, ALIVE, 0, tuple(addrs), relay, {})
         self.members: dict[str, MemberState] = {node.id: self.me}
-        self._suspect_timers: dict[str, asyncio.TimerHandle] = {}
+        self._suspicions: dict[str, _Suspicion] = {}
+        self._awareness = 0
+        self._stats = SwimStats()
         self._queue: dict[str, list[object]] = {}  # id -> [update, transmissions left]
         self._probe_order: list[str] = []
         self._seq = 0
@@ -213,6 +323,33 @@ class Membership:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), left)
 
+    @property
+    def awareness(self) -> int:
+        """The local health score: 0 when healthy, up to ``awareness_max - 1``."""
+        return self._awareness
+
+    @property
+    def probe_interval(self) -> float:
+        """The protocol period, stretched by the local health multiplier."""
+        return self.config.protocol_period * (self._awareness + 1)
+
+    @property
+    def probe_timeout(self) -> float:
+        """How long a direct ping waits for its Ack, stretched by the local health multiplier
+        (memberlist stretches only the period: over UDP a late ack is usually a lost one; over
+        QUIC it is a late one, which waiting longer does catch)."""
+        return self.config.ping_timeout * (self._awareness + 1)
+
+    def stats(self) -> SwimStats:
+        """A snapshot of the failure detector's counts and the current awareness."""
+        return replace(self._stats, awareness=self._awareness)
+
+    def suspicion_timeout_of(self, member_id: str) -> float | None:
+        """The current length of our suspicion of ``member_id`` (from its start; it shrinks as
+        confirmations arrive), or None if we do not suspect it."""
+        s = self._suspicions.get(member_id)
+        return None if s is None else s.timeout()
+
     def _describe(self) -> str:
         return ", ".join(f"{i[:10]}={s}" for i, s in self.view()) or "nobody"
 
@@ -242,9 +379,9 @@ class Membership:
         for t in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
-        for h in self._suspect_timers.values():
-            h.cancel()
-        self._suspect_timers.clear()
+        for s in self._suspicions.values():
+            s.cancel()
+        self._suspicions.clear()
 
     async def join(self, seed_id: str, timeout: float) -> None:
         """Join through the seed, retrying until ``timeout``; merge its full state."""
@@ -256,7 +393,7 @@ class Membership:
                 raise TimeoutError(f"could not join through seed {seed_id[:10]} within {timeout:.3g} s: {last}")
             try:
                 reply = await self.node.request(
-                    self.node.address(SWIM_ACTOR, seed_id), Join(self.me), timeout=min(left, 2.0)
+                    self.node.address(SWIM_ACTOR, seed_id), Join(self.me), timeout=min(left, 2.0), sender=SWIM_ACTOR
                 )
                 if isinstance(reply, Sync):
                     self.merge(reply.members)
@@ -277,17 +414,27 @@ class Membership:
     def on_ping(self, msg: Ping, ctx: Context) -> Ack | None:
         if self._leaving:
             return None  # not an Ack: the prober treats us as gone
-        self.merge(msg.updates)
-        return Ack(msg.seq, self._piggyback())
+        self.merge(msg.updates, ctx.sender.node)
+        updates = self._piggyback()
+        if any(u.id == self.me.id and u.status != ALIVE for u in msg.updates) and self.me not in updates:
+            # the prober still suspects us (the buddy system told us) though our refutation may
+            # have left our queue: answer with our alive state, which outbids its suspicion
+            updates = (*updates, self.me)
+        return Ack(msg.seq, updates)
 
     async def on_ping_req(self, msg: PingReq, ctx: Context) -> Ack | Nack:
-        self.merge(msg.updates)
+        self.merge(msg.updates, ctx.sender.node)
         try:
+            # our own ping timeout, not stretched by our awareness: the prober expects our Nack
+            # within it, and a late Nack counts against the prober's health
             ack = await self.node.request(
-                self.node.address(SWIM_ACTOR, msg.target), Ping(msg.seq, self._piggyback()), self.config.ping_timeout
+                self.node.address(SWIM_ACTOR, msg.target),
+                Ping(msg.seq, self._piggyback()),
+                self.config.ping_timeout,
+                sender=SWIM_ACTOR,
             )
             if isinstance(ack, Ack):
-                self.merge(ack.updates)
+                self.merge(ack.updates, msg.target)
                 return Ack(msg.seq, self._piggyback())
         except (TimeoutError, ConnectionError, RemoteError):
             pass
@@ -304,15 +451,27 @@ class Membership:
         return Sync(tuple(self.members.values()))
 
     def on_gossip(self, msg: Gossip, ctx: Context) -> None:
-        self.merge(msg.updates)
+        self.merge(msg.updates, ctx.sender.node)
+
+    def on_late_reply(self, msg: Message, ctx: Context) -> None:
+        """A reply that came after our request gave up (the node hands it here). A slow member
+        hears its acks late; they still carry news, the refutations of the members it suspects
+        among them."""
+        if isinstance(msg, (Ack, Nack)):
+            self.merge(msg.updates, ctx.sender.node)
+        elif isinstance(msg, Sync):
+            self.merge(msg.members)
 
     # --- state machine -----------------------------------------------------------------------
 
-    def merge(self, updates: Iterable[MemberState]) -> None:
+    def merge(self, updates: Iterable[MemberState], source: str | None = None) -> None:
+        """Apply updates. ``source`` is the member that sent them as its own news (a probe's or
+        gossip's piggyback), whose suspicions count as its accusations; None for full states
+        (join, push-pull), which relay what others said."""
         for u in updates:
-            self._apply(u)
+            self._apply(u, source)
 
-    def _apply(self, u: MemberState) -> None:
+    def _apply(self, u: MemberState, source: str | None = None) -> None:
         if u.id == self.me.id:
             if self._leaving or u.incarnation < self.me.incarnation:
                 return
@@ -324,6 +483,9 @@ class Membership:
                 # still circulating: outbid it so that our current state wins everywhere
                 log.info("refuting %s about myself at incarnation %d", MemberStatus(u.status).name, u.incarnation)
                 self._set_me(replace(self.me, incarnation=u.incarnation + 1))
+                if u.status != ALIVE:  # others could not hear from us in time: maybe we are the slow one
+                    self._count(refuted_about_me=1)
+                    self._adjust_awareness(1)
             return
         if not self.node.transport.is_allowed(u.id):
             return
@@ -332,15 +494,18 @@ class Membership:
             self.members[u.id] = u
             if u.status != DEAD:
                 self.node.learn(u)
-                self._enqueue(u)
+                if u.status == ALIVE:
+                    self._enqueue(u)
                 self._notify("joined", u)
                 if u.status == SUSPECT:
-                    self._start_suspicion(u)
+                    self._start_suspicion(u, source)
             return
         if u.status == ALIVE:
             if u.incarnation <= cur.incarnation:
                 return
             self.members[u.id] = u
+            if self._suspicions.get(u.id) is not None:
+                self._count(suspicions_refuted=1)
             self._cancel_suspicion(u.id)
             self.node.learn(u)
             self._enqueue(u)
@@ -356,11 +521,14 @@ class Membership:
             if cur.status == DEAD or u.incarnation < cur.incarnation:
                 return
             if u.incarnation == cur.incarnation and cur.status == SUSPECT:
+                if source is not None and source != u.id:
+                    self._confirm(u.id, source)
                 return
+            # not passed on: members gossip only their own accusations, so that the sender of a
+            # suspicion is an independent accuser (the suspect hears it from them)
             new = replace(cur, status=SUSPECT, incarnation=u.incarnation)
             self.members[u.id] = new
-            self._enqueue(new)
-            self._start_suspicion(new)
+            self._start_suspicion(new, source)
             self._notify("suspect", new)
         else:
             if cur.status == DEAD or u.incarnation < cur.incarnation:
@@ -380,28 +548,79 @@ class Membership:
         self._notify("dead", dead)
         self.node.transport.forget(dead.id)
 
-    def _start_suspicion(self, m: MemberState) -> None:
+    def _suspect(self, target: MemberState) -> None:
+        """Our own probe of ``target`` failed: suspect it, as its accuser."""
+        new = replace(target, status=SUSPECT)
+        self.members[target.id] = new
+        self._count(suspicions_raised=1)
+        self._enqueue(new)
+        self._start_suspicion(new, self.me.id)
+        self._notify("suspect", new)
+
+    def _start_suspicion(self, m: MemberState, accuser: str | None) -> None:
         self._cancel_suspicion(m.id)
         if self._stopped:
             return
+        n = len(self.alive())
+        lo, hi = self.config.suspicion_bounds(n)
+        # confirmations to expect: as many as the helpers of one probe, from members other than
+        # ourselves and the suspect (memberlist's k; with none to expect the minimum applies)
+        k = min(self.config.indirect_checks, max(0, n - 2))
+        s = self._suspicions[m.id] = _Suspicion(m.incarnation, accuser, k, lo, hi)
+        self._arm(m.id, s)
+
+    def _arm(self, member_id: str, s: _Suspicion) -> None:
+        s.cancel()
         loop = asyncio.get_running_loop()
-        self._suspect_timers[m.id] = loop.call_later(
-            self.config.suspicion_timeout, self._suspicion_expired, m.id, m.incarnation
-        )
+        s.handle = loop.call_at(s.deadline(), self._suspicion_expired, member_id, s)
+
+    def _confirm(self, member_id: str, accuser: str) -> bool:
+        """An independent accuser agrees: shorten the suspicion (True if it counted)."""
+        s = self._suspicions.get(member_id)
+        if s is None or not s.confirm(accuser):
+            return False
+        self._count(confirmations=1)
+        self._arm(member_id, s)
+        return True
 
     def _cancel_suspicion(self, member_id: str) -> None:
-        h = self._suspect_timers.pop(member_id, None)
-        if h is not None:
-            h.cancel()
+        s = self._suspicions.pop(member_id, None)
+        if s is not None:
+            s.cancel()
 
-    def _suspicion_expired(self, member_id: str, incarnation: int) -> None:
-        self._suspect_timers.pop(member_id, None)
+    def _suspicion_expired(self, member_id: str, s: _Suspicion) -> None:
+        if self._suspicions.get(member_id) is not s:
+            return
+        loop = asyncio.get_running_loop()
+        if loop.time() - s.deadline() > self.config.ping_timeout and not s.deferred:
+            # our loop stalled past the deadline: a refutation that arrived meanwhile is still
+            # queued behind this timer. Give it one probe timeout; the stall counts against us.
+            s.deferred = True
+            self._adjust_awareness(1)
+            s.handle = loop.call_later(self.probe_timeout, self._suspicion_expired, member_id, s)
+            return
+        del self._suspicions[member_id]
         cur = self.members.get(member_id)
-        if cur is not None and cur.status == SUSPECT and cur.incarnation == incarnation:
+        if cur is not None and cur.status == SUSPECT and cur.incarnation == s.incarnation:
             log.info(
-                "member %s did not refute suspicion in %.3g s: dead", member_id[:10], self.config.suspicion_timeout
+                "member %s did not refute suspicion in %.3g s (%d of %d confirmations): dead",
+                member_id[:10],
+                s.timeout(),
+                s.confirmed,
+                s.k,
             )
+            self._count(deaths_declared=1)
             self._declare_dead(replace(cur, status=DEAD, names={}))
+
+    def _adjust_awareness(self, delta: int) -> None:
+        score = min(max(self._awareness + delta, 0), self.config.awareness_max - 1)
+        if score != self._awareness:
+            log.debug("local health score %d -> %d", self._awareness, score)
+            self._awareness = score
+            self._changed.set()  # wait_until may be waiting on it
+
+    def _count(self, **deltas: int) -> None:
+        self._stats = replace(self._stats, **{k: getattr(self._stats, k) + v for k, v in deltas.items()})
 
     def _notify(self, kind: str, m: MemberState) -> None:
         ev = MemberEvent(kind, m, time.monotonic())
@@ -448,8 +667,8 @@ class Membership:
         return self._probe_order.pop() if self._probe_order else None
 
     async def _probe_loop(self) -> None:
-        period = self.config.protocol_period
         while True:
+            period = self.probe_interval
             started = time.monotonic()
             target = self._next_target()
             if target is not None:
@@ -460,45 +679,66 @@ class Membership:
             await asyncio.sleep(max(0.0, started + period - time.monotonic()))
 
     async def _probe(self, target: str, period_end: float) -> None:
+        """One probe: a direct ping, then ``indirect_checks`` helpers until the period ends (at
+        least two ping timeouts, so their Nacks can come). Adjusts our awareness: -1 on an Ack;
+        on failure +1 per helper that did not Nack (healthy helpers that could not reach the
+        target either exonerate us), or +1 with no helper to ask."""
         self._seq += 1
         seq = self._seq
         cfg = self.config
+        timeout = self.probe_timeout
+        updates = self._piggyback()
+        cur = self.members.get(target)
+        if cur is not None and cur.status == SUSPECT:  # the buddy system: tell the suspect, so it refutes at once
+            updates = (*(u for u in updates if u.id != target), MemberState(target, SUSPECT, cur.incarnation))
         try:
             ack = await self.node.request(
-                self.node.address(SWIM_ACTOR, target), Ping(seq, self._piggyback()), cfg.ping_timeout
+                self.node.address(SWIM_ACTOR, target), Ping(seq, updates), timeout, sender=SWIM_ACTOR
             )
             if isinstance(ack, Ack):
-                self.merge(ack.updates)
+                self.merge(ack.updates, target)
+                self._adjust_awareness(-1)
                 return
         except (TimeoutError, ConnectionError, RemoteError):
             pass
         helpers = [i for i in self._others() if i != target and self.members[i].status == ALIVE]
         helpers = random.sample(helpers, min(cfg.indirect_checks, len(helpers)))
-        left = max(cfg.ping_timeout, period_end - time.monotonic())
+        left = max(2 * timeout, period_end - time.monotonic())
+        nacks = 0
         if helpers:
-            reqs = [
-                asyncio.ensure_future(
-                    self.node.request(self.node.address(SWIM_ACTOR, h), PingReq(seq, target, self._piggyback()), left)
-                )
-                for h in helpers
-            ]
+
+            async def ask(helper: str) -> tuple[str, Message | None]:
+                req = PingReq(seq, target, self._piggyback())
+                try:
+                    return helper, await self.node.request(
+                        self.node.address(SWIM_ACTOR, helper), req, left, sender=SWIM_ACTOR
+                    )
+                except (TimeoutError, ConnectionError, RemoteError):
+                    return helper, None
+
+            reqs = [asyncio.ensure_future(ask(h)) for h in helpers]
             try:
                 for fut in asyncio.as_completed(reqs):
-                    try:
-                        reply = await fut
-                    except (TimeoutError, ConnectionError, RemoteError):
-                        continue
+                    helper, reply = await fut
                     if isinstance(reply, (Ack, Nack)):
-                        self.merge(reply.updates)
+                        self.merge(reply.updates, helper)
                     if isinstance(reply, Ack):
+                        self._adjust_awareness(-1)
                         return
+                    if isinstance(reply, Nack):
+                        nacks += 1
             finally:
                 for r in reqs:
                     r.cancel()
+        self._adjust_awareness(len(helpers) - nacks if helpers else 1)
         cur = self.members.get(target)
-        if cur is not None and cur.status == ALIVE:
+        if cur is None or self._stopped:
+            return
+        if cur.status == ALIVE:
             log.info("member %s did not answer direct or indirect probes: suspect", target[:10])
-            self._apply(MemberState(target, SUSPECT, cur.incarnation))
+            self._suspect(cur)
+        elif cur.status == SUSPECT and self._confirm(target, self.me.id):
+            self._enqueue(cur)  # we accuse it too now: pass our accusation on
 
     async def _gossip_loop(self) -> None:
         while True:
@@ -526,6 +766,7 @@ class Membership:
                     self.node.address(SWIM_ACTOR, peer),
                     Sync(tuple(self.members.values())),
                     self.config.protocol_period * 4,
+                    sender=SWIM_ACTOR,
                 )
                 if isinstance(reply, Sync):
                     self.merge(reply.members)
