@@ -317,6 +317,21 @@ POINTS: dict[str, Point] = {
             0.0,
             "node.slow_decode",
         ),
+        Point(
+            "vast.slow_reference",
+            SECONDS,
+            RULE_DESTROY,
+            "node.slow_reference with this value in every node (a reference long enough to be interrupted)",
+            0.0,
+            "node.slow_reference",
+        ),
+        Point(
+            "vast.slow_destroy",
+            SECONDS,
+            RULE_DESTROY,
+            "seconds each destroy call waits before it is answered (a teardown long enough to be interrupted)",
+            0.0,
+        ),
         Point("node.no_names", FLAG, ROW_RESOLVE, "the node loads its worker but registers no names", False),
         Point(
             "node.stall_worker",
@@ -327,6 +342,7 @@ POINTS: dict[str, Point] = {
         ),
         Point("node.empty_text", FLAG, ROW_TEXT, "the last stage reports done with empty text", False),
         Point("node.slow_decode", SECONDS, RULE_BUDGET, "seconds each decode step on this node waits first", 0.0),
+        Point("node.slow_reference", SECONDS, RULE_DESTROY, "seconds a reference on this node waits first", 0.0),
     )
 }
 

@@ -50,8 +50,9 @@ SIGNAL_CASES = {
     "load": (signal.SIGTERM, "", [], lambda s: s.wait_line("converge")),
     "prefill": (signal.SIGINT, "", [], lambda s: s.wait_line("resolve")),
     "decode": (signal.SIGTERM, "", ["--max-tokens", "512"], _tokens_flowing),  # still decoding when the signal comes
-    "reference": (signal.SIGTERM, "", ["--max-tokens", "3"], lambda s: s.wait_line("decode")),
-    "teardown": (signal.SIGINT, "vast.api_latency=0.3", ["--max-tokens", "3"], lambda s: s.wait_line("reference")),
+    # the reference and the teardown held long enough for the signal to land in them on a busy machine
+    "reference": (signal.SIGTERM, "vast.slow_reference=30", ["--max-tokens", "3"], lambda s: s.wait_line("decode")),
+    "teardown": (signal.SIGINT, "vast.slow_destroy=3", ["--max-tokens", "3"], lambda s: s.wait_line("reference")),
 }
 
 

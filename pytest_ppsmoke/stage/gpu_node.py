@@ -475,6 +475,8 @@ class StageActor:
                 await asyncio.sleep(0.05)
             self.reference_running = True
         try:
+            if failpoints.on("node.slow_reference"):
+                await asyncio.sleep(min(failpoints.value("node.slow_reference"), timeout))
             left = max(0.001, deadline - time.monotonic())
             reply = await self.bridge.call("reference", left, prompt=msg.prompt, max_tokens=msg.max_tokens)
         finally:
