@@ -42,6 +42,24 @@ async def _tokens_flowing(smoke: Smoke) -> None:
     pytest.fail("decode never got under way")
 
 
+async def _reference_running(smoke: Smoke) -> None:
+    """Stage 0's node has taken the reference query (held there by vast.slow_reference)."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if any(e.get("event") == "reference" for i in smoke.fake.live() if i.proc for e in i.proc.events):
+            return
+        await asyncio.sleep(0.02)
+    pytest.fail("the reference never started")
+
+
+async def _destroy_in_flight(smoke: Smoke) -> None:
+    """A destroy call has reached the emulator (and waits there: vast.slow_destroy)."""
+    deadline = time.monotonic() + 120
+    while not any(i.destroy_attempts for i in smoke.fake.instances.values()):
+        assert smoke.proc.returncode is None and time.monotonic() < deadline, smoke.stderr[-2000:]
+        await asyncio.sleep(0.02)
+
+
 SIGNAL_CASES = {
     # phase: (signal, faults, extra args, how to get there)
     "rent": (signal.SIGINT, "vast.hold_create=2", [], _second_create_in_flight),
@@ -51,8 +69,8 @@ SIGNAL_CASES = {
     "prefill": (signal.SIGINT, "", [], lambda s: s.wait_line("resolve")),
     "decode": (signal.SIGTERM, "", ["--max-tokens", "512"], _tokens_flowing),  # still decoding when the signal comes
     # the reference and the teardown held long enough for the signal to land in them on a busy machine
-    "reference": (signal.SIGTERM, "vast.slow_reference=30", ["--max-tokens", "3"], lambda s: s.wait_line("decode")),
-    "teardown": (signal.SIGINT, "vast.slow_destroy=3", ["--max-tokens", "3"], lambda s: s.wait_line("reference")),
+    "reference": (signal.SIGTERM, "vast.slow_reference=30", ["--max-tokens", "3"], _reference_running),
+    "teardown": (signal.SIGINT, "vast.slow_destroy=3", ["--max-tokens", "3"], _destroy_in_flight),
 }
 
 

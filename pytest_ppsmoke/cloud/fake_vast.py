@@ -712,9 +712,9 @@ class FakeVast(Resource):
             return _error(404, "not_found", "Instance not found")  # vast.ai's answer: already gone
         if inst.destroyed_at is not None:
             return _json({"success": True})  # lingering: already on its way out
+        outcome = self._destroy_outcome(inst)  # counted now (destroy_attempts), answered after any wait
         if self.faults.value("vast.slow_destroy"):
             await asyncio.sleep(self.faults.value("vast.slow_destroy"))
-        outcome = self._destroy_outcome(inst)
         if outcome == "failed":
             return _error(500, "server_error", f"destroy of {inst.id} failed (failpoint vast.destroy_fails)")
         if outcome == "done":

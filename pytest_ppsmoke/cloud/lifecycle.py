@@ -47,6 +47,7 @@ from .vast import LABEL_PREFIX, Offer, OfferGone, OfferQuery, VastClient, VastEr
 log = logging.getLogger(__name__)
 
 LOST_STATES = ("offline", "exited", "unknown")  # vast.ai's states a running instance never comes back from
+NEXT_PHASE = {"rent": "boot", "boot": "converge", "converge": "load", "load": "resolve", "resolve": "prefill"}
 
 
 @dataclass
@@ -179,7 +180,10 @@ class Deployment(Resource):
         return time.monotonic()
 
     def _done(self, phase: str, started: float, detail: str = "") -> None:
+        """The phase's time, and its line; from the line on, an interruption is the next phase's
+        (the user has seen this one end)."""
         self.timings[phase] = round(time.monotonic() - started, 4)
+        self.phase = NEXT_PHASE.get(phase, self.phase)
         if self.on_phase is not None:
             self.on_phase(phase, self.timings[phase], detail)
 
@@ -406,8 +410,7 @@ class Deployment(Resource):
         t = self._begin("resolve")
         assert self.seed is not None
         self.names = await resolve_names(self.seed, self.config.num_stages, self.config.resolve_timeout)
-        self._done("resolve", t, ", ".join(self.names))
-        self.phase = "prefill"  # what the caller does next; the pipeline's figures split it from decode
+        self._done("resolve", t, ", ".join(self.names))  # next: prefill, which the pipeline splits from decode
 
     # --- teardown ----------------------------------------------------------------------------
 

@@ -282,6 +282,8 @@ class SmokeRun(Resource):
             dep.seed, s.num_stages, s.prompt, s.max_tokens, max(1.0, self.remaining()), prefilled, instances
         )
         self.result = result
+        if s.reference:
+            dep.phase = "reference"  # from the decode line on, an interruption is the reference's
         if self.on_phase is not None:
             t = result.timings
             self.on_phase("decode", t["decode"], f"{t['decode_tokens_per_s']} tokens/s")

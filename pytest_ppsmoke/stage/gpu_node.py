@@ -474,6 +474,7 @@ class StageActor:
                     raise Busy(f"busy: {self.name} is still serving {what}; the reference runs when it is idle")
                 await asyncio.sleep(0.05)
             self.reference_running = True
+        emit({"event": "reference", "stage": self.stage})
         try:
             if failpoints.on("node.slow_reference"):
                 await asyncio.sleep(min(failpoints.value("node.slow_reference"), timeout))
