@@ -494,9 +494,12 @@ class FakeVast(Resource):
     async def _start_network(self) -> None:
         """The emulated network, and this API on its "api" member: a listening socket made inside
         that member's namespace (by a thread that enters it), served by the same application."""
-        from ..network import EmulatedNetwork, parse_network
+        from ..network import EmulatedNetwork, parse_network, sweep
 
         assert self._runner is not None
+        swept = await asyncio.to_thread(sweep)  # what killed runs left: never a live run's
+        if swept:
+            log.warning("removed what killed runs left of their networks: %s", ", ".join(swept))
         self.network = EmulatedNetwork(parse_network(self.network_spec))
         await self.network.start()
         api = await self.network.add_member("api")
