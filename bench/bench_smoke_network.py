@@ -9,7 +9,9 @@ model (SmolLM2-135M), through the driver's ``SmokeRun`` in a process of its own
 latency against the profile's one-way delay, and the steady per-token decode time against the
 prediction ``C + 2d + O``: ``C`` the compute per token of a loopback run of the same model
 measured first, in the same invocation (the baseline), ``d`` the profile's one-way delay and
-``O`` the overhead fitted by ``bench_network.py`` (``--fit``, its ``fit.overhead_ms``).
+``O`` the overhead fitted by ``bench_network.py`` (``--fit``, its ``fit.overhead_ms``); and the
+same with the run's own compute per token (``own_compute_*``): on a shared 2-core machine the
+compute drifts between runs by more than the network adds, and this separates the two.
 """
 
 from __future__ import annotations
@@ -73,6 +75,11 @@ def main() -> None:
             "per_token": pt,
             "predicted_token_ms": round(predicted, 3),
             "error_pct": round((pt["token_ms"] - predicted) / predicted * 100, 1) if pt else None,
+            # the same with the run's own compute per token: what the network adds, the machine's drift apart
+            "own_compute_predicted_ms": round(pt["compute_ms"] + 2 * link.delay_ms + overhead, 3) if pt else None,
+            "own_compute_error_pct": (
+                round((pt["token_ms"] / (pt["compute_ms"] + 2 * link.delay_ms + overhead) - 1) * 100, 1) if pt else None
+            ),
             "decode_tokens_per_s": r.get("timings", {}).get("decode_tokens_per_s"),
             "wall_s": r["wall_s"],
             "network_stats": r["network_stats"],

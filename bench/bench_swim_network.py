@@ -109,11 +109,10 @@ class Cluster:
             "converge_after_join_s": round(time.monotonic() - joined, 4),
         }
 
-    def false_events(self, until: float | None = None, exclude: str | None = None) -> dict[str, int]:
+    def false_events(self, exclude: str | None = None) -> dict[str, int]:
         """Suspicions and deaths, at any observer, about members that were alive (``exclude``: the
-        killed one; ``until``: only the seed's events before then: the members' have no clock here)."""
-        seed_ev = [e for t, e in self.seed_events if until is None or t < until]
-        kinds = [e.kind for e in seed_ev if e.member.id != exclude]
+        killed one)."""
+        kinds = [e.kind for _, e in self.seed_events if e.member.id != exclude]
         for p in self.members:
             kinds += [e["event"] for e in p.events if e.get("member") not in (None, exclude)]
         return {"dead": kinds.count("dead"), "suspect": kinds.count("suspect")}
@@ -148,7 +147,6 @@ async def detect_one(profile: str, seed: int) -> dict[str, Any]:
                 lambda e: e.get("event") == "dead" and e.get("member") == victim, 120, "the killed member dead at m1"
             )
             out["detect_member_s"] = round(time.monotonic() - killed, 3) if ev else None  # an upper bound: seen now
-            out["false_before_kill"] = c.false_events(until=killed)
             out["false_total"] = c.false_events(exclude=victim)
             out["seed_stats"] = asdict(seed_node.membership.stats())
             return out
