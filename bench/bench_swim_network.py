@@ -2,7 +2,8 @@
 false deaths under CPU starvation or a lossy network.
 
     python bench/bench_swim_network.py detect [--profiles loopback,lan,wan,far,slow,flaky] [--rounds 1]
-    python bench/bench_swim_network.py false-deaths [--load busy|flaky] [--runs 20] [--hold 10] [--busy 4]
+    python bench/bench_swim_network.py false-deaths [--load busy|flaky] [--runs 5] [--hold 8] [--busy 4]
+    python bench/bench_swim_network.py busy-smoke [--runs 2] [--busy 4] [--max-tokens 16]
 
 A cluster as a run forms it: the seed (the orchestrator's node) in this process on the network's
 host address, and two member processes (``python -m pytest_ppsmoke.runtime.member``), each in a
@@ -23,6 +24,9 @@ pass`` on this machine's cores for the whole run (the shared-CPU case: two runs 
 cores); ``flaky``: on the ``flaky`` profile (20 % loss, bursty). Counted: every "dead" event
 about a member (any of the three observers: they are all alive, so each is false), "suspect"
 events (suspicions, which refutation must clear), and the seed's ``SwimStats``.
+
+``busy-smoke``: whole ``pp-smoke-run --local`` runs (SmolLM2, reference off) under the busy
+loops, the tinygrad workers competing too; a false death there fails the run.
 """
 
 from __future__ import annotations
@@ -50,6 +54,13 @@ from pytest_ppsmoke.network import EmulatedNetwork, parse_network  # noqa: E402
 from pytest_ppsmoke.runtime.localproc import ChildProcess, ClusterKeys, member_env  # noqa: E402
 from pytest_ppsmoke.runtime.node import Node, NodeConfig  # noqa: E402
 from pytest_ppsmoke.runtime.swim import MemberEvent, SwimConfig  # noqa: E402
+
+
+async def spin() -> asyncio.subprocess.Process:
+    """A busy loop in a session of its own: with the kernel's autogroup scheduling (on here) CFS
+    shares the CPU between sessions first, and the nodes and members are each a session of their
+    own (``ChildProcess``); four loops in one session would weigh as one."""
+    return await asyncio.create_subprocess_exec(sys.executable, "-c", "while True: pass", start_new_session=True)
 
 
 def swim_for(profile: str) -> SwimConfig:
@@ -185,7 +196,7 @@ async def false_deaths(load: str, runs: int, hold: float, busy: int) -> dict[str
     spinners: list[asyncio.subprocess.Process] = []
     if load == "busy":
         for _ in range(busy):
-            spinners.append(await asyncio.create_subprocess_exec(sys.executable, "-c", "while True: pass"))
+            spinners.append(await spin())
     results = []
     try:
         for r in range(runs):
@@ -228,6 +239,46 @@ async def false_deaths(load: str, runs: int, hold: float, busy: int) -> dict[str
     }
 
 
+async def busy_smoke(runs: int, busy: int, max_tokens: int) -> dict[str, Any]:
+    """``pp-smoke-run --local`` (SmolLM2, reference off) ``runs`` times under ``busy`` spinning
+    processes: the whole stack, tinygrad workers included, on starved cores. A false death fails
+    the run (a stage declared dead at load or decode)."""
+    spinners = [await spin() for _ in range(busy)]
+    results: list[dict[str, Any]] = []
+    try:
+        for r in range(runs):
+            report = Path(f"/tmp/pps-busy-smoke-{os.getpid()}.json")
+            cmd = ["pp-smoke-run", "--local", "--reference", "off", "--max-tokens", str(max_tokens)]
+            started = time.monotonic()
+            proc = await asyncio.create_subprocess_exec(
+                *cmd, "--report", str(report), stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
+            )
+            rc = await asyncio.wait_for(proc.wait(), 600)
+            rep = json.loads(await asyncio.to_thread(report.read_text))
+            await asyncio.to_thread(report.unlink)
+            res = {
+                "rc": rc,
+                "ok": rep["ok"],
+                "error": rep["error"],
+                "wall_s": round(time.monotonic() - started, 2),
+                "timings": rep["timings"],
+            }
+            print(f"busy smoke run {r}: {json.dumps(res)}", flush=True)
+            results.append(res)
+    finally:
+        for sp in spinners:
+            sp.kill()
+            await sp.wait()
+    return {
+        "busy_loops": busy,
+        "max_tokens": max_tokens,
+        "runs": len(results),
+        "failed": sum(1 for r in results if not r["ok"]),
+        "errors": [r["error"] for r in results if r["error"]],
+        "per_run": results,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -237,10 +288,15 @@ def main() -> None:
     d.add_argument("--out", type=Path, default=HERE / "results" / "swim_network.json")
     f = sub.add_parser("false-deaths")
     f.add_argument("--load", choices=("busy", "flaky"), default="busy")
-    f.add_argument("--runs", type=int, default=20)
-    f.add_argument("--hold", type=float, default=10.0, help="seconds each formed cluster is watched")
+    f.add_argument("--runs", type=int, default=5)
+    f.add_argument("--hold", type=float, default=8.0, help="seconds each formed cluster is watched")
     f.add_argument("--busy", type=int, default=4, help="spinning processes (busy load)")
     f.add_argument("--out", type=Path)
+    b = sub.add_parser("busy-smoke")
+    b.add_argument("--runs", type=int, default=2)
+    b.add_argument("--busy", type=int, default=4)
+    b.add_argument("--max-tokens", type=int, default=16)
+    b.add_argument("--out", type=Path, default=HERE / "results" / "busy_smoke.json")
     args = ap.parse_args()
     machine = {"cpus": os.cpu_count(), "python": platform.python_version(), "kernel": platform.release()}
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -248,6 +304,13 @@ def main() -> None:
         res: dict[str, Any] = {"machine": machine, "measured_at": started, "rounds": args.rounds}
         res["profiles"] = asyncio.run(detect([p.strip() for p in args.profiles.split(",")], args.rounds))
         summary = {p: {k: v for k, v in r.items() if k not in ("runs", "swim")} for p, r in res["profiles"].items()}
+    elif args.cmd == "busy-smoke":
+        res = {
+            "machine": machine,
+            "measured_at": started,
+            **asyncio.run(busy_smoke(args.runs, args.busy, args.max_tokens)),
+        }
+        summary = {k: v for k, v in res.items() if k != "per_run"}
     else:
         res = {
             "machine": machine,
