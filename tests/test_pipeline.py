@@ -118,9 +118,7 @@ async def runs(smollm2: str) -> AsyncIterator[Runs]:
         return await infer(f32, 2, MAX_TOKENS)
 
     try:
-        outcomes = await asyncio.gather(
-            unsplit_reference(), first_request(), one_request(3), return_exceptions=True
-        )
+        outcomes = await asyncio.gather(unsplit_reference(), first_request(), one_request(3), return_exceptions=True)
         yield Runs(dict(zip(["reference", 2, 3], outcomes, strict=True)), f32)
     finally:
         await f32.close()  # safe on a cluster whose start failed half way
