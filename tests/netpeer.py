@@ -36,20 +36,25 @@ async def udp_echo(addr: str) -> None:
     t.close()
 
 
-def udp_ping(addr: str, port: int, n: int) -> None:
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.settimeout(2.0)
+def pings(sock: socket.socket, dst: tuple[str, int], n: int) -> list[float | None]:
+    """``n`` sequential datagrams to an echo, each waited for: its round trip, or None when lost."""
     rtts: list[float | None] = []
     for i in range(n):
         t0 = time.monotonic()
-        s.sendto(str(i).encode(), (addr, port))
+        sock.sendto(str(i).encode(), dst)
         try:
-            while s.recv(64) != str(i).encode():
+            while sock.recv(64) != str(i).encode():
                 pass
             rtts.append(time.monotonic() - t0)
         except TimeoutError:
             rtts.append(None)
-    emit({"rtts": rtts})
+    return rtts
+
+
+def udp_ping(addr: str, port: int, n: int) -> None:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.settimeout(2.0)
+    emit({"rtts": pings(s, (addr, port), n)})
 
 
 async def iroh_echo(addr: str, peer_ticket: str) -> None:

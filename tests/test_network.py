@@ -36,6 +36,7 @@ from pytest_ppsmoke.runtime.localproc import ChildProcess
 from pytest_ppsmoke.runtime.transport import PeerAddr, Transport, new_secret_key
 
 from .helpers import alive
+from .netpeer import pings
 
 pytestmark = pytest.mark.local
 
@@ -71,21 +72,8 @@ async def _echo(m_argv: list[str], stopper: list[ChildProcess]) -> int:
 async def _pings(sock: socket.socket, dst: tuple[str, int], n: int, timeout: float) -> list[float | None]:
     """``n`` sequential pings from the root namespace (a blocking socket in a thread)."""
 
-    def run() -> list[float | None]:
-        sock.settimeout(timeout)
-        out: list[float | None] = []
-        for i in range(n):
-            t0 = time.monotonic()
-            sock.sendto(str(i).encode(), dst)
-            try:
-                while sock.recv(64) != str(i).encode():
-                    pass
-                out.append(time.monotonic() - t0)
-            except TimeoutError:
-                out.append(None)
-        return out
-
-    return await asyncio.to_thread(run)
+    sock.settimeout(timeout)
+    return await asyncio.to_thread(pings, sock, dst, n)
 
 
 # --- profiles and the link model (no namespaces) ---------------------------------------------

@@ -583,8 +583,7 @@ class FakeVast(Resource):
         if request.path == "/api/v0/gpu_names/unique/":
             public: web.StreamResponse = await handler(request)  # public on vast.ai too
             return public
-        auth = request.headers.get("Authorization", "")
-        key = auth[7:].strip() if auth.startswith("Bearer ") else request.query.get("api_key", "")
+        key = _key_of(request)
         if not key:
             return _error(401, "auth_error", "authentication required: send Authorization: Bearer <api key>")
         if not secrets.compare_digest(key, self.api_key):
@@ -1003,11 +1002,15 @@ def _listen_in(netns: str, addr: str) -> socket.socket:
 CLONE_NEWNET = 0x40000000
 
 
+def _key_of(request: web.Request) -> str:
+    """The key a call carries: ``Authorization: Bearer <key>``, or the ``api_key`` parameter."""
+    auth = request.headers.get("Authorization", "")
+    return auth[7:].strip() if auth.startswith("Bearer ") else request.query.get("api_key", "")
+
+
 def _identity(request: web.Request) -> str:
     """Who a rate limit counts a call against: the key it carries and the address it came from."""
-    auth = request.headers.get("Authorization", "")
-    key = auth[7:].strip() if auth.startswith("Bearer ") else request.query.get("api_key", "")
-    return f"{key}@{request.remote}"
+    return f"{_key_of(request)}@{request.remote}"
 
 
 def _sort_key(key: str) -> Callable[[Mapping[str, Any]], tuple[bool, Any]]:

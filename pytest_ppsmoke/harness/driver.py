@@ -30,7 +30,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..cloud.fake_vast import NETWORK_PATH, FakeVast
 from ..cloud.lifecycle import Deployment, RunConfig
@@ -41,6 +41,9 @@ from ..runtime.resource import Resource
 from .pipeline import InferenceResult, request_reference, run_inference
 from .report import ReferenceFigures, Report
 from .settings import STEPS, Settings
+
+if TYPE_CHECKING:
+    from ..network import NetworkSpec
 
 log = logging.getLogger(__name__)
 
@@ -77,12 +80,9 @@ def run_config(s: Settings) -> RunConfig:
     )
 
 
-def rtt_of(spec: str) -> float:
-    """The worst round trip of a network description's links, in seconds."""
-    from ..network import parse_network
-
-    parsed = parse_network(spec)
-    links = [p for p in (parsed.default, *parsed.overrides.values()) if p is not None]
+def rtt_of(spec: NetworkSpec) -> float:
+    """The worst round trip of a network's links, in seconds."""
+    links = [p for p in (spec.default, *spec.overrides.values()) if p is not None]
     return max((2 * (p.delay_ms + p.jitter_ms) for p in links), default=0.0) / 1000
 
 
@@ -190,13 +190,15 @@ class SmokeRun(Resource):
             url, key = self.fake.url, self.fake.api_key
             net = self.fake.network
             if net is not None:  # the seed on the network's host address, SWIM timed for its worst link
-                config.bind, config.rtt = f"{net.host_addr}:0", rtt_of(net.spec.name)
+                config.bind, config.rtt = f"{net.host_addr}:0", rtt_of(net.spec)
                 self.report.network = {"spec": net.spec.name, "host_addr": net.host_addr, "subnet": net.subnet}
         else:
             url, key = s.vast_url or DEFAULT_URL, s.api_key
             if s.local and s.network != "loopback":  # an emulator started apart, with its network
                 found = await emulated_network(url, key, s.network)
-                config.bind, config.rtt = f"{found['host_addr']}:0", rtt_of(found["spec"])
+                from ..network import parse_network  # the network package loads only for a network
+
+                config.bind, config.rtt = f"{found['host_addr']}:0", rtt_of(parse_network(found["spec"]))
                 self.report.network = found
         self.report.vast_url = url
         self.vast = VastClient(key, url)
