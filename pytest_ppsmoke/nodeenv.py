@@ -181,6 +181,16 @@ class NodeEnv:
     )
     max_context: int = _var(1024, "PP_MAX_CONTEXT", _integer(1), "the worker's KV cache, in positions", "the user")
     jit: bool = _var(True, "PP_JIT", FLAG, "1: compiled decode (TinyJit); 0: the spec's uncompiled forward", "the user")
+    weight_cache: str = _var(
+        "",
+        "PP_WEIGHT_CACHE",
+        TEXT,
+        "the directory of realized stage weights (empty: ~/.cache/ppsmoke/weights; off: no cache)",
+        "the user",
+    )
+    program_cache: bool = _var(
+        True, "PP_PROGRAM_CACHE", FLAG, "1: keep tinygrad's generated programs in its disk cache; 0: do not", "the user"
+    )
     worker: str = _var(
         "", "PP_WORKER", TEXT, "the worker script (empty: the installed pp_tinygrad_worker.py)", "the user"
     )

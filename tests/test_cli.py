@@ -40,10 +40,14 @@ def test_local_run_says_hello_reports_everything_and_leaves_nothing(tmp_path: Pa
     assert 1 <= len(report["token_ids"]) <= 16 and len(report["prompt_token_ids"]) > 5
     ids = [i["id"] for i in report["instances"]]
     half = SYNTH.blocks // 2
-    assert report["split"] == [
+    assert [{k: v for k, v in st.items() if k != "load"} for st in report["split"]] == [
         {"stage": 0, "blocks": [0, half], "instance": ids[0]},
         {"stage": 1, "blocks": [half, SYNTH.blocks], "instance": ids[1]},
     ]
+    for st in report["split"]:  # each worker said where its weights came from and what it generated
+        assert re.fullmatch(
+            r"weights from the (cache|GGUF) in [\d.]+ s; programs: \d+ cached, \d+ generated", st["load"]
+        )
     assert set(report["timings"]) >= {
         "rent", "boot", "converge", "load", "resolve", "prefill", "decode", "teardown", "total", "decode_tokens_per_s"
     }  # fmt: skip

@@ -37,6 +37,8 @@ def full() -> NodeEnv:
         wire_dtype="f16",
         max_context=256,
         jit=False,
+        weight_cache="off",
+        program_cache=False,
         worker="/w.py",
         worker_ready_timeout=30,
         ttl=600,

@@ -49,7 +49,8 @@ import numpy as np
 
 from pytest_ppsmoke.nodeenv import NodeEnv
 from pytest_ppsmoke.runtime.codec import Hidden, WireDtype, digest
-from pytest_ppsmoke.stage.model import StageModel, Tokenizer, load_model, run_reference
+from pytest_ppsmoke.stage.cache import WeightCache, install_program_cache
+from pytest_ppsmoke.stage.model import StageModel, Tokenizer, realized_model, run_reference
 
 
 class RequestError(ValueError):
@@ -81,7 +82,11 @@ class Worker:
         self.stage, self.num_stages, self.model_name = env.stage, env.num_stages, env.model
         self.wire = WireDtype.parse(env.wire_dtype)
         started = time.monotonic()
-        model, kv = load_model(self.model_name, env.max_context)
+        self.programs = install_program_cache() if env.program_cache else None
+        self.cache = WeightCache.from_setting(env.weight_cache)
+        model, kv, self.weights = realized_model(
+            self.model_name, env.max_context, self.stage, self.num_stages, self.cache
+        )
         self.tokenizer = Tokenizer(kv)
         self.vocab = len(kv["tokenizer.ggml.tokens"])
         self.model = StageModel(model, kv, self.stage, self.num_stages, jit=env.jit)
@@ -104,6 +109,8 @@ class Worker:
             "jit": m.jit,
             "param_bytes": m.param_bytes,
             "load_s": round(self.load_s, 3),
+            "weights": {**dataclasses.asdict(self.weights), "seconds": round(self.weights.seconds, 3)},
+            "programs": dataclasses.asdict(self.programs) if self.programs else None,
         }
 
     def _hidden_in(self, req: dict[str, Any]) -> tuple[np.ndarray, str]:
@@ -166,10 +173,13 @@ class Worker:
             return {"request_id": rid, **m.kv_info()}
         if op == "reference":
             prompt, max_tokens = _field(req, "prompt", str), _field(req, "max_tokens", int)
-            ref = run_reference(self.model_name, prompt, max_tokens, self.wire, self.num_stages, m.max_context)
+            ref = run_reference(
+                self.model_name, prompt, max_tokens, self.wire, self.num_stages, m.max_context, self.cache
+            )
             return {"request_id": rid, **dataclasses.asdict(ref)}
-        if op == "shutdown":
-            return {"request_id": rid, "status": "bye"}
+        if op == "shutdown":  # with the programs this process generated and read, over its life
+            programs = dataclasses.asdict(self.programs) if self.programs else None
+            return {"request_id": rid, "status": "bye", "programs": programs}
         ops = (
             "embed_and_forward, decode_step, forward, forward_and_sample, tokenize, detokenize, kv_info, reference, "
             "shutdown"

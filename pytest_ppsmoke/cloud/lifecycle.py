@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import re
 import secrets
 import time
 from collections.abc import Callable, Mapping
@@ -55,6 +56,7 @@ class RunConfig:
     num_stages: int = DEFAULTS.num_stages
     model: str = DEFAULTS.model
     wire_dtype: str = DEFAULTS.wire_dtype
+    weight_cache: str = DEFAULTS.weight_cache  # the nodes' PP_WEIGHT_CACHE ("": their default directory)
     image: str = DEFAULT_IMAGE
     disk_gb: float = 20.0
     query: OfferQuery = field(default_factory=OfferQuery)
@@ -296,6 +298,7 @@ class Deployment(Resource):
             network=c.network,
             swim=c.swim.to_env(),
             wire_dtype=c.wire_dtype,
+            weight_cache=c.weight_cache,
             join_timeout=c.converge_timeout,
             worker_ready_timeout=c.load_timeout,
             ttl=c.node_ttl,
@@ -404,7 +407,7 @@ class Deployment(Resource):
                 await asyncio.sleep(min(1.0, self.config.poll_interval))
 
         await _all(one(i) for i in self.instances)
-        self._done("load", t, "workers ready")
+        self._done("load", t, "workers ready" + load_totals(list(self.ready.values())))
 
     async def resolve(self) -> None:
         t = self._begin("resolve")
@@ -531,6 +534,17 @@ class Deployment(Resource):
 
     def cost_usd(self) -> float:
         return sum(i.cost_usd() for i in self.instances)
+
+
+def load_totals(ready: list[NodeStatus]) -> str:
+    """The load line's tail: how many stages read their weights from the cache, and the
+    programs cached and generated, summed from each node's ready detail (``load_summary``)."""
+    cached = sum("weights from the cache" in st.detail for st in ready)
+    nums = [re.search(r"programs: (\d+) cached, (\d+) generated", st.detail) for st in ready]
+    hits, misses = (sum(int(m.group(g)) for m in nums if m) for g in (1, 2))
+    if not any(st.detail for st in ready):
+        return ""
+    return f"; weights from the cache on {cached} of {len(ready)}; programs {hits} cached, {misses} generated"
 
 
 async def _all(coros: Any) -> list[Any]:

@@ -60,6 +60,7 @@ def run_config(s: Settings) -> RunConfig:
         num_stages=s.num_stages,
         model=s.model,
         wire_dtype=s.wire_dtype,
+        weight_cache=s.weight_cache,
         image=s.image,
         disk_gb=s.disk,
         query=OfferQuery(
@@ -292,7 +293,12 @@ class SmokeRun(Resource):
         r = self.report
         kv = {k.stage: k for k in result.kv}
         r.split = [
-            {"stage": i, "blocks": [kv[i].first_block, kv[i].end_block] if i in kv else None, "instance": inst.id}
+            {
+                "stage": i,
+                "blocks": [kv[i].first_block, kv[i].end_block] if i in kv else None,
+                "instance": inst.id,
+                "load": dep.ready[i].detail if i in dep.ready else None,  # weights cached or not, programs
+            }
             for i, inst in enumerate(dep.instances)
         ]
         r.text, r.prompt_token_ids, r.token_ids = result.text, result.prompt_token_ids, result.token_ids

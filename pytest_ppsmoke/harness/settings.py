@@ -190,6 +190,13 @@ OPTIONS: tuple[Option, ...] = (
     ),
     _opt("report", "write the run's JSON report here", Path),
     _opt(
+        "weight_cache",
+        "each node's cache of realized stage weights: a directory on the node, or off "
+        "(default: ~/.cache/ppsmoke/weights there; a warm load is a read)",
+        _text,
+        "",
+    ),
+    _opt(
         "network",
         "local: the network between the orchestrator and the nodes: loopback (default), or an emulated one, "
         "each node in a network namespace behind a delay switch: lan, wan, far, slow, flaky, with per-link "
@@ -273,6 +280,7 @@ class Settings:
     budget: float = 300.0
     reference: bool = True
     report: Path | None = None
+    weight_cache: str = ""  # "": the node's default directory; "off"; or a directory
     network: str = "loopback"
     gpus: str = ""
     runtime: str = "processes"

@@ -43,8 +43,10 @@ from tinygrad.apps.llm import Transformer, models
 
 from ..protocol import reference_method
 from ..runtime.codec import WireDtype, digest
+from .cache import CacheError, Part, WeightCache, WeightLoad
 
 _DTYPES = {np.dtype(np.int32).str: "int32", np.dtype(np.float32).str: "float32"}  # decode inputs
+_TINY_DTYPES = {np.dtype(np.float16).str: dtypes.float16, np.dtype(np.float32).str: dtypes.float32}  # cached tensors
 
 OFFLINE_MODEL = "smollm2:135m"
 _SMOLLM_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -94,6 +96,125 @@ def load_model(name: str, max_context: int) -> tuple[Transformer, dict[str, Any]
     if arch != "llama":
         raise ModelError(f"model {name!r} has architecture {arch!r}; this pipeline splits llama-architecture models")
     return model, kv
+
+
+def model_file(name: str) -> Path:
+    """The model's GGUF on this machine (a model from the table is downloaded once, into
+    tinygrad's download cache)."""
+    source = resolve_model(name)
+    if isinstance(source, Path):
+        return source
+    from tinygrad.helpers import fetch
+
+    return Path(fetch(source))
+
+
+def realized_model(
+    name: str, max_context: int, stage: int, num_stages: int, cache: WeightCache | None
+) -> tuple[Transformer, dict[str, Any], WeightLoad]:
+    """The model with the tensors of one stage's part realized (``num_stages=1``: all of them),
+    the others left lazy; from the weight cache when it holds this split of this model file,
+    else from the GGUF, writing the cache for the next load. A cache file that cannot be used is
+    ignored (and replaced); the reason is in the returned ``WeightLoad.note``."""
+    started = time.monotonic()
+    note, key = "", None
+    if cache is not None:
+        path = model_file(name)
+        try:
+            key = cache.key(cache.model_digest(path), stage, num_stages)
+            found = cache.read(key)
+            if found is not None:
+                kv, part, tensors, at = found
+                model = _model_from_tensors(name, kv, max_context, part, tensors, stage, num_stages)
+                nbytes = sum(t.nbytes for t in tensors.values() if not isinstance(t, str))
+                return model, kv, WeightLoad("cache", time.monotonic() - started, nbytes, str(at))
+        except (CacheError, OSError) as e:
+            note = f"weight cache not used: {e}"
+    model, kv = load_model(name, max_context)
+    part = Part.of_stage(stage, num_stages, len(model.blk))
+    owned = {k: v for k, v in nn.state.get_state_dict(model).items() if part.owns(k)}
+    Tensor.realize(*owned.values())
+    nbytes = sum(t.nbytes() for t in owned.values())
+    written = ""
+    if cache is not None and key is not None:
+        try:
+            written = str(cache.write(key, kv, part, _host_tensors(owned)))
+        except OSError as e:
+            note = f"{note}; " if note else ""
+            note += f"weight cache not written: {e}"
+    return model, kv, WeightLoad("gguf", time.monotonic() - started, nbytes, written, note)
+
+
+def _host_tensors(owned: dict[str, Tensor]) -> dict[str, np.ndarray | str]:
+    """Realized tensors as host arrays; a tensor sharing another's buffer (tied weights) by name."""
+    out: dict[str, np.ndarray | str] = {}
+    seen: dict[int, str] = {}
+    for k, t in owned.items():
+        buf = t.uop.base.realized
+        if buf is not None and id(buf) in seen:
+            out[k] = seen[id(buf)]
+            continue
+        if buf is not None:
+            seen[id(buf)] = k
+        out[k] = t.numpy()
+    return out
+
+
+def _model_from_tensors(
+    name: str,
+    kv: dict[str, Any],
+    max_context: int,
+    part: Part,
+    tensors: dict[str, np.ndarray | str],
+    stage: int,
+    num_stages: int,
+) -> Transformer:
+    """The model's objects for ``part`` (built as ``Transformer.from_gguf`` builds them, with
+    blocks outside the part never made) holding the cached tensors, realized by a raw copy."""
+    arch = kv.get("general.architecture")
+    if arch != "llama":
+        raise ModelError(f"model {name!r} has architecture {arch!r}; this pipeline splits llama-architecture models")
+    total = int(kv[f"{arch}.block_count"])
+    if part != Part.of_stage(stage, num_stages, total):
+        raise CacheError(f"it holds {part}, but stage {stage} of {num_stages} of this model owns another range")
+    n_heads, n_kv_heads = kv[f"{arch}.attention.head_count"], kv[f"{arch}.attention.head_count_kv"]
+    model = Transformer(
+        num_blocks=part.hi - part.lo,
+        dim=kv[f"{arch}.embedding_length"],
+        hidden_dim=kv.get(f"{arch}.expert_feed_forward_length", kv[f"{arch}.feed_forward_length"]),
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        norm_eps=kv[f"{arch}.attention.layer_norm_rms_epsilon"],
+        vocab_size=len(kv["tokenizer.ggml.tokens"]),
+        head_dim=kv.get(f"{arch}.attention.key_length", kv[f"{arch}.embedding_length"] // n_heads),
+        rope_theta=kv[f"{arch}.rope.freq_base"],
+        max_context=min(max_context, kv[f"{arch}.context_length"]),
+    )
+    model.blk = [None] * part.lo + model.blk + [None] * (total - part.hi)
+    wanted = {k: v for k, v in nn.state.get_state_dict(model).items() if part.owns(k)}
+    if set(wanted) != set(tensors):
+        missing, extra = sorted(set(wanted) - set(tensors)), sorted(set(tensors) - set(wanted))
+        raise CacheError(f"its tensors differ from the model's: missing {missing[:3]}, unexpected {extra[:3]}")
+    for k, param in wanted.items():
+        arr = tensors[k]
+        if isinstance(arr, str):
+            if arr not in wanted or isinstance(tensors[arr], str):
+                raise CacheError(f"tensor {k} shares {arr!r}, which it does not hold")
+            continue
+        if arr.dtype.str not in _TINY_DTYPES:
+            raise CacheError(f"tensor {k} has dtype {arr.dtype}; expected float16 or float32")
+        if tuple(arr.shape) != param.shape:
+            raise CacheError(f"tensor {k} has shape {tuple(arr.shape)}, the model expects {param.shape}")
+        t = Tensor.empty(*arr.shape, dtype=_TINY_DTYPES[arr.dtype.str])
+        buf = t.uop.buffer
+        buf.ensure_allocated()
+        buf.copyin(np.ascontiguousarray(arr).data.cast("B"))
+        param.replace(t)
+    for k, param in wanted.items():
+        alias = tensors[k]
+        if isinstance(alias, str):
+            param.replace(wanted[alias])
+    return model
 
 
 class Tokenizer:
@@ -165,7 +286,7 @@ class StageModel:
         self.dim = int(model.token_embd.weight.shape[1])
         # every block, weakly: what kv_info says of a block this stage does not own is the truth
         # about that object, which is gone unless something still holds it
-        self._every_block = [weakref.ref(b) for b in model.blk]
+        self._every_block: list[Callable[[], Any]] = [_gone if b is None else weakref.ref(b) for b in model.blk]
         # drop what this stage does not own before anything is realized
         model.blk = [b if self.lo <= i < self.hi else None for i, b in enumerate(model.blk)]
         self.token_embd = model.token_embd if self.first else None
@@ -328,6 +449,11 @@ class StageModel:
         return {"range": [self.lo, self.hi], "prefill_len": self.prefill_len, "writes": self.writes, "blocks": blocks}
 
 
+def _gone() -> None:
+    """The weak reference of a block that was never built here (a load from the weight cache)."""
+    return None
+
+
 def _spans(positions: np.ndarray) -> list[list[int]]:
     """Sorted positions as [start, end) spans of consecutive ones."""
     if positions.size == 0:
@@ -384,13 +510,21 @@ class Reference:
     generate_s: float
     mem_before: int  # device bytes in use (tinygrad's count) before the load
     mem_after: int  # and once the reference model is dropped
+    weights: str = ""  # WeightLoad.describe(): from the cache or from the GGUF
 
 
 def run_reference(
-    name: str, prompt: str, max_tokens: int, wire: WireDtype, num_stages: int, max_context: int
+    name: str,
+    prompt: str,
+    max_tokens: int,
+    wire: WireDtype,
+    num_stages: int,
+    max_context: int,
+    cache: WeightCache | None = None,
 ) -> Reference:
     """The tokens a pipeline of ``num_stages`` stages with this wire must produce, computed by
-    a model of its own (loaded afresh here, never a stage's) through tinygrad's own
+    a model of its own (loaded afresh here, from the GGUF or from the weight cache's copy of the
+    whole model, never a stage's tensors) through tinygrad's own
     ``Transformer.generate``: with an f32 wire exactly the unsplit model; with bf16 or f16 its
     hidden state rounded to the wire dtype after each stage's last block, inside the graph. No
     stage code runs, so a fault in :class:`StageModel` cannot hide in the reference. The model
@@ -399,7 +533,7 @@ def run_reference(
         raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
     started = time.monotonic()
     mem_before = GlobalCounters.mem_used
-    model, kv = load_model(name, max_context)
+    model, kv, weights = realized_model(name, max_context, 0, 1, cache)
     try:
         tok = Tokenizer(kv)
         ids = tok.chat(prompt)
@@ -431,6 +565,7 @@ def run_reference(
         round(generated - loaded, 4),
         mem_before,
         GlobalCounters.mem_used,
+        weights.describe(),
     )
 
 

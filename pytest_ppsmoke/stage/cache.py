@@ -1,0 +1,369 @@
+"""Two caches that turn a warm load into a read: a stage's realized weights, and tinygrad's
+generated programs.
+
+    cache = WeightCache.from_setting(env.weight_cache)          # None: off
+    model, kv, load = realized_model("smollm2:135m", 1024, Part.of_stage(0, 2, 30), cache)
+    install_program_cache()                                      # once per process
+
+**Weights.** Realizing a stage from its GGUF means building the dequantization graph of every
+tensor in Python and running it (SmolLM2 on this 2-core machine: 1.7 s to parse and build, 2-4 s to
+realize, per stage). :class:`WeightCache` keeps what that produced, the float16 tensors a stage
+owns, in one file per (model file, part, tinygrad version, ``HALF``): a header, the GGUF's
+metadata and the raw tensors. A warm load builds the model's objects from the metadata, allocates
+the owned tensors and copies the bytes in: no graph, no kernel. The key is the model file's
+content (blake2b; remembered per file by its inode, size and change times), so a cache of another
+model, of a changed file, or of another tinygrad version is never used; the header repeats the
+key and a digest of the tensors, and a file whose header or digest does not match is ignored
+and written again. Files are written whole and renamed into place, so concurrent writers (two
+stages on one host) never expose half a file. The directory is kept under ``max_bytes`` by
+removing the least recently used files.
+
+**Programs.** tinygrad caches compiled kernels on disk (``CACHEDB``), keyed by their source,
+but a new process still generates every kernel's source from its AST (linearize and render:
+179 programs for a SmolLM2 stage, about 3 s here). :func:`install_program_cache` stores each
+generated ``ProgramSpec`` in the same database, keyed by the AST, the renderer and every
+tinygrad setting in effect, so a warm process skips the generation too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+import pickle
+import re
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+DEFAULT_ROOT = Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "ppsmoke" / "weights"
+DEFAULT_MAX_BYTES = 8 << 30
+_MAGIC = b"PPSMOKE-WEIGHTS\n"
+_FORMAT = 1
+_ALIGN = 64
+_BLOCK = re.compile(r"blk\.(\d+)\.")
+
+
+class CacheError(ValueError):
+    """A cache file that is not what its name promises: the message says what differs."""
+
+
+@dataclass(frozen=True)
+class Part:
+    """Which of a model's tensors a stage owns: blocks ``[lo, hi)``, and the embedding and the
+    output head (norm and projection) when it is the first or the last stage."""
+
+    lo: int
+    hi: int
+    embed: bool
+    head: bool
+
+    @classmethod
+    def of_stage(cls, stage: int, num_stages: int, total: int) -> Part:
+        from .model import layer_range
+
+        lo, hi = layer_range(total, stage, num_stages)
+        return cls(lo, hi, stage == 0, stage == num_stages - 1)
+
+    @classmethod
+    def whole(cls, total: int) -> Part:
+        return cls(0, total, True, True)
+
+    def owns(self, name: str) -> bool:
+        m = _BLOCK.match(name)
+        if m:
+            return self.lo <= int(m.group(1)) < self.hi
+        if name.startswith("token_embd."):
+            return self.embed
+        return name.startswith(("output.", "output_norm.")) and self.head
+
+    def __str__(self) -> str:
+        extra = [w for w, on in (("embedding", self.embed), ("head", self.head)) if on]
+        return f"blocks {self.lo}..{self.hi - 1}" + "".join(f" + {w}" for w in extra)
+
+
+@dataclass
+class WeightLoad:
+    """How a model's owned tensors were realized: ``source`` is ``cache`` or ``gguf``."""
+
+    source: str
+    seconds: float
+    nbytes: int
+    path: str = ""  # the cache file read or written ("" with the cache off)
+    note: str = ""  # why a cache file was not used, or could not be written
+
+    def describe(self) -> str:
+        where = "read from the weight cache" if self.source == "cache" else "realized from the GGUF"
+        return f"weights {where} in {self.seconds:.2f} s" + (f" ({self.note})" if self.note else "")
+
+
+def tinygrad_key() -> dict[str, Any]:
+    """What, besides the model file and the part, decides the bytes a realized tensor holds."""
+    import importlib.metadata
+
+    from tinygrad.helpers import getenv
+
+    return {"tinygrad": importlib.metadata.version("tinygrad"), "half": int(getenv("HALF", 1))}
+
+
+class WeightCache:
+    def __init__(self, root: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        self.root, self.max_bytes = Path(root), max_bytes
+
+    @classmethod
+    def from_setting(cls, setting: str) -> WeightCache | None:
+        """``PP_WEIGHT_CACHE``: empty for the default directory, ``off`` for none, or a directory."""
+        if setting.strip().lower() == "off":
+            return None
+        return cls(Path(setting).expanduser() if setting.strip() else DEFAULT_ROOT)
+
+    # --- the model file's content key -------------------------------------------------------
+
+    def model_digest(self, path: Path) -> str:
+        """blake2b of the file's bytes, remembered per (device, inode, size, mtime, ctime): a file
+        changed in place gets a new ctime, which no user tool can set back."""
+        st = path.stat()
+        stamp = f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+        index = self.root / "digests.json"
+        try:
+            known = json.loads(index.read_text())
+        except (OSError, ValueError):
+            known = {}
+        entry = known.get(str(path.resolve())) if isinstance(known, dict) else None
+        if isinstance(entry, dict) and entry.get("stamp") == stamp and isinstance(entry.get("blake2b"), str):
+            return str(entry["blake2b"])
+        h = hashlib.blake2b(digest_size=20)
+        with path.open("rb") as f:
+            while chunk := f.read(8 << 20):
+                h.update(chunk)
+        digest = h.hexdigest()
+        known = {p: e for p, e in known.items() if Path(p).exists()} if isinstance(known, dict) else {}
+        known[str(path.resolve())] = {"stamp": stamp, "blake2b": digest}
+        with contextlib.suppress(OSError):
+            _write_atomic(index, json.dumps(known, indent=1).encode())
+        return digest
+
+    # --- entries -----------------------------------------------------------------------------
+
+    def key(self, model_digest: str, stage: int, num_stages: int) -> dict[str, Any]:
+        """An entry's identity. The block range follows from the split and the model (the
+        header records it, and the reader checks it against the metadata)."""
+        return {"format": _FORMAT, "model": model_digest, "split": [stage, num_stages], **tinygrad_key()}
+
+    def path_for(self, key: dict[str, Any]) -> Path:
+        name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
+        return self.root / f"{name}.weights"
+
+    def read(self, key: dict[str, Any]) -> tuple[dict[str, Any], Part, dict[str, np.ndarray | str], Path] | None:
+        """(GGUF metadata, the part, tensors by name, path), or None when there is no file for
+        ``key``. A tensor stored once for two names (tied weights) appears under the second name
+        as the first one's name. Raises CacheError when the file is there but is not this key's,
+        or is damaged."""
+        path = self.path_for(key)
+        try:
+            f = path.open("rb")
+        except FileNotFoundError:
+            return None
+        with f:
+            if f.read(len(_MAGIC)) != _MAGIC:
+                raise CacheError(f"{path} does not start as a weight cache file")
+            n = int.from_bytes(f.read(8), "little")
+            try:
+                header = json.loads(f.read(n))
+            except ValueError as e:
+                raise CacheError(f"{path}: unreadable header ({e})") from None
+            if header.get("key") != key:
+                raise CacheError(f"{path} holds {header.get('key')!r}, not {key!r}")
+            body = bytearray(header["meta_bytes"] + header["payload_bytes"])
+            if f.readinto(body) != len(body):
+                raise CacheError(f"{path} is truncated: expected {len(body)} bytes after the header")
+        view = memoryview(body)
+        if hashlib.blake2b(view, digest_size=20).hexdigest() != header["digest"]:
+            raise CacheError(f"{path}: its bytes do not match the digest in its header")
+        kv = pickle.loads(view[: header["meta_bytes"]])
+        payload = view[header["meta_bytes"] :]
+        tensors: dict[str, np.ndarray | str] = {}
+        for t in header["tensors"]:
+            if "alias" in t:
+                tensors[t["name"]] = t["alias"]
+                continue
+            raw = payload[t["offset"] : t["offset"] + t["nbytes"]]
+            tensors[t["name"]] = np.frombuffer(raw, dtype=t["dtype"]).reshape(t["shape"])
+        with contextlib.suppress(OSError):
+            os.utime(path)  # least recently used goes first
+        return kv, Part(**header["part"]), tensors, path
+
+    def write(self, key: dict[str, Any], kv: dict[str, Any], part: Part, tensors: dict[str, np.ndarray | str]) -> Path:
+        """``tensors``: arrays by name, or for a tied tensor the name of the one it shares."""
+        meta = pickle.dumps(kv, protocol=5)
+        entries: list[dict[str, Any]] = []
+        offset = 0
+        arrays = []
+        for name, arr in tensors.items():
+            if isinstance(arr, str):
+                entries.append({"name": name, "alias": arr})
+                continue
+            entries.append(
+                {"name": name, "dtype": arr.dtype.str, "shape": list(arr.shape), "offset": offset, "nbytes": arr.nbytes}
+            )
+            arrays.append((offset, arr))
+            offset += -(-arr.nbytes // _ALIGN) * _ALIGN
+        payload = bytearray(offset)
+        for at, arr in arrays:
+            payload[at : at + arr.nbytes] = np.ascontiguousarray(arr).data.cast("B")
+        h = hashlib.blake2b(meta, digest_size=20)
+        h.update(payload)
+        header = json.dumps(
+            {
+                "key": key,
+                "meta_bytes": len(meta),
+                "payload_bytes": len(payload),
+                "digest": h.hexdigest(),
+                "part": dataclasses.asdict(part),
+                "tensors": entries,
+            }
+        ).encode()
+        path = self.path_for(key)
+        _write_atomic(path, _MAGIC, len(header).to_bytes(8, "little"), header, meta, payload)
+        self.prune(keep=path)
+        return path
+
+    def entries(self) -> list[Path]:
+        return sorted(self.root.glob("*.weights")) if self.root.is_dir() else []
+
+    def prune(self, keep: Path | None = None) -> list[Path]:
+        """Remove the least recently used files until the directory holds at most ``max_bytes``."""
+        files = []
+        for p in self.entries():
+            with contextlib.suppress(OSError):
+                st = p.stat()
+                files.append((st.st_mtime, st.st_size, p))
+        total, removed = sum(s for _, s, _ in files), []
+        for _, size, p in sorted(files):
+            if total <= self.max_bytes:
+                break
+            if p != keep:
+                with contextlib.suppress(OSError):
+                    p.unlink()
+                    total -= size
+                    removed.append(p)
+        return removed
+
+
+def _write_atomic(path: Path, *chunks: bytes | bytearray) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for c in chunks:
+                f.write(c)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+# --- tinygrad's generated programs ----------------------------------------------------------
+
+
+@dataclass
+class ProgramStats:
+    hits: int = 0
+    misses: int = 0
+    seconds: float = 0.0  # spent generating (misses) and reading (hits)
+    errors: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        return f"{self.hits} programs from the program cache, {self.misses} generated"
+
+
+PROGRAMS = ProgramStats()
+_TABLE = "ppsmoke_program"
+
+
+def install_program_cache() -> ProgramStats:
+    """Wrap tinygrad's program generation (``engine.realize.get_program``) with a disk cache in
+    tinygrad's own database; idempotent. Returns the process's counters."""
+    from tinygrad.engine import realize
+
+    if getattr(realize.get_program, "__ppsmoke_cache__", False):
+        return PROGRAMS
+    generate = realize.get_program
+
+    def get_program(ast: Any, renderer: Any, opts: Any = None) -> Any:
+        started = time.perf_counter()
+        if opts is not None:  # a search's candidate: not worth keeping
+            return generate(ast, renderer, opts)
+        key = _program_key(ast, renderer)
+        found = _diskcache_get(key)
+        if found is not None:
+            PROGRAMS.hits += 1
+            PROGRAMS.seconds += time.perf_counter() - started
+            return found
+        prg = generate(ast, renderer, opts)
+        PROGRAMS.misses += 1
+        _diskcache_put(key, dataclasses.replace(prg, uops=None))  # the uops only feed DEBUG's estimates
+        PROGRAMS.seconds += time.perf_counter() - started
+        return prg
+
+    get_program.__ppsmoke_cache__ = True  # type: ignore[attr-defined]
+    realize.get_program = get_program
+    return PROGRAMS
+
+
+def _program_key(ast: Any, renderer: Any) -> str:
+    """The AST's own key, the renderer (its class and arguments), every tinygrad setting in
+    effect (its ``ContextVar``s, among them the CPU thread count, and the variables its code
+    generation reads with ``getenv``), and tinygrad's version."""
+    from tinygrad.helpers import ContextVar
+
+    settings = sorted((k, repr(v.value)) for k, v in ContextVar._cache.items())
+    cls = type(renderer)
+    ident = repr((f"{cls.__module__}.{cls.__qualname__}", renderer.__reduce__()[1], renderer.device))
+    h = hashlib.sha256(ident.encode() + ast.key)
+    h.update(repr((settings, _codegen_env(), tinygrad_key())).encode())
+    return h.hexdigest()
+
+
+@functools.cache
+def _codegen_names() -> tuple[str, ...]:
+    """The environment variables tinygrad's code generation reads through ``getenv``."""
+    import tinygrad
+
+    root = Path(tinygrad.__file__).parent
+    names: set[str] = set()
+    for sub in ("codegen", "renderer", "uop", "engine", "schedule"):
+        for src in (root / sub).rglob("*.py"):
+            names.update(re.findall(r"getenv\(\"([A-Z_0-9]+)\"", src.read_text(errors="replace")))
+    return tuple(sorted(names))
+
+
+def _codegen_env() -> list[tuple[str, str]]:
+    return [(n, os.environ[n]) for n in _codegen_names() if n in os.environ]
+
+
+def _diskcache_get(key: str) -> Any:
+    from tinygrad.helpers import diskcache_get
+
+    try:
+        return diskcache_get(_TABLE, key)
+    except Exception as e:  # a damaged row or a pickle from another build: generate instead
+        PROGRAMS.errors.append(f"{type(e).__name__}: {e}")
+        return None
+
+
+def _diskcache_put(key: str, value: Any) -> None:
+    from tinygrad.helpers import diskcache_put
+
+    try:
+        diskcache_put(_TABLE, key, value)
+    except Exception as e:  # a read-only or locked database: the run goes on uncached
+        PROGRAMS.errors.append(f"{type(e).__name__}: {e}")

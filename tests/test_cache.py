@@ -1,0 +1,196 @@
+"""The weight cache and the program cache (pytest_ppsmoke/stage/cache.py): a warm load is a read
+and computes the same bytes; a cache of another model, file or tinygrad version, or a damaged
+file, is never used. On the session's synthetic model; the worker runs as its own process."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tinygrad import nn
+
+from pytest_ppsmoke.stage import cache as cache_mod
+from pytest_ppsmoke.stage.cache import Part, WeightCache
+from pytest_ppsmoke.stage.model import StageModel, load_model, realized_model
+from pytest_ppsmoke.stage.synth import write
+
+from .helpers import SYNTH, SYNTH_SEED
+
+pytestmark = pytest.mark.local
+
+WORKER = Path(__file__).resolve().parent.parent / "worker" / "pp_tinygrad_worker.py"
+
+
+def owned_arrays(model: object, part: Part) -> dict[str, np.ndarray]:
+    return {k: v.numpy() for k, v in nn.state.get_state_dict(model).items() if part.owns(k)}
+
+
+def test_a_warm_load_holds_the_same_tensors_and_builds_no_block_it_does_not_own(
+    synth_model: str, tmp_path: Path
+) -> None:
+    cache = WeightCache(tmp_path / "w")
+    for stage in (0, 1):
+        part = Part.of_stage(stage, 2, SYNTH.blocks)
+        cold, _, first = realized_model(synth_model, 64, stage, 2, cache)
+        warm, kv, second = realized_model(synth_model, 64, stage, 2, cache)
+        assert (first.source, second.source) == ("gguf", "cache"), (first, second)
+        assert first.path == second.path and Path(second.path).parent == cache.root and not second.note
+        a, b = owned_arrays(cold, part), owned_arrays(warm, part)
+        assert a.keys() == b.keys() and a  # the part's tensors, and only those, with the same bytes
+        assert all(a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]) for k in a)
+        assert [i for i, blk in enumerate(warm.blk) if blk is not None] == list(range(part.lo, part.hi))
+        # the stage built on it computes what the GGUF's stage computes
+        x = np.random.default_rng(stage).standard_normal((3, SYNTH.dim)).astype(np.float32)
+        s_cold, s_warm = StageModel(cold, kv, stage, 2), StageModel(warm, kv, stage, 2)
+        if stage == 0:
+            out = [s.embed_and_forward([5, 7, 11], 0, prefill=True) for s in (s_cold, s_warm)]
+            assert np.array_equal(*out)
+        else:
+            assert s_cold.forward_and_sample(x, 0, True) == s_warm.forward_and_sample(x, 0, True)
+        info = s_warm.kv_info()["blocks"]
+        assert [b["present"] for b in info] == [part.lo <= i < part.hi for i in range(SYNTH.blocks)]
+        assert all(b["weights_realized"] for b in info if b["owned"])
+
+
+def test_another_model_a_changed_file_or_another_tinygrad_is_never_served_from_the_cache(
+    synth_model: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = WeightCache(tmp_path / "w")
+    assert realized_model(synth_model, 64, 0, 2, cache)[2].source == "gguf"
+    assert realized_model(synth_model, 64, 0, 2, cache)[2].source == "cache"
+    # another model (the same shape, other weights)
+    other = tmp_path / "other.gguf"
+    write(other, SYNTH, SYNTH_SEED + 1)
+    model, _, load = realized_model(str(other), 64, 0, 2, cache)
+    assert load.source == "gguf"
+    expect = owned_arrays(load_model(str(other), 64)[0], Part.of_stage(0, 2, SYNTH.blocks))
+    got = owned_arrays(model, Part.of_stage(0, 2, SYNTH.blocks))
+    assert all(np.array_equal(expect[k], got[k]) for k in expect)
+    # the same path written again with other weights: its content is the key, not its name
+    write(other, SYNTH, SYNTH_SEED + 2)
+    assert realized_model(str(other), 64, 0, 2, cache)[2].source == "gguf"
+    assert realized_model(str(other), 64, 0, 2, cache)[2].source == "cache"
+    # another tinygrad version, or another HALF, keys another file
+    real = cache_mod.tinygrad_key()
+    monkeypatch.setattr(cache_mod, "tinygrad_key", lambda: {**real, "tinygrad": "0.12.1"})
+    assert realized_model(synth_model, 64, 0, 2, cache)[2].source == "gguf"
+    monkeypatch.setattr(cache_mod, "tinygrad_key", lambda: {**real, "half": 0})
+    assert realized_model(synth_model, 64, 0, 2, cache)[2].source == "gguf"
+    assert len(cache.entries()) == 5
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        ("swap", "holds"),  # another key's file under this key's name
+        ("flip", "do not match the digest"),
+        ("truncate", "is truncated"),
+        ("magic", "does not start as a weight cache file"),
+    ],
+)
+def test_a_damaged_or_misplaced_file_is_ignored_said_and_written_again(
+    synth_model: str, tmp_path: Path, damage: str, reason: str
+) -> None:
+    cache = WeightCache(tmp_path / "w")
+    realized_model(synth_model, 64, 0, 2, cache)
+    realized_model(synth_model, 64, 1, 2, cache)
+    digest = cache.model_digest(Path(synth_model))
+    path = cache.path_for(cache.key(digest, 0, 2))
+    if damage == "swap":
+        shutil.copyfile(cache.path_for(cache.key(digest, 1, 2)), path)
+    else:
+        raw = bytearray(path.read_bytes())
+        if damage == "flip":
+            raw[-100] ^= 0x40
+        elif damage == "truncate":
+            raw = raw[: len(raw) - 1000]
+        else:
+            raw[:4] = b"GGUF"
+        path.write_bytes(bytes(raw))
+    load = realized_model(synth_model, 64, 0, 2, cache)[2]
+    assert load.source == "gguf" and reason in load.note and str(path) in load.note, load
+    assert "weight cache not used" in load.describe()
+    assert realized_model(synth_model, 64, 0, 2, cache)[2].source == "cache"  # written again, whole
+
+
+def test_the_directory_keeps_under_its_limit_least_recently_used_first(synth_model: str, tmp_path: Path) -> None:
+    cache = WeightCache(tmp_path / "w")
+    paths = []
+    for stage, num_stages in ((0, 2), (1, 2), (0, 1)):
+        paths.append(Path(realized_model(synth_model, 64, stage, num_stages, cache)[2].path))
+    sizes = [p.stat().st_size for p in paths]
+    os.utime(paths[0], (1, 1))  # the oldest use
+    cache.max_bytes = sum(sizes) - 1
+    assert cache.prune() == [paths[0]] and not paths[0].exists() and paths[1].exists() and paths[2].exists()
+    assert WeightCache.from_setting("off") is None and WeightCache.from_setting("").root == cache_mod.DEFAULT_ROOT
+
+
+def _start(env: dict[str, str]) -> tuple[subprocess.Popen[str], dict]:
+    proc = subprocess.Popen(
+        [sys.executable, str(WORKER)], env=env, text=True,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line, proc.stderr.read() if proc.stderr else ""
+    return proc, json.loads(line)
+
+
+def _ask(proc: subprocess.Popen[str], req: dict) -> dict:
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(json.dumps(req) + "\n")
+    proc.stdin.flush()
+    reply = json.loads(proc.stdout.readline())
+    assert "error" not in reply, reply
+    return reply
+
+
+def test_a_warm_worker_reads_its_weights_generates_no_program_and_answers_the_same(
+    synth_model: str, tmp_path: Path
+) -> None:
+    """Two worker processes in turn on fresh caches (tinygrad's database included): the first
+    realizes from the GGUF and generates its programs, the second reads both, and their
+    hidden states, tokens and reference are the same bytes."""
+    env = {
+        **os.environ,
+        "MODEL": synth_model,
+        "STAGE": "0",
+        "NUM_STAGES": "2",
+        "PP_WIRE_DTYPE": "f32",
+        "PP_MAX_CONTEXT": "64",
+        "PP_WEIGHT_CACHE": str(tmp_path / "w"),
+        "CACHEDB": str(tmp_path / "tinygrad.db"),
+    }
+    answers = []
+    for _ in ("cold", "warm"):
+        proc, ready = _start(env)
+        try:
+            prefill = _ask(proc, {"op": "embed_and_forward", "request_id": 1, "tokens": [5, 7, 11], "position": 0})
+            steps = [
+                _ask(proc, {"op": "decode_step", "request_id": 2 + i, "token_id": 9 + i, "position": 3 + i})
+                for i in range(3)
+            ]
+            ref = _ask(proc, {"op": "reference", "request_id": 9, "prompt": "hi", "max_tokens": 4})
+            bye = _ask(proc, {"op": "shutdown", "request_id": 10})
+            assert proc.wait(timeout=30) == 0
+        finally:
+            proc.kill()
+            proc.wait()
+        answers.append((ready, prefill, steps, ref, bye["programs"]))
+    (cold, *_, cold_programs), (warm, *_, warm_programs) = answers
+    assert cold["weights"]["source"] == "gguf" and cold["programs"]["misses"] > 0, cold
+    assert warm["weights"]["source"] == "cache" and warm["weights"]["path"] == cold["weights"]["path"], warm
+    assert warm["programs"] == {"hits": 0, "misses": 0, "seconds": 0.0, "errors": []}  # no kernel ran to load
+    assert cold_programs["misses"] > 0 and warm_programs["misses"] == 0, (cold_programs, warm_programs)
+    assert 0 < warm_programs["hits"] < cold_programs["misses"]  # the dequantization's programs are not needed
+    (_, p0, s0, r0, _), (_, p1, s1, r1, _) = answers
+    assert p0["hidden_digest"] == p1["hidden_digest"]
+    assert [s["hidden_digest"] for s in s0] == [s["hidden_digest"] for s in s1]
+    assert "realized from the GGUF" in r0["weights"] and "read from the weight cache" in r1["weights"]
+    assert r0["token_ids"] == r1["token_ids"] and len(r0["token_ids"]) == 4
