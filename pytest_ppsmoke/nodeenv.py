@@ -297,7 +297,17 @@ class NodeEnv:
 
     def for_worker(self) -> NodeEnv:
         """What a node hands its tinygrad worker: the stage, the model and how to run it."""
-        keep = ("stage", "num_stages", "model", "wire_dtype", "max_context", "jit", "log_level")
+        keep = (
+            "stage",
+            "num_stages",
+            "model",
+            "wire_dtype",
+            "max_context",
+            "jit",
+            "weight_cache",
+            "program_cache",
+            "log_level",
+        )
         return NodeEnv(**{k: getattr(self, k) for k in keep})
 
     def replace(self, **changes: Any) -> NodeEnv:

@@ -28,7 +28,7 @@ def test_local_run_says_hello_reports_everything_and_leaves_nothing(tmp_path: Pa
     # with the reference left out (its step: tests/test_driver.py and the spec suite), which this
     # run also shows: no step, the report says so, and the run passes
     args = ["--model", synth_model, "--max-tokens", "16", "--reference", "off", "--report", str(report_path)]
-    out = run("--local", "-v", *args)
+    out = run("--local", "-v", "--weight-cache", str(tmp_path / "weights"), *args)
     assert out.returncode == 0, out.stderr[-3000:]
     for phase in ("rent", "boot", "converge", "load", "resolve", "prefill", "decode", "teardown"):
         assert f"] {phase}" in out.stdout
@@ -45,9 +45,9 @@ def test_local_run_says_hello_reports_everything_and_leaves_nothing(tmp_path: Pa
         {"stage": 1, "blocks": [half, SYNTH.blocks], "instance": ids[1]},
     ]
     for st in report["split"]:  # each worker said where its weights came from and what it generated
-        assert re.fullmatch(
-            r"weights from the (cache|GGUF) in [\d.]+ s; programs: \d+ cached, \d+ generated", st["load"]
-        )
+        load = r"weights from the GGUF in [\d.]+ s; programs: \d+ cached, \d+ generated"
+        assert re.fullmatch(load, st["load"]), st
+    assert len(list((tmp_path / "weights").glob("*.weights"))) == 2  # --weight-cache reached both workers
     assert set(report["timings"]) >= {
         "rent", "boot", "converge", "load", "resolve", "prefill", "decode", "teardown", "total", "decode_tokens_per_s"
     }  # fmt: skip

@@ -57,6 +57,7 @@ class RunConfig:
     model: str = DEFAULTS.model
     wire_dtype: str = DEFAULTS.wire_dtype
     weight_cache: str = DEFAULTS.weight_cache  # the nodes' PP_WEIGHT_CACHE ("": their default directory)
+    program_cache: bool = DEFAULTS.program_cache  # the nodes' PP_PROGRAM_CACHE
     image: str = DEFAULT_IMAGE
     disk_gb: float = 20.0
     query: OfferQuery = field(default_factory=OfferQuery)
@@ -299,6 +300,7 @@ class Deployment(Resource):
             swim=c.swim.to_env(),
             wire_dtype=c.wire_dtype,
             weight_cache=c.weight_cache,
+            program_cache=c.program_cache,
             join_timeout=c.converge_timeout,
             worker_ready_timeout=c.load_timeout,
             ttl=c.node_ttl,

@@ -61,6 +61,7 @@ def run_config(s: Settings) -> RunConfig:
         model=s.model,
         wire_dtype=s.wire_dtype,
         weight_cache=s.weight_cache,
+        program_cache=s.program_cache,
         image=s.image,
         disk_gb=s.disk,
         query=OfferQuery(

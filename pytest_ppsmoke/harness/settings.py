@@ -197,6 +197,13 @@ OPTIONS: tuple[Option, ...] = (
         "",
     ),
     _opt(
+        "program_cache",
+        "each node keeps tinygrad's generated programs in tinygrad's disk cache: on (default) or off",
+        _on_off,
+        True,
+        choices=("on", "off"),
+    ),
+    _opt(
         "network",
         "local: the network between the orchestrator and the nodes: loopback (default), or an emulated one, "
         "each node in a network namespace behind a delay switch: lan, wan, far, slow, flaky, with per-link "
@@ -281,6 +288,7 @@ class Settings:
     reference: bool = True
     report: Path | None = None
     weight_cache: str = ""  # "": the node's default directory; "off"; or a directory
+    program_cache: bool = True
     network: str = "loopback"
     gpus: str = ""
     runtime: str = "processes"
