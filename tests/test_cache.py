@@ -194,3 +194,27 @@ def test_a_warm_worker_reads_its_weights_generates_no_program_and_answers_the_sa
     assert [s["hidden_digest"] for s in s0] == [s["hidden_digest"] for s in s1]
     assert "realized from the GGUF" in r0["weights"] and "read from the weight cache" in r1["weights"]
     assert r0["token_ids"] == r1["token_ids"] and len(r0["token_ids"]) == 4
+
+
+def test_the_program_key_follows_every_setting_that_changes_the_code(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tinygrad import Device, Tensor
+    from tinygrad.helpers import Context
+
+    ast = [si for si in (Tensor.ones(4, 4).contiguous() @ Tensor.ones(4, 4)).schedule() if si.ast.op.name == "SINK"][
+        -1
+    ].ast
+    renderer = Device[Device.DEFAULT].renderer
+    base = cache_mod._program_key(ast, renderer)
+    assert cache_mod._program_key(ast, renderer) == base  # stable
+    with Context(DEVECTORIZE=0):  # a ContextVar
+        assert cache_mod._program_key(ast, renderer) != base
+    monkeypatch.setenv("NOLOCALS", "1")  # a variable tinygrad's code generation reads with getenv
+    assert cache_mod._program_key(ast, renderer) != base
+    monkeypatch.delenv("NOLOCALS")
+    real = cache_mod.tinygrad_key()
+    monkeypatch.setattr(cache_mod, "tinygrad_key", lambda: {**real, "tinygrad": "0.13.0"})
+    assert cache_mod._program_key(ast, renderer) != base
+    monkeypatch.setattr(cache_mod, "tinygrad_key", lambda: real)
+    assert cache_mod._program_key(ast, renderer) == base
+    other = (Tensor.ones(4, 8).contiguous() @ Tensor.ones(8, 4)).schedule()[-1].ast
+    assert other.key != ast.key and cache_mod._program_key(other, renderer) != base  # another kernel
