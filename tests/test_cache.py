@@ -186,7 +186,7 @@ def test_a_warm_worker_reads_its_weights_generates_no_program_and_answers_the_sa
     (cold, *_, cold_programs), (warm, *_, warm_programs) = answers
     assert cold["weights"]["source"] == "gguf" and cold["programs"]["misses"] > 0, cold
     assert warm["weights"]["source"] == "cache" and warm["weights"]["path"] == cold["weights"]["path"], warm
-    assert warm["programs"] == {"hits": 0, "misses": 0, "seconds": 0.0, "errors": []}  # no kernel ran to load
+    assert warm["programs"]["misses"] == 0 and not warm["programs"]["errors"]  # the decode warm-up's are read
     assert cold_programs["misses"] > 0 and warm_programs["misses"] == 0, (cold_programs, warm_programs)
     assert 0 < warm_programs["hits"] < cold_programs["misses"]  # the dequantization's programs are not needed
     (_, p0, s0, r0, _), (_, p1, s1, r1, _) = answers

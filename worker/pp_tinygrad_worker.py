@@ -5,7 +5,11 @@ or a GGUF path), the wire dtype (bf16, f16, f32: the dtype of ``hidden_b64``), t
 (default 1024) and whether decode is compiled (the default; off: the spec's uncompiled path).
 
 The first line on stdout is ``{"status": "ready", "pid": ..., ...}``; then one JSON reply per
-request line. Hidden states are base64 of raw little-endian bytes in the wire dtype, shape
+request line. Before it, the worker has realized its part (from the weight cache when it holds
+it: ``weights``), and captured its compiled decode step (``warm_up_s``), so that a request's
+decode is compiled from its first token; ``programs`` counts the programs it read from the
+program cache and generated (``stage/cache.py``), and so does the ``shutdown`` reply, for the
+worker's whole life. Hidden states are base64 of raw little-endian bytes in the wire dtype, shape
 ``[seq_len, dim]``; a reply that carries one has ``hidden_digest``, and a reply to a request that
 carried one has ``received_digest``: the hex blake2b (``codec.digest``) of the raw bytes this
 worker produced, before base64, and of those it decoded, so that a stage can show that an
@@ -90,6 +94,7 @@ class Worker:
         self.tokenizer = Tokenizer(kv)
         self.vocab = len(kv["tokenizer.ggml.tokens"])
         self.model = StageModel(model, kv, self.stage, self.num_stages, jit=env.jit)
+        self.warm_up_s = self.model.warm_up()  # decode runs compiled from a request's first token
         self.load_s = time.monotonic() - started
 
     def ready(self) -> dict[str, Any]:
@@ -109,6 +114,7 @@ class Worker:
             "jit": m.jit,
             "param_bytes": m.param_bytes,
             "load_s": round(self.load_s, 3),
+            "warm_up_s": round(self.warm_up_s, 3),
             "weights": {**dataclasses.asdict(self.weights), "seconds": round(self.weights.seconds, 3)},
             "programs": dataclasses.asdict(self.programs) if self.programs else None,
         }

@@ -346,6 +346,28 @@ class StageModel:
             self._prefill_digests = {i: digest(self._prefix(c, seq_len)) for i, c in self._caches()}
         return out
 
+    def warm_up(self) -> float:
+        """Capture the compiled decode step before the first request (``TinyJit`` runs its first
+        call eagerly and captures on its second), so that a request's decode runs compiled from
+        its first token: three throwaway steps at positions 0 to 2 (the first creates the KV
+        caches), then the caches zeroed and the record forgotten, as a prefill would. Returns the
+        seconds it took; nothing to do with ``jit`` off."""
+        if not self.jit:
+            return 0.0
+        started = time.monotonic()
+        fn, jitted = (
+            (self._embed_blocks, self._jit_embed)
+            if self.first
+            else (self._blocks_sample, self._jit_sample)
+            if self.last
+            else (self._run_blocks, self._jit_blocks)
+        )
+        x = np.zeros((1, 1), np.int32) if self.first else np.zeros((1, 1, self.dim), np.float32)
+        for position in range(3):
+            self._call(fn, jitted, x, position, prefill=position == 0)
+        self._begin_sequence()
+        return time.monotonic() - started
+
     def _begin_sequence(self) -> None:
         """Zero the caches (a raw copy into the buffers the compiled decode uses, no kernel), so
         that the rows kv_info finds filled are this sequence's; forget the last one's record."""
