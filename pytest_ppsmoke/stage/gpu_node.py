@@ -35,7 +35,6 @@ stdout carries JSON lines: ``{"event": "joined"}``, then ``{"event": "ready", ..
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import itertools
 import logging
@@ -184,7 +183,8 @@ class StageActor:
         return self._addr_cache[name]
 
     def _hidden(self, reply: dict[str, Any]) -> Hidden:
-        return Hidden(int(self.wire), (reply["seq_len"], self.dim), base64.b64decode(reply["hidden_b64"]))
+        """The hidden state of a worker's reply: its raw bytes, as they go on the wire."""
+        return Hidden(int(self.wire), (reply["seq_len"], self.dim), reply["hidden"])
 
     async def _send_to(self, name: str, msg: StageActivation | NextToken) -> None:
         """A send to another stage; one that fails names that stage (StageLost)."""
@@ -377,7 +377,7 @@ class StageActor:
             if not msg.is_prefill:
                 await _slow_decode()
             fields = {
-                "hidden_b64": base64.b64encode(h.data).decode(),
+                "hidden": h.data,  # the bytes as received: the worker digests and decodes them
                 "position": msg.position,
                 "seq_len": msg.seq_len,
                 "prefill": msg.is_prefill,
