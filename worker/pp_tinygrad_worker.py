@@ -1,7 +1,7 @@
 """pp_tinygrad_worker: one pipeline stage in tinygrad, behind the spec's stdin/stdout JSON protocol.
 
 Environment (``pytest_ppsmoke.nodeenv.NodeEnv``): the stage and stage count, the model (a name
-or a GGUF path), the wire dtype (bf16, f16, f32: the dtype of ``hidden_b64``), the context
+or a GGUF path), the wire dtype (bf16, f16, f32: the dtype of the hidden states), the context
 (default 1024) and whether decode is compiled (the default; off: the spec's uncompiled path).
 
 The first line on stdout is ``{"status": "ready", "pid": ..., ...}``; then one JSON reply per
