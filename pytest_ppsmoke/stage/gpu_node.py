@@ -399,18 +399,20 @@ class StageActor:
                 )
                 return
             reply = await self._compute("forward_and_sample", dtype=self.wire.name, **fields)
-            received(reply)
+            received(reply)  # before the next activation can arrive: the records stay in order
             token = reply["token_id"]
             self.tokens.append(token)
+            position = msg.position + msg.seq_len  # where the new token goes
+            done = token in self.end_ids or len(self.tokens) >= self.max_tokens or position >= self.max_context
+            if not done:  # the next step first: stage 0 computes it while this stage reports the token
+                await self._send_to("pp-stage-0", NextToken(msg.request_id, token, position, False))
             emit({"event": "token", "request_id": msg.request_id, "n": len(self.tokens)})
             if len(self.tokens) == 1 and self.reply_to is not None:  # the orchestrator sees decode begin
                 self.node.send_nowait(self.reply_to, FirstToken(msg.request_id, token), HOP_TIMEOUT, STAGE_ACTOR)
-            position = msg.position + msg.seq_len  # where the new token goes
-            done = token in self.end_ids or len(self.tokens) >= self.max_tokens or position >= self.max_context
-            text = (await self._compute("detokenize", token_ids=self.tokens))["text"] if done else ""
-            # stage 0 first: it is free (and its figures final) before the orchestrator hears the answer
-            await self._send_to("pp-stage-0", NextToken(msg.request_id, token, position, done))
             if done:
+                text = (await self._compute("detokenize", token_ids=self.tokens))["text"]
+                # stage 0 first: it is free (and its figures final) before the orchestrator hears the answer
+                await self._send_to("pp-stage-0", NextToken(msg.request_id, token, position, True))
                 if failpoints.on("node.empty_text"):
                     text = ""
                 assert self.reply_to is not None
