@@ -165,6 +165,8 @@ async def test_an_old_worker_gets_json_and_the_payload_framing_is_taken_when_off
             await b.close()
     with pytest.raises(ValueError, match="framing must be json, payload or None"):
         WorkerBridge(["true"], {}, "x", "base64")
+    with pytest.raises(ValueError, match=r"stand-in worker offers framing \['json'\], not 'payload'"):
+        await _stand_in("json", "payload")
 
 
 async def test_replies_in_pieces_concurrent_calls_and_a_payload_larger_than_the_pipe() -> None:

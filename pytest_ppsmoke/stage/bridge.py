@@ -133,6 +133,7 @@ class WorkerBridge:
         elif self.asked in offered or self.asked == "json":
             self.framing = self.asked
         else:
+            await self.close()
             raise ValueError(f"{self.name} worker offers framing {offered}, not {self.asked!r}")
         return self.ready
 
