@@ -94,7 +94,8 @@ def figures(r: Any) -> dict[str, Any]:
 def breakdown(stages: list[Any]) -> dict[str, float]:
     """Medians over decode steps (after the first SKIP) of where one token's time goes (2 stages).
     ``stageN_bridge``: a call's time as the node sees it less the time inside the worker's
-    handler (the request's and reply's encoding, the pipe both ways, the parsing, the hand-offs)."""
+    handler (the request's and reply's encoding, the pipe both ways, the parsing, the hand-offs);
+    ``outside_workers``: the period less both workers' handlers (bridges, hops, the nodes)."""
     med = statistics.median
 
     def calls(stage: Any, op: str) -> list[Any]:
@@ -116,6 +117,7 @@ def breakdown(stages: list[Any]) -> dict[str, float]:
         "activation_hop": med(hops),
     }
     out["rest"] = out["period"] - out["stage0_call"] - out["stage1_call"] - out["activation_hop"]
+    out["outside_workers"] = out["period"] - out["stage0_in_worker"] - out["stage1_in_worker"]
     return {k: round(v * 1e3, 2) for k, v in out.items()}
 
 

@@ -160,6 +160,8 @@ async def test_an_old_worker_gets_json_and_the_payload_framing_is_taken_when_off
             r = await bridge.call("forward", 10, hidden=b"abc", seq_len=1)
             assert r["hidden"] == b"cba" and sent in r["fields"] and "hidden" not in r["fields"], (bridge.framing, r)
             assert "payload" not in r  # the count is the framing's, not the reply's
+        r = await new.call("forward", 10, hidden_b64="YWJj", seq_len=1)  # a caller's own base64: sent as JSON
+        assert r["hidden"] == b"cba" and "payload" not in r["fields"] and "hidden_b64" in r["fields"]
     finally:
         for b in (old, new, asked):
             await b.close()

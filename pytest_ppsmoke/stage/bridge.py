@@ -142,13 +142,13 @@ class WorkerBridge:
 
     async def call(self, op: str, timeout: float, hidden: bytes | None = None, **fields: Any) -> dict[str, Any]:
         """One request (``hidden``: the raw bytes of its hidden state, if it sends one); a reply
-        that has a hidden state has its raw bytes as ``"hidden"``. Raises WorkerError (an error
-        reply), WorkerDied, or TimeoutError."""
+        that has a hidden state has its raw bytes as ``"hidden"`` (and ``"hidden_b64"`` only if
+        it came in JSON). Raises WorkerError (an error reply), WorkerDied, or TimeoutError."""
         if self.died is not None:
             raise self.died
         assert self.proc is not None and self.proc.stdin is not None
         rid = next(self._ids)
-        if self.framing == "payload":
+        if self.framing == "payload" and "hidden_b64" not in fields:  # a caller's own base64 goes as JSON
             request = {"op": op, "request_id": rid, **fields, "payload": len(hidden) if hidden else 0}
             line = json.dumps(request).encode() + b"\n"
             data = line + hidden if hidden else line
