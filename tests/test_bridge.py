@@ -76,7 +76,6 @@ async def test_bad_payloads_are_errors_that_name_the_value_and_the_worker_goes_o
         ({"hidden": good[:10]}, f"payload of 10 bytes: hidden state of shape (1, {SYNTH.dim}) in bf16 needs {ROW}"),
         ({"hidden": good + good}, f"payload of {2 * ROW} bytes: hidden state of shape (1, {SYNTH.dim})"),
         ({}, f"payload of 0 bytes: hidden state of shape (1, {SYNTH.dim}) in bf16 needs {ROW} bytes, got 0"),
-        ({"hidden": good, "hidden_b64": "AAAA"}, f"a payload of {ROW} bytes and hidden_b64 both"),
     ]
     for extra, message in cases:
         with pytest.raises(WorkerError, match="forward_and_sample: ") as err:
@@ -84,6 +83,8 @@ async def test_bad_payloads_are_errors_that_name_the_value_and_the_worker_goes_o
         assert message in str(err.value)
     with pytest.raises(WorkerError, match="tokenize takes no hidden state, got a payload of 5 bytes"):
         await s0.call("tokenize", 30, hidden=b"12345", prompt="hi")
+    with pytest.raises(ValueError, match="forward_and_sample: pass the hidden state once, as hidden or as hidden_b64"):
+        await s1.call("forward_and_sample", 30, hidden=good, hidden_b64="AAAA", seq_len=1, position=0)
     # still framed and serving
     r = await s1.call("forward_and_sample", 30, hidden=good, seq_len=1, position=0)
     assert r["received_digest"] == digest(good).hex() and 0 <= r["token_id"] < SYNTH.vocab
@@ -112,6 +113,23 @@ def test_a_stream_that_cannot_be_framed_is_answered_and_the_worker_exits(
     ready, reply = (json.loads(line) for line in out.splitlines())
     assert ready["status"] == "ready" and reply["request_id"] == 1 and message in reply["error"], reply
     assert proc.returncode == 3 and message in err.decode()
+
+
+def test_a_payload_beside_hidden_b64_is_an_error_and_the_stream_stays_framed(synth_model: str) -> None:
+    """The worker reads the payload it was announced before it refuses the request: the next
+    request line is read as one."""
+    proc = subprocess.Popen(
+        [sys.executable, str(WORKER)], env=_env(synth_model, 1),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    both = {"op": "forward_and_sample", "request_id": 1, "seq_len": 1, "position": 0, "hidden_b64": "AAAA"}
+    payload = b"\n{}\n" + bytes(ROW - 4)  # bytes that would read as request lines if left unread
+    stream = json.dumps({**both, "payload": ROW}).encode() + b"\n" + payload + b'{"op": "kv_info", "request_id": 2}\n'
+    out, _ = proc.communicate(stream, timeout=120)
+    ready, refused, info = (json.loads(line) for line in out.splitlines())
+    assert ready["status"] == "ready" and proc.returncode == 0
+    assert refused["request_id"] == 1 and f"a payload of {ROW} bytes and hidden_b64 both" in refused["error"], refused
+    assert info["request_id"] == 2 and "error" not in info, info
 
 
 # --- stand-in workers: the bridge's side of the framing -------------------------------------------

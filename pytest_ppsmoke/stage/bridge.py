@@ -144,6 +144,8 @@ class WorkerBridge:
         """One request (``hidden``: the raw bytes of its hidden state, if it sends one); a reply
         that has a hidden state has its raw bytes as ``"hidden"`` (and ``"hidden_b64"`` only if
         it came in JSON). Raises WorkerError (an error reply), WorkerDied, or TimeoutError."""
+        if hidden is not None and "hidden_b64" in fields:
+            raise ValueError(f"{op}: pass the hidden state once, as hidden or as hidden_b64")
         if self.died is not None:
             raise self.died
         assert self.proc is not None and self.proc.stdin is not None
