@@ -92,7 +92,10 @@ def figures(r: Any) -> dict[str, Any]:
 
 
 def breakdown(stages: list[Any]) -> dict[str, float]:
-    """Medians over decode steps (after the first SKIP) of where one token's time goes (2 stages)."""
+    """Medians over decode steps (after the first SKIP) of where one token's time goes (2 stages).
+    ``stageN_bridge``: a call's time as the node sees it less the time inside the worker's
+    handler (the request's and reply's encoding, the pipe both ways, the parsing, the hand-offs);
+    ``outside_workers``: the period less both workers' handlers (bridges, hops, the nodes)."""
     med = statistics.median
 
     def calls(stage: Any, op: str) -> list[Any]:
@@ -109,9 +112,12 @@ def breakdown(stages: list[Any]) -> dict[str, float]:
         "stage0_in_worker": med(c.worker_s or 0.0 for c in s0),
         "stage1_call": med(c.s for c in s1),
         "stage1_in_worker": med(c.worker_s or 0.0 for c in s1),
+        "stage0_bridge": med(c.s - (c.worker_s or 0.0) for c in s0),
+        "stage1_bridge": med(c.s - (c.worker_s or 0.0) for c in s1),
         "activation_hop": med(hops),
     }
     out["rest"] = out["period"] - out["stage0_call"] - out["stage1_call"] - out["activation_hop"]
+    out["outside_workers"] = out["period"] - out["stage0_in_worker"] - out["stage1_in_worker"]
     return {k: round(v * 1e3, 2) for k, v in out.items()}
 
 
@@ -136,6 +142,7 @@ def main() -> None:
         "bench": "pipeline",
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "device": "CPU (clang)"},
+        "load_average": os.getloadavg(),  # at the end: other work on the machine shifts every figure
         "model": a.model,
         "prompt": PROMPT,
         "baseline_unsplit_generate": base,

@@ -1,7 +1,7 @@
 """pp_tinygrad_worker: one pipeline stage in tinygrad, behind the spec's stdin/stdout JSON protocol.
 
 Environment (``pytest_ppsmoke.nodeenv.NodeEnv``): the stage and stage count, the model (a name
-or a GGUF path), the wire dtype (bf16, f16, f32: the dtype of ``hidden_b64``), the context
+or a GGUF path), the wire dtype (bf16, f16, f32: the dtype of the hidden states), the context
 (default 1024) and whether decode is compiled (the default; off: the spec's uncompiled path).
 
 The first line on stdout is ``{"status": "ready", "pid": ..., ...}``; then one JSON reply per
@@ -36,6 +36,26 @@ is dropped before the reply). The stage's own model and KV cache are left as the
 
 A bad request (unknown op, bad base64, wrong shape or dtype, a position outside the context)
 gets ``{"request_id": ..., "op": ..., "error": "..."}`` naming the value, and the worker goes on.
+
+The payload framing (the ready line's ``"framing": ["json", "payload"]``): a request line may
+carry ``"payload": N``; then exactly N raw bytes follow its newline: the hidden state in the wire
+dtype, in place of ``hidden_b64`` (N is 0 for a request that sends none, such as
+``decode_step``). Such a request is answered in the same framing: a reply that has a hidden
+state carries ``"payload": M`` in place of ``hidden_b64``, and its M raw bytes follow the reply's
+newline; a reply without one (``token_id``, an error) is one line, as in JSON. Digests are of the
+same raw bytes either way. A decode step at position 11 (SmolLM2, bf16), stage 0 then stage 1::
+
+    {"op": "decode_step", "request_id": 2, "token_id": 42, "position": 11, "payload": 0}\n
+    {"request_id": 2, "payload": 1152, "hidden_digest": "...", "seq_len": 1, "dtype": "bf16", ...}\n<1152 bytes>
+    {"op": "forward_and_sample", "request_id": 3, "position": 11, "seq_len": 1, "payload": 1152}\n<1152 bytes>
+    {"request_id": 3, "token_id": 17, "received_digest": "...", ...}\n
+
+A payload whose length does not fit the request (``seq_len`` x dim x the dtype's size), one for
+an op that takes no hidden state, or one beside ``hidden_b64`` is an error reply naming both, and
+the worker goes on (it has read the bytes). A ``payload`` that is not a byte count in
+[0, ``MAX_PAYLOAD``], or a payload cut short by the end of stdin, leaves the stream unframeable:
+the worker answers with the error, says so on stderr and exits with status 3. (A request line
+that is not JSON cannot say whether bytes follow it: what follows is read as request lines.)
 """
 
 from __future__ import annotations
@@ -47,7 +67,7 @@ import json
 import os
 import sys
 import time
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -56,9 +76,16 @@ from pytest_ppsmoke.runtime.codec import Hidden, WireDtype, digest
 from pytest_ppsmoke.stage.cache import WeightCache, install_program_cache
 from pytest_ppsmoke.stage.model import StageModel, Tokenizer, realized_model, run_reference
 
+MAX_PAYLOAD = 256 << 20  # bytes: a prefill's hidden state at the largest context is far below
+FRAMINGS = ("json", "payload")  # what the ready line offers
+
 
 class RequestError(ValueError):
     pass
+
+
+class Unframeable(RequestError):
+    """The bytes after this request line cannot be told apart from the next request."""
 
 
 def _field(req: dict[str, Any], name: str, kind: type) -> Any:
@@ -117,34 +144,47 @@ class Worker:
             "warm_up_s": round(self.warm_up_s, 3),
             "weights": {**dataclasses.asdict(self.weights), "seconds": round(self.weights.seconds, 3)},
             "programs": dataclasses.asdict(self.programs) if self.programs else None,
+            "framing": list(FRAMINGS),
         }
 
-    def _hidden_in(self, req: dict[str, Any]) -> tuple[np.ndarray, str]:
-        """The request's hidden state, and the digest of the bytes decoded from its base64."""
-        raw = _field(req, "hidden_b64", str)
+    def _hidden_in(self, req: dict[str, Any], payload: bytes | None) -> tuple[np.ndarray, str]:
+        """The request's hidden state (its payload, or else its ``hidden_b64``) and the digest of
+        its raw bytes."""
         seq_len = _field(req, "seq_len", int)
         if req.get("dtype", self.wire.name) != self.wire.name:
             raise RequestError(
                 f"hidden dtype {req.get('dtype')!r} differs from this worker's wire dtype {self.wire.name}"
             )
-        try:
-            data = base64.b64decode(raw, validate=True)
-        except (binascii.Error, ValueError):
-            raise RequestError(f"hidden_b64 is not valid base64 (starts {raw[:16]!r})") from None
+        if payload is not None:
+            if "hidden_b64" in req:
+                raise RequestError(f"a payload of {len(payload)} bytes and hidden_b64 both; send the hidden state once")
+            data = payload
+        else:
+            raw = _field(req, "hidden_b64", str)
+            try:
+                data = base64.b64decode(raw, validate=True)
+            except (binascii.Error, ValueError):
+                raise RequestError(f"hidden_b64 is not valid base64 (starts {raw[:16]!r})") from None
         try:
             return Hidden(int(self.wire), (seq_len, self.model.dim), data).to_array(), digest(data).hex()
         except ValueError as e:
-            raise RequestError(str(e)) from None
+            raise RequestError(f"payload of {len(data)} bytes: {e}" if payload is not None else str(e)) from None
 
-    def _hidden_out(self, request_id: Any, x: np.ndarray) -> dict[str, Any]:
+    def _hidden_out(self, request_id: Any, x: np.ndarray, framed: bool) -> tuple[dict[str, Any], bytes | None]:
+        """The reply that carries hidden state ``x``, and its payload (``framed``: the request
+        came in the payload framing; else None, and the bytes ride in the reply as base64)."""
         h = Hidden.from_array(x, self.wire)
-        return {
-            "request_id": request_id,
-            "hidden_b64": base64.b64encode(h.data).decode(),
+        reply: dict[str, Any] = {"request_id": request_id}
+        if framed:
+            reply["payload"] = len(h.data)
+        else:
+            reply["hidden_b64"] = base64.b64encode(h.data).decode()
+        reply |= {
             "hidden_digest": digest(h.data).hex(),  # of the raw wire bytes, before base64
             "seq_len": int(x.shape[0]),
             "dtype": self.wire.name,
         }
+        return reply, h.data if framed else None
 
     def _tokens(self, ids: list[int]) -> list[int]:
         bad = [t for t in ids if t >= self.vocab]
@@ -152,40 +192,46 @@ class Worker:
             raise RequestError(f"token ids {bad[:5]} are outside the vocabulary of {self.vocab}")
         return ids
 
-    def handle(self, req: dict[str, Any]) -> dict[str, Any]:
-        rid, op, m = req.get("request_id"), req.get("op"), self.model
+    def handle(self, req: dict[str, Any], payload: bytes | None = None) -> tuple[dict[str, Any], bytes | None]:
+        """The reply to ``req`` and the bytes that follow it (``payload``: the bytes that came
+        with ``req`` in the payload framing, else None; the reply is in the request's framing)."""
+        rid, op, m, framed = req.get("request_id"), req.get("op"), self.model, payload is not None
+        if framed and payload and op not in ("forward", "forward_and_sample"):
+            raise RequestError(f"{op} takes no hidden state, got a payload of {len(payload)} bytes")
         if op == "embed_and_forward":
             tokens = self._tokens(_field(req, "tokens", list))
             if not tokens:
                 raise RequestError("tokens must not be empty")
             out = m.embed_and_forward(tokens, _field(req, "position", int), _flag(req, "prefill"))
-            return self._hidden_out(rid, out)
+            return self._hidden_out(rid, out, framed)
         if op == "decode_step":
             token = self._tokens([_field(req, "token_id", int)])
-            return self._hidden_out(rid, m.embed_and_forward(token, _field(req, "position", int)))
+            return self._hidden_out(rid, m.embed_and_forward(token, _field(req, "position", int)), framed)
         if op == "forward":
-            hidden, received = self._hidden_in(req)
+            hidden, received = self._hidden_in(req, payload)
             out = m.forward(hidden, _field(req, "position", int), _flag(req, "prefill"))
-            return {**self._hidden_out(rid, out), "received_digest": received}
+            reply, data = self._hidden_out(rid, out, framed)
+            return {**reply, "received_digest": received}, data
         if op == "forward_and_sample":
-            hidden, received = self._hidden_in(req)
+            hidden, received = self._hidden_in(req, payload)
             token = m.forward_and_sample(hidden, _field(req, "position", int), _flag(req, "prefill"))
-            return {"request_id": rid, "token_id": token, "received_digest": received}
+            return {"request_id": rid, "token_id": token, "received_digest": received}, None
         if op == "tokenize":
-            return {"request_id": rid, "token_ids": self.tokenizer.chat(_field(req, "prompt", str))}
+            return {"request_id": rid, "token_ids": self.tokenizer.chat(_field(req, "prompt", str))}, None
         if op == "detokenize":
-            return {"request_id": rid, "text": self.tokenizer.decode(self._tokens(_field(req, "token_ids", list)))}
+            text = self.tokenizer.decode(self._tokens(_field(req, "token_ids", list)))
+            return {"request_id": rid, "text": text}, None
         if op == "kv_info":
-            return {"request_id": rid, **m.kv_info()}
+            return {"request_id": rid, **m.kv_info()}, None
         if op == "reference":
             prompt, max_tokens = _field(req, "prompt", str), _field(req, "max_tokens", int)
             ref = run_reference(
                 self.model_name, prompt, max_tokens, self.wire, self.num_stages, m.max_context, self.cache
             )
-            return {"request_id": rid, **dataclasses.asdict(ref)}
+            return {"request_id": rid, **dataclasses.asdict(ref)}, None
         if op == "shutdown":  # with the programs this process generated and read, over its life
             programs = dataclasses.asdict(self.programs) if self.programs else None
-            return {"request_id": rid, "status": "bye", "programs": programs}
+            return {"request_id": rid, "status": "bye", "programs": programs}, None
         ops = (
             "embed_and_forward, decode_step, forward, forward_and_sample, tokenize, detokenize, kv_info, reference, "
             "shutdown"
@@ -193,9 +239,28 @@ class Worker:
         raise RequestError(f"unknown op {op!r}; expected one of {ops}")
 
 
-def _reply(obj: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(obj) + "\n")
-    sys.stdout.flush()
+def _reply(out: BinaryIO, obj: dict[str, Any], payload: bytes | None = None) -> None:
+    """One reply: its line, then its payload (the line says how long), in one flush."""
+    out.write(json.dumps(obj).encode() + b"\n")
+    if payload:
+        out.write(payload)
+    out.flush()
+
+
+def _read_payload(stdin: BinaryIO, req: dict[str, Any]) -> bytes | None:
+    """The raw bytes that follow request line ``req`` (None: it has no ``payload``, JSON framing)."""
+    if "payload" not in req:
+        return None
+    n = req["payload"]
+    if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= MAX_PAYLOAD:
+        raise Unframeable(
+            f"payload must be a byte count in [0, {MAX_PAYLOAD}], got {str(n)[:40]!r}; "
+            "the bytes after this line cannot be framed"
+        )
+    data = stdin.read(n) if n else b""
+    if len(data) != n:
+        raise Unframeable(f"stdin ended after {len(data)} of the payload's {n} bytes")
+    return data
 
 
 def main() -> None:
@@ -204,8 +269,9 @@ def main() -> None:
     except ValueError as e:  # ModelError and bad environment: say why, exit non-zero
         print(f"pp_tinygrad_worker: {e}", file=sys.stderr)
         sys.exit(2)
-    _reply(worker.ready())
-    for line in sys.stdin:
+    stdin, out = sys.stdin.buffer, sys.stdout.buffer
+    _reply(out, worker.ready())
+    while line := stdin.readline():
         if not line.strip():
             continue
         try:
@@ -213,22 +279,27 @@ def main() -> None:
             if not isinstance(req, dict):
                 raise RequestError(f"a request must be a JSON object, got {type(req).__name__}")
         except (ValueError, RecursionError) as e:  # JSONDecodeError is a ValueError; so is a huge int
-            _reply({"request_id": None, "op": None, "error": f"bad request line: {type(e).__name__}: {str(e)[:200]}"})
+            error = f"bad request line: {type(e).__name__}: {str(e)[:200]}"
+            _reply(out, {"request_id": None, "op": None, "error": error})
             continue
+        rid, op = req.get("request_id"), req.get("op")
+        try:
+            payload = _read_payload(stdin, req)
+        except Unframeable as e:
+            _reply(out, {"request_id": rid, "op": op, "error": f"{op}: {e}"})
+            print(f"pp_tinygrad_worker: {op}: {e}; exiting", file=sys.stderr)
+            sys.exit(3)
+        data = None
         try:
             started = time.perf_counter()
-            reply = worker.handle(req)
+            reply, data = worker.handle(req, payload)
             reply["worker_s"] = round(time.perf_counter() - started, 6)  # for the per-token breakdown
         except (RequestError, ValueError) as e:
-            reply = {"request_id": req.get("request_id"), "op": req.get("op"), "error": f"{req.get('op')}: {e}"}
+            reply = {"request_id": rid, "op": op, "error": f"{op}: {e}"}
         except Exception as e:  # tinygrad failed on this input: say so and keep serving
-            reply = {
-                "request_id": req.get("request_id"),
-                "op": req.get("op"),
-                "error": f"{req.get('op')}: {type(e).__name__}: {e}",
-            }
-        _reply(reply)
-        if req.get("op") == "shutdown":
+            reply = {"request_id": rid, "op": op, "error": f"{op}: {type(e).__name__}: {e}"}
+        _reply(out, reply, data)
+        if op == "shutdown":
             return
 
 

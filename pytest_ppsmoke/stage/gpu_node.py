@@ -35,7 +35,6 @@ stdout carries JSON lines: ``{"event": "joined"}``, then ``{"event": "ready", ..
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import itertools
 import logging
@@ -184,7 +183,8 @@ class StageActor:
         return self._addr_cache[name]
 
     def _hidden(self, reply: dict[str, Any]) -> Hidden:
-        return Hidden(int(self.wire), (reply["seq_len"], self.dim), base64.b64decode(reply["hidden_b64"]))
+        """The hidden state of a worker's reply: its raw bytes, as they go on the wire."""
+        return Hidden(int(self.wire), (reply["seq_len"], self.dim), reply["hidden"])
 
     async def _send_to(self, name: str, msg: StageActivation | NextToken) -> None:
         """A send to another stage; one that fails names that stage (StageLost)."""
@@ -377,7 +377,7 @@ class StageActor:
             if not msg.is_prefill:
                 await _slow_decode()
             fields = {
-                "hidden_b64": base64.b64encode(h.data).decode(),
+                "hidden": h.data,  # the bytes as received: the worker digests and decodes them
                 "position": msg.position,
                 "seq_len": msg.seq_len,
                 "prefill": msg.is_prefill,
@@ -399,18 +399,20 @@ class StageActor:
                 )
                 return
             reply = await self._compute("forward_and_sample", dtype=self.wire.name, **fields)
-            received(reply)
+            received(reply)  # before the next activation can arrive: the records stay in order
             token = reply["token_id"]
             self.tokens.append(token)
+            position = msg.position + msg.seq_len  # where the new token goes
+            done = token in self.end_ids or len(self.tokens) >= self.max_tokens or position >= self.max_context
+            if not done:  # the next step first: stage 0 computes it while this stage reports the token
+                await self._send_to("pp-stage-0", NextToken(msg.request_id, token, position, False))
             emit({"event": "token", "request_id": msg.request_id, "n": len(self.tokens)})
             if len(self.tokens) == 1 and self.reply_to is not None:  # the orchestrator sees decode begin
                 self.node.send_nowait(self.reply_to, FirstToken(msg.request_id, token), HOP_TIMEOUT, STAGE_ACTOR)
-            position = msg.position + msg.seq_len  # where the new token goes
-            done = token in self.end_ids or len(self.tokens) >= self.max_tokens or position >= self.max_context
-            text = (await self._compute("detokenize", token_ids=self.tokens))["text"] if done else ""
-            # stage 0 first: it is free (and its figures final) before the orchestrator hears the answer
-            await self._send_to("pp-stage-0", NextToken(msg.request_id, token, position, done))
             if done:
+                text = (await self._compute("detokenize", token_ids=self.tokens))["text"]
+                # stage 0 first: it is free (and its figures final) before the orchestrator hears the answer
+                await self._send_to("pp-stage-0", NextToken(msg.request_id, token, position, True))
                 if failpoints.on("node.empty_text"):
                     text = ""
                 assert self.reply_to is not None
