@@ -126,7 +126,9 @@ async def client_ppsmoke(env_json: str, n_small: int, n_big: int) -> dict[str, A
     spec = json.loads(env_json)
     node = Node(NodeConfig(secret_key=bytes.fromhex(spec["key"]), allowed=frozenset(spec["allowed"])))
     await node.start()
-    node.transport.learn(__import__("pytest_ppsmoke.runtime.transport").transport.PeerAddr.parse(spec["ticket"]))
+    node.transport.learn(
+        __import__("pytest_ppsmoke.runtime.transport").runtime.transport.PeerAddr.parse(spec["ticket"])
+    )
     to = node.address(NODE_ACTOR, spec["id"])
     small, big = Echo(os.urandom(SMALL)), Echo(os.urandom(BIG))
     for _ in range(50):

@@ -186,10 +186,14 @@ class NodeEnv:
         "PP_WEIGHT_CACHE",
         TEXT,
         "the directory of realized stage weights (empty: ~/.cache/ppsmoke/weights; off: no cache)",
-        "the user",
+        "the orchestrator (--weight-cache)",
     )
     program_cache: bool = _var(
-        True, "PP_PROGRAM_CACHE", FLAG, "1: keep tinygrad's generated programs in its disk cache; 0: do not", "the user"
+        True,
+        "PP_PROGRAM_CACHE",
+        FLAG,
+        "1: keep tinygrad's generated programs in its disk cache; 0: do not",
+        "the orchestrator (--program-cache)",
     )
     worker: str = _var(
         "", "PP_WORKER", TEXT, "the worker script (empty: the installed pp_tinygrad_worker.py)", "the user"
