@@ -33,6 +33,8 @@ async def _second_create_in_flight(smoke: Smoke) -> None:
 
 
 async def _tokens_flowing(smoke: Smoke) -> None:
+    """The prefill line is out (the run is in decode from then on) and tokens are flowing."""
+    await smoke.wait_line("prefill")
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         events = [e for i in smoke.fake.live() if i.proc for e in i.proc.events]

@@ -153,7 +153,8 @@ def build(tag: str = DEFAULT_IMAGE, base: str | None = None, build_args: Mapping
     default, the CUDA runtime base). Returns False, building nothing, when ``tag`` was built
     from the same context (:func:`context_digest`): vfs storage copies every layer's files even
     when it is cached, so a cached rebuild takes minutes on a busy machine; otherwise the
-    unchanged layers are reused."""
+    unchanged layers are reused. The image the tag named before is removed once the new one is
+    built (left untagged, each would keep its copy of every layer on disk)."""
     args = {**({"BASE": base} if base else {}), **(build_args or {})}
     digest = context_digest(base, args)
     if built(tag) == digest:
@@ -167,7 +168,10 @@ def build(tag: str = DEFAULT_IMAGE, base: str | None = None, build_args: Mapping
             "-t", tag, f"--label={LABEL}={digest}", *(f"--volume={v}" for v in volumes),
             *(f"--build-arg={k}={v}" for k, v in args.items()), str(ROOT),
         ]  # fmt: skip
+        replaced = image_id(tag)
         subprocess.run(cmd, check=True, timeout=1800)
+    if replaced and replaced != image_id(tag):  # the old image, untagged now: vfs keeps ~0.9 GB of it per build
+        subprocess.run([*BUILDAH, "rmi", replaced], capture_output=True, timeout=300)
     return True
 
 
