@@ -823,7 +823,15 @@ class FakeVast(Resource):
         a working container (made here; :meth:`_stop` removes it)."""
         name = f"instance-{inst.id}"
         if self.runtime == "processes" and self.network is not None:
-            member = await self.network.add_member(self._member_name(inst))
+            name = self._member_name(inst)
+            # a destroyed instance of this stage gives its member back as its node stops (a new
+            # deployment of the same emulator may rent while that is under way): wait, bounded
+            freed_by = time.monotonic() + 15
+            while name in self.network.members and time.monotonic() < freed_by:
+                await asyncio.sleep(0.05)
+            if name in self.network.members:
+                name = f"{inst.stage}.{inst.number}"
+            member = await self.network.add_member(name)
             inst.member = member.name
             env = self._node_env(inst) | NodeEnv(bind=f"{member.addr}:0").to_env()
             return ChildProcess(name, member.wrap(self.node_argv), env)

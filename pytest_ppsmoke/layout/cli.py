@@ -1,0 +1,113 @@
+"""pp-layout: measure a layout grid, fit its cost model, write the report; or predict from one.
+
+    pp-layout grid --prompts 32,128,512 --stages 1,2,3,4 --networks loopback,wan,far --out layout/
+    pp-layout report layout/grid.json --out layout/             # fit and write again, no measuring
+    pp-layout predict layout/layout.json --network rtt=40ms,bw=1gbit --stages 1,2,4 --prompts 128
+
+``grid`` runs on this machine through the vast.ai emulator (``layout/grid.py``) and writes
+``grid.json`` as it goes, then the report (``layout/report.py``): ``layout.json``, ``layout.md``
+and the plots. ``predict`` needs no run: a saved report's fit and a network description.
+Exit status: 0, 1 when a measurement or the fit failed (the message says which), 2 for bad
+arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+from .grid import GridSpec, run_grid
+from .points import WIRE_BYTES, Grid
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _names(text: str) -> tuple[str, ...]:
+    values = tuple(v.strip() for v in text.split(",") if v.strip())
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated names, got {text!r}")
+    return values
+
+
+def _wires(text: str) -> tuple[str, ...]:
+    values = _names(text)
+    bad = [w for w in values if w not in WIRE_BYTES]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown wire dtype(s) {bad}; expected {', '.join(WIRE_BYTES)}")
+    return values
+
+
+def _report(grid: Grid, out: Path) -> list[Path]:
+    from .fit import fit
+    from .report import write_report
+
+    return write_report(grid, fit(grid), out)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="pp-layout", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("grid", help="measure a grid on this machine, then write the report")
+    g.add_argument("--model", default="smollm2:135m")
+    g.add_argument("--prompts", type=_ints, default=(32, 128, 512), help="prompt lengths in tokens")
+    g.add_argument("--stages", type=_ints, default=(1, 2, 3, 4), help="stage counts (1: unsplit)")
+    g.add_argument("--networks", type=_names, default=("loopback", "wan", "far"), help="network profiles")
+    g.add_argument("--wires", type=_wires, default=("bf16",), help="wire dtypes")
+    g.add_argument("--repeats", type=int, default=2)
+    g.add_argument("--max-tokens", type=int, default=12)
+    g.add_argument("--out", type=Path, required=True, help="the report's directory")
+    r = sub.add_parser("report", help="fit a saved grid.json and write the report again")
+    r.add_argument("grid", type=Path)
+    r.add_argument("--out", type=Path, required=True)
+    q = sub.add_parser("predict", help="predict from a saved report for a network never measured")
+    q.add_argument("report", type=Path, help="a layout.json")
+    q.add_argument("--network", required=True, help="a measured profile's name, or e.g. rtt=40ms,bw=1gbit")
+    q.add_argument("--stages", type=_ints, default=(1, 2, 4))
+    q.add_argument("--prompts", type=_ints, default=(128,))
+    q.add_argument("--wire", type=_wires, default=("bf16",))
+    a = p.parse_args(argv)
+    try:
+        if a.command == "grid":
+            spec = GridSpec(a.model, a.prompts, a.stages, a.networks, a.wires, a.repeats, a.max_tokens)
+            spec.check()
+            a.out.mkdir(parents=True, exist_ok=True)
+            grid = asyncio.run(run_grid(spec, log=lambda line: print(line, file=sys.stderr, flush=True)))
+            grid.save(a.out / "grid.json")
+            written = _report(grid, a.out)
+        elif a.command == "report":
+            a.out.mkdir(parents=True, exist_ok=True)
+            written = _report(Grid.load(a.grid), a.out)
+        else:
+            from .fit import Fit
+            from .report import predict_table
+
+            saved = json.loads(a.report.read_text())
+            grid = Grid.from_json(saved["grid"])
+            ref = grid.points[0]
+            dph = min((min(pt.dph) for pt in grid.points if pt.dph), default=0.0)
+            print(
+                predict_table(
+                    Fit.from_json(saved["fit"]), a.network, a.stages, a.prompts, a.wire[0], ref.dim, ref.num_blocks, dph
+                )
+            )
+            return
+    except (ValueError, RuntimeError, OSError, KeyError) as e:
+        print(f"pp-layout {a.command}: {e}", file=sys.stderr)
+        sys.exit(1)
+    for path in written:
+        print(path)
+
+
+if __name__ == "__main__":
+    main()
