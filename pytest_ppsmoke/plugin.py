@@ -333,6 +333,7 @@ def ppsmoke_teardown(pytestconfig: pytest.Config, ppsmoke_session: SmokeSession)
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    _layout_summary(terminalreporter)
     session = config.stash[STATE].session
     if session is None:
         return
@@ -341,3 +342,21 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     tr.write_sep("=", f"pytest-ppsmoke: {r.mode}, {r.model}, {r.num_stages} stages, {r.wire_dtype}")
     for line in r.summary():
         tr.write_line(line)
+
+
+def _layout_summary(tr: Any) -> None:
+    """The layout grid's figures (spec/test_layout.py's properties), from the test reports: they
+    reach this process under xdist too."""
+    props = [
+        (k, v)
+        for reports in tr.stats.values()
+        for rep in reports
+        if getattr(rep, "when", None) == "call"
+        for k, v in getattr(rep, "user_properties", ())
+        if str(k).startswith("ppsmoke_layout_")
+    ]
+    if not props:
+        return
+    tr.write_sep("=", "pytest-ppsmoke: layout grid")
+    for k, v in props:
+        tr.write_line(f"{k[len('ppsmoke_layout_') :]}: {v}")

@@ -826,10 +826,11 @@ class FakeVast(Resource):
             name = self._member_name(inst)
             # a destroyed instance of this stage gives its member back as its node stops (a new
             # deployment of the same emulator may rent while that is under way): wait, bounded
-            freed_by = time.monotonic() + 15
-            while name in self.network.members and time.monotonic() < freed_by:
+            for _ in range(300):  # 15 s
+                if name not in self.network.members:
+                    break
                 await asyncio.sleep(0.05)
-            if name in self.network.members:
+            else:
                 name = f"{inst.stage}.{inst.number}"
             member = await self.network.add_member(name)
             inst.member = member.name

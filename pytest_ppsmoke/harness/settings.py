@@ -120,6 +120,16 @@ def _network(text: str) -> str:
     return text.strip()
 
 
+def _grid(text: str) -> str:
+    from ..layout.grid import grid_spec  # the layout package loads only for a grid
+
+    try:
+        grid_spec(text, "")
+    except ValueError as e:
+        raise SettingError(str(e)) from None
+    return text.strip()
+
+
 def _opt(name: str, help: str, parse: Callable[[str], Any], default: Any = None, **kw: Any) -> Option:
     flag = "--" + name.replace("_", "-")
     kw.setdefault("cli", flag)
@@ -189,6 +199,21 @@ OPTIONS: tuple[Option, ...] = (
         choices=("on", "off"),
     ),
     _opt("report", "write the run's JSON report here", Path),
+    _opt(
+        "grid",
+        "pytest, local: also measure a layout grid in the session and fit its cost model: off (default), small, "
+        "or items such as prompts=32,128;stages=1,2;networks=loopback,wan (pp-layout runs the full grid)",
+        _grid,
+        "off",
+        cli=None,
+    ),
+    _opt(
+        "grid_out",
+        "pytest: the layout report's directory (default ppsmoke-layout)",
+        Path,
+        Path("ppsmoke-layout"),
+        cli=None,
+    ),
     _opt(
         "weight_cache",
         "each node's cache of realized stage weights: a directory on the node, or off "
@@ -287,6 +312,8 @@ class Settings:
     budget: float = 300.0
     reference: bool = True
     report: Path | None = None
+    grid: str = "off"  # a layout grid to measure in the pytest session (layout/grid.py's grid_spec)
+    grid_out: Path = Path("ppsmoke-layout")
     weight_cache: str = ""  # "": the node's default directory; "off"; or a directory
     program_cache: bool = True
     network: str = "loopback"

@@ -56,6 +56,38 @@ class GridSpec:
             )
 
 
+SMALL = {"prompts": (32, 64, 96), "stages": (1, 2), "networks": ("loopback",), "repeats": 1, "max_tokens": 8}
+_KEYS = {"prompts": int, "stages": int, "networks": str, "wires": str, "repeats": int, "max_tokens": int}
+
+
+def grid_spec(text: str, model: str) -> GridSpec | None:
+    """A grid described in one setting (``--ppsmoke-grid``): ``off``; ``small`` (prompts 32, 64
+    and 96, 1 and 2 stages, loopback, one repeat); or ``key=value`` items separated by ``;``, with
+    keys prompts, stages, networks, wires (comma-separated) and repeats, max_tokens, over small's
+    values: ``prompts=32,128,512;stages=1,2,4;networks=loopback,wan``."""
+    text = text.strip()
+    if text in ("", "off"):
+        return None
+    values: dict[str, Any] = dict(SMALL)
+    if text != "small":
+        for item in filter(None, (i.strip() for i in text.split(";"))):
+            key, sep, raw = item.partition("=")
+            key = key.strip()
+            if not sep or key not in _KEYS:
+                raise ValueError(f"grid item {item!r}: expected key=value with a key among {', '.join(_KEYS)}")
+            kind = _KEYS[key]
+            try:
+                parts = tuple(kind(v.strip()) for v in raw.split(",") if v.strip())
+            except ValueError:
+                raise ValueError(f"grid item {item!r}: {key} takes {kind.__name__} values") from None
+            if not parts:
+                raise ValueError(f"grid item {item!r}: no value")
+            values[key] = parts[0] if key in ("repeats", "max_tokens") else parts
+    spec = GridSpec(model=model, **values)
+    spec.check()
+    return spec
+
+
 def prompt_text(target: int, template_tokens: int, word_tokens: int = 1) -> str:
     """A prompt that the chat template makes about ``target`` tokens long (at least one word):
     ``template_tokens`` around the prompt, ``word_tokens`` for each ``hello``."""
