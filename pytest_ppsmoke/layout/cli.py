@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     g.add_argument("--wires", type=_wires, default=("bf16",), help="wire dtypes")
     g.add_argument("--repeats", type=int, default=2)
     g.add_argument("--max-tokens", type=int, default=12)
+    g.add_argument("--gpus", type=_names, default=(), help="this machine's GPUs, one per instance (e.g. 0,1)")
     g.add_argument("--out", type=Path, required=True, help="the report's directory")
     r = sub.add_parser("report", help="fit a saved grid.json and write the report again")
     r.add_argument("grid", type=Path)
@@ -79,7 +80,9 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     try:
         if a.command == "grid":
-            spec = GridSpec(a.model, a.prompts, a.stages, a.networks, a.wires, a.repeats, a.max_tokens)
+            spec = GridSpec(
+                a.model, a.prompts, a.stages, a.networks, a.wires, a.repeats, a.max_tokens, gpus=tuple(a.gpus)
+            )
             spec.check()
             a.out.mkdir(parents=True, exist_ok=True)
             grid = asyncio.run(run_grid(spec, log=lambda line: print(line, file=sys.stderr, flush=True)))

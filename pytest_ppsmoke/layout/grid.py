@@ -43,6 +43,7 @@ class GridSpec:
     repeats: int = 2
     max_tokens: int = 12
     timeout: float = 600.0  # seconds for one request
+    gpus: tuple[str, ...] = ()  # this machine's GPUs, one per instance in turn (FakeVast's gpus)
 
     def check(self) -> None:
         if not self.prompts or min(self.prompts) < 1:
@@ -137,7 +138,8 @@ async def _pipeline_points(spec: GridSpec, network: str, grid: Grid, log: Log) -
     from ..harness.driver import rtt_of
     from ..harness.pipeline import run_inference
 
-    async with FakeVast(network=network) as fake, VastClient(fake.api_key, fake.url) as vast:
+    gpus = list(spec.gpus) or None
+    async with FakeVast(network=network, gpus=gpus) as fake, VastClient(fake.api_key, fake.url) as vast:
         net = fake.network
         rtt = rtt_of(net.spec) if net is not None else 0.0
         for n in (s for s in spec.stages if s >= 2):
@@ -186,7 +188,8 @@ def _unsplit_points(spec: GridSpec, grid: Grid, log: Log) -> None:
             sys.executable, "-m", "pytest_ppsmoke.layout.unsplit", "--model", spec.model, "--target", str(target),
             "--max-tokens", str(spec.max_tokens), "--repeats", str(spec.repeats),
         ]  # fmt: skip
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=spec.timeout * (spec.repeats + 1))
+        env = {**os.environ, **({"CUDA_VISIBLE_DEVICES": spec.gpus[0]} if spec.gpus else {})}
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=spec.timeout * (spec.repeats + 1), env=env)
         if out.returncode:
             raise RuntimeError(f"the unsplit model failed at a {target}-token prompt: {out.stderr[-2000:]}")
         m = json.loads(out.stdout.strip().splitlines()[-1])
@@ -205,7 +208,7 @@ async def run_grid(spec: GridSpec, log: Log = print) -> Grid:
     spec.check()
     grid = Grid(
         spec.model,
-        device=os.environ.get("PP_DEVICE_NAME", "CPU (tinygrad clang)"),
+        device=f"CUDA GPUs {','.join(spec.gpus)}" if spec.gpus else "CPU (tinygrad clang)",
         machine=f"{os.cpu_count()} cores, Python {platform.python_version()}",
         when=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     )
