@@ -33,17 +33,29 @@ PREFILL = {
 }
 DECODE = {"block": 8e-4, "head": 3e-3, "embed": 1e-4, "call": 1e-3}
 TTFT_OVERHEAD, TPOT_OVERHEAD = 0.01, 0.002
+DELAY_HOPS = 2.0  # the request in, the first token out: the orchestrator on the same network
 
 
-def truth() -> Fit:
-    return Fit(dict(LINKS), dict(RTT), dict(PREFILL), dict(DECODE), TTFT_OVERHEAD, TPOT_OVERHEAD, [])
+def truth(delay_hops: float = DELAY_HOPS) -> Fit:
+    return Fit(
+        dict(LINKS),
+        dict(RTT),
+        dict(PREFILL),
+        dict(DECODE),
+        TTFT_OVERHEAD,
+        TPOT_OVERHEAD,
+        [],
+        ttft_delay_hops=delay_hops,
+    )
 
 
-def synthetic_grid(noise: float = 0.005, seed: int = 16, wires: tuple[str, ...] = ("bf16",)) -> Grid:
+def synthetic_grid(
+    noise: float = 0.005, seed: int = 16, wires: tuple[str, ...] = ("bf16",), delay_hops: float = DELAY_HOPS
+) -> Grid:
     """Every point the true model's, each sample off by ``noise`` (relative, Gaussian); every
     seventh point held out."""
     rng = random.Random(seed)
-    model = truth()
+    model = truth(delay_hops)
 
     def jitter(x: float) -> float:
         return x * (1 + rng.gauss(0, noise))
@@ -139,7 +151,19 @@ def test_fit_recovers_the_compute(fitted: Fit) -> None:
             assert close(fitted.decode_stage_s(blocks, first, last), want, 0.02), (stages, blocks)
     assert close(fitted.ttft_overhead_s, TTFT_OVERHEAD, 0.2), fitted.ttft_overhead_s
     assert close(fitted.tpot_overhead_s, TPOT_OVERHEAD, 0.2), fitted.tpot_overhead_s
+    assert close(fitted.ttft_delay_hops, DELAY_HOPS, 0.05), fitted.ttft_delay_hops
     assert not fitted.notes, fitted.notes
+
+
+def test_delays_outside_the_stages_are_fitted() -> None:
+    """Where the orchestrator's links are not the stages' (time to first token does not grow with
+    the stages' delay beyond their hops), the fit finds no such delays and still predicts."""
+    grid = synthetic_grid(delay_hops=0.0, seed=3)
+    f = fit(grid)
+    assert f.ttft_delay_hops < 0.05, f.ttft_delay_hops
+    assert close(f.ttft_overhead_s, TTFT_OVERHEAD, 0.2), f.ttft_overhead_s
+    held = f.held_out_errors(grid)
+    assert held.ttft_max is not None and held.ttft_max < 0.03, held.to_json()
 
 
 def test_held_out_errors_are_small(grid: Grid, fitted: Fit) -> None:
@@ -199,6 +223,11 @@ def test_predict_arithmetic_by_hand() -> None:
     # f32 doubles the bytes; a described network is as good as a fitted one
     assert f.predict(2, "wan", 100, "f32", 64, 5, 1.8).ttft_s == pytest.approx(two.ttft_s + 12800 / 1e8)
     assert f.predict(2, "rtt=40ms,bw=800mbit", 100, "bf16", 64, 5, 1.8) == two
+    # the request's way in and the first token's way out: ttft_delay_hops one-way delays more
+    f.ttft_delay_hops = 2.0
+    assert f.predict(2, "wan", 100, "bf16", 64, 5, 1.8).ttft_s == pytest.approx(two.ttft_s + 2 * 0.02)
+    assert f.predict(1, "rtt=10ms", 100, "bf16", 64, 5, 1.8).ttft_s == pytest.approx(one.ttft_s + 2 * 0.005)
+    assert f.predict(2, "wan", 100, "bf16", 64, 5, 1.8).tpot_s == pytest.approx(two.tpot_s)
 
 
 def test_link_descriptions() -> None:
@@ -237,8 +266,11 @@ def test_predict_names_bad_inputs(fitted: Fit) -> None:
         args = {"stages": 2, "network": "wan", "prompt_tokens": 10, "wire": "bf16", "dim": 8, "num_blocks": 5}
         with pytest.raises(ValueError, match=message):
             f.predict(**(args | {"dph_per_instance": 1.0} | kwargs))  # type: ignore[arg-type]
-    # the unsplit layout needs no link: any name will do
+    # the unsplit layout needs no link: any name will do, unless the request pays the network's delay
     assert f.predict(1, "mars", 10, "bf16", 8, 5, 1.0).ttft_s > 0
+    f.ttft_delay_hops = 2.0
+    with pytest.raises(ValueError, match="network 'mars' has no fitted link"):
+        f.predict(1, "mars", 10, "bf16", 8, 5, 1.0)
 
 
 def test_fit_names_bad_grids(grid: Grid) -> None:
@@ -330,6 +362,7 @@ def test_report_is_written(grid: Grid, fitted: Fit, tmp_path: Path) -> None:
         line = f"| {phase} | {network} | {'-' if prompt is None else prompt} | {fastest} |"
         assert any(ln.startswith(line) and f"| {cheapest} |" in ln for ln in md.splitlines()), (line, cheapest)
     assert "| wan | 40.0 | 20.0" in md  # the fitted link: alpha 20 ms
+    assert f"and {fitted.ttft_delay_hops:.2f} one-way delays a request" in md
     assert "Time to first token: max error" in md and "![cost_vs_latency.png](cost_vs_latency.png)" in md
     with pytest.raises(ValueError, match=r"the grid mixes model shapes \(dim, num_blocks\)"):
         write_report(Grid("m", "c", "t", "w", [*grid.points, replace(grid.points[0], dim=8)]), fitted, tmp_path)

@@ -4,8 +4,11 @@ The model is the textbook one: a transfer costs a latency plus bytes over bandwi
 (``hop = alpha + bytes / beta``); a stage's call costs its blocks plus the embedding (first stage)
 or the output head (last stage), plus a constant per call. Prefill's terms grow with the tokens
 of the call (a block quadratically: attention), decode's are per token. What the model does not
-see (the orchestrator, the event loops, the token's way back) is one overhead per request for
-time to first token and one per token for decode, the medians of what the model leaves over.
+see (the orchestrator, the event loops) is one overhead per request for time to first token and
+one per token for decode, the medians of what the model leaves over. The request's way in and the
+first token's way out cross the orchestrator's links, which on an emulated network are as slow as
+the stages' and elsewhere are not: time to first token also pays ``ttft_delay_hops`` one-way
+delays, fitted (about 2 where the orchestrator shares the network, 0 where every point had one).
 
 Numbers are seconds, bytes and bytes per second throughout; ``beta`` is ``inf`` where the grid
 could not see a bandwidth (a link whose hop times do not grow with the bytes)."""
@@ -205,6 +208,7 @@ class Fit:
     fitted: list[int]  # the grid's points the fit saw
     hop_samples: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    ttft_delay_hops: float = 0.0  # one-way delays a request pays outside the stages (in, first token out)
 
     # -- the model --------------------------------------------------------------------------------
 
@@ -235,6 +239,13 @@ class Fit:
             )
         return self.links[network]
 
+    def delay_s(self, network: Link | str) -> float:
+        """A network's one-way delay: its link's alpha, or half the round trip of a network whose
+        points were all unsplit (no hops: no link)."""
+        if isinstance(network, str) and network not in self.links and network in self.rtt_ms:
+            return self.rtt_ms[network] / 2e3
+        return self.link(network).alpha_s
+
     def _model(
         self, stages: int, network: Link | str, prompt_tokens: int, wire: str, dim: int, num_blocks: int
     ) -> tuple[float, float]:
@@ -252,6 +263,8 @@ class Fit:
             link = self.link(network)
             ttft += (stages - 1) * link.hop(prompt_tokens * dim * WIRE_BYTES[wire])
             tpot += stages * link.hop(dim * WIRE_BYTES[wire])  # stages-1 activations, 1 token back
+        if self.ttft_delay_hops:
+            ttft += self.ttft_delay_hops * self.delay_s(network)
         return ttft, tpot
 
     def predict(
@@ -325,6 +338,7 @@ class Fit:
             "decode": self.decode,
             "ttft_overhead_s": self.ttft_overhead_s,
             "tpot_overhead_s": self.tpot_overhead_s,
+            "ttft_delay_hops": self.ttft_delay_hops,
             "fitted": self.fitted,
             "notes": self.notes,
         }
@@ -348,6 +362,7 @@ class Fit:
                 fitted=[int(i) for i in data["fitted"]],
                 hop_samples={name: int(v.get("samples", 0)) for name, v in data["links"].items()},
                 notes=[str(n) for n in data.get("notes", [])],
+                ttft_delay_hops=float(data.get("ttft_delay_hops", 0.0)),
             )
         except (KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"not a saved fit: {type(e).__name__} {e} (expected Fit.to_json()'s form)") from e
@@ -453,11 +468,17 @@ def fit(grid: Grid, exclude: Sequence[int] | None = None) -> Fit:
     decode = _fit_compute([c for c in compute if c.phase == "decode"], "decode", DECODE_TERMS, notes)
     model = Fit(links, rtt_ms, prefill, decode, 0.0, 0.0, used, hop_samples, notes)
 
-    ttft_res, tpot_res = [], []
+    ttft_res, tpot_res, delays = [], [], []
     for p in points:
         ttft, tpot = model._model(p.stages, p.network, p.prompt_tokens, p.wire, p.dim, p.num_blocks)
         ttft_res.append(statistics.median(p.ttft_s) - ttft)
         tpot_res.append(statistics.median(p.tpot_s) - tpot)
-    model.ttft_overhead_s = float(statistics.median(ttft_res))
+        delays.append(model.delay_s(p.network))
+    if len(set(delays)) > 1:  # the delays outside the stages: how ttft's residual grows with the delay
+        (_, k), _ = _lstsq([[1.0, d] for d in delays], ttft_res)
+        model.ttft_delay_hops = max(0.0, k)
+    model.ttft_overhead_s = float(
+        statistics.median(r - model.ttft_delay_hops * d for r, d in zip(ttft_res, delays, strict=True))
+    )
     model.tpot_overhead_s = float(statistics.median(tpot_res))
     return model

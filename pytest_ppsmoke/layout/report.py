@@ -252,7 +252,9 @@ def _markdown(grid: Grid, fit: Fit, held: dict[str, Any], recs: list[dict[str, A
     lines += [
         "",
         f"Overheads the model does not see: {_ms(fit.ttft_overhead_s)} ms a request (time to first token), "
-        f"{_ms(fit.tpot_overhead_s)} ms a token (decode).",
+        f"{_ms(fit.tpot_overhead_s)} ms a token (decode); and {fit.ttft_delay_hops:.2f} one-way delays a request "
+        "outside the stages' hops (the request in, the first token out: about 2 where the orchestrator shares the "
+        "network).",
         "",
         "## Held-out points",
         "",
