@@ -7,8 +7,10 @@ of the call (a block quadratically: attention), decode's are per token. What the
 see (the orchestrator, the event loops) is one overhead per request for time to first token and
 one per token for decode, the medians of what the model leaves over. The request's way in and the
 first token's way out cross the orchestrator's links, which on an emulated network are as slow as
-the stages' and elsewhere are not: time to first token also pays ``ttft_delay_hops`` one-way
-delays, fitted (about 2 where the orchestrator shares the network, 0 where every point had one).
+the stages' and elsewhere are not: a split layout's time to first token also pays
+``ttft_delay_hops`` one-way delays, fitted on the split points (about 2 where the orchestrator
+shares the network, 0 where every point had one network). The unsplit layout is the model in
+one process, as the grid measures it: no network at all.
 
 Numbers are seconds, bytes and bytes per second throughout; ``beta`` is ``inf`` where the grid
 could not see a bandwidth (a link whose hop times do not grow with the bytes)."""
@@ -239,13 +241,6 @@ class Fit:
             )
         return self.links[network]
 
-    def delay_s(self, network: Link | str) -> float:
-        """A network's one-way delay: its link's alpha, or half the round trip of a network whose
-        points were all unsplit (no hops: no link)."""
-        if isinstance(network, str) and network not in self.links and network in self.rtt_ms:
-            return self.rtt_ms[network] / 2e3
-        return self.link(network).alpha_s
-
     def _model(
         self, stages: int, network: Link | str, prompt_tokens: int, wire: str, dim: int, num_blocks: int
     ) -> tuple[float, float]:
@@ -263,8 +258,7 @@ class Fit:
             link = self.link(network)
             ttft += (stages - 1) * link.hop(prompt_tokens * dim * WIRE_BYTES[wire])
             tpot += stages * link.hop(dim * WIRE_BYTES[wire])  # stages-1 activations, 1 token back
-        if self.ttft_delay_hops:
-            ttft += self.ttft_delay_hops * self.delay_s(network)
+            ttft += self.ttft_delay_hops * link.alpha_s
         return ttft, tpot
 
     def predict(
@@ -473,9 +467,10 @@ def fit(grid: Grid, exclude: Sequence[int] | None = None) -> Fit:
         ttft, tpot = model._model(p.stages, p.network, p.prompt_tokens, p.wire, p.dim, p.num_blocks)
         ttft_res.append(statistics.median(p.ttft_s) - ttft)
         tpot_res.append(statistics.median(p.tpot_s) - tpot)
-        delays.append(model.delay_s(p.network))
-    if len(set(delays)) > 1:  # the delays outside the stages: how ttft's residual grows with the delay
-        (_, k), _ = _lstsq([[1.0, d] for d in delays], ttft_res)
+        delays.append(model.links[p.network].alpha_s if p.stages > 1 else 0.0)
+    outside = [(d, r) for p, d, r in zip(points, delays, ttft_res, strict=True) if p.stages > 1]
+    if len({d for d, _ in outside}) > 1:  # the delays outside the stages: how ttft's residual grows with the delay
+        (_, k), _ = _lstsq([[1.0, d] for d, _ in outside], [r for _, r in outside])
         model.ttft_delay_hops = max(0.0, k)
     model.ttft_overhead_s = float(
         statistics.median(r - model.ttft_delay_hops * d for r, d in zip(ttft_res, delays, strict=True))
