@@ -3,14 +3,15 @@
 The model is the textbook one: a transfer costs a latency plus bytes over bandwidth, per link
 (``hop = alpha + bytes / beta``); a stage's call costs its blocks plus the embedding (first stage)
 or the output head (last stage), plus a constant per call. Prefill's terms grow with the tokens
-of the call (a block quadratically: attention), decode's are per token. What the model does not
-see (the orchestrator, the event loops) is one overhead per request for time to first token and
-one per token for decode, the medians of what the model leaves over. The request's way in and the
-first token's way out cross the orchestrator's links, which on an emulated network are as slow as
-the stages' and elsewhere are not: a split layout's time to first token also pays
-``ttft_delay_hops`` one-way delays, fitted on the split points (about 2 where the orchestrator
-shares the network, 0 where every point had one network). The unsplit layout is the model in
-one process, as the grid measures it: no network at all.
+of the call (a block quadratically: attention), decode's are per token.
+
+What the model does not see (the orchestrator, the node <-> worker bridge, the event loops) is an
+:class:`Overhead` per phase, fitted to what the model leaves over of each point's median: for a
+split layout a constant, a term per stage, and (time to first token only) a number of one-way
+delays: the request's way in and the first token's way out cross the orchestrator's links, which
+on an emulated network are as slow as the stages' and elsewhere are not (about 2 delays, or 0).
+The unsplit layout is the model in one process, as the grid measures it (no bridge, no network):
+its overhead is its own, the median of its points'.
 
 Numbers are seconds, bytes and bytes per second throughout; ``beta`` is ``inf`` where the grid
 could not see a bandwidth (a link whose hop times do not grow with the bytes)."""
@@ -199,18 +200,39 @@ def _median(values: Sequence[float], what: str) -> float:
     return float(statistics.median(values))
 
 
+@dataclass(frozen=True)
+class Overhead:
+    """A phase's time outside the model: ``constant_s + per_stage_s * stages + delay_hops *
+    alpha`` for a split layout on a link of one-way delay ``alpha``; ``unsplit_s`` unsplit."""
+
+    constant_s: float = 0.0
+    per_stage_s: float = 0.0
+    delay_hops: float = 0.0
+    unsplit_s: float = 0.0
+
+    def at(self, stages: int, alpha_s: float) -> float:
+        if stages == 1:
+            return self.unsplit_s
+        return self.constant_s + self.per_stage_s * stages + self.delay_hops * alpha_s
+
+    def describe(self) -> str:
+        return (
+            f"unsplit {self.unsplit_s * 1e3:.2f} ms; split {self.constant_s * 1e3:.2f} ms "
+            f"+ {self.per_stage_s * 1e3:.2f} ms x stages + {self.delay_hops:.2f} x one-way delay"
+        )
+
+
 @dataclass
 class Fit:
     links: dict[str, Link]  # per network profile (absent: its points had no hops, all unsplit)
     rtt_ms: dict[str, float]  # the profiles' round trips, as the grid recorded them
     prefill: dict[str, float]  # PREFILL_TERMS -> seconds (per block / per token / per token^2)
     decode: dict[str, float]  # DECODE_TERMS -> seconds per token
-    ttft_overhead_s: float
-    tpot_overhead_s: float
+    ttft_overhead: Overhead  # a request's, time to first token
+    tpot_overhead: Overhead  # a token's, decode
     fitted: list[int]  # the grid's points the fit saw
     hop_samples: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-    ttft_delay_hops: float = 0.0  # one-way delays a request pays outside the stages (in, first token out)
 
     # -- the model --------------------------------------------------------------------------------
 
@@ -243,8 +265,8 @@ class Fit:
 
     def _model(
         self, stages: int, network: Link | str, prompt_tokens: int, wire: str, dim: int, num_blocks: int
-    ) -> tuple[float, float]:
-        """(ttft, tpot) without the overheads."""
+    ) -> tuple[float, float, float]:
+        """(ttft, tpot, the link's one-way delay: 0 unsplit) without the overheads."""
         if wire not in WIRE_BYTES:
             raise ValueError(f"wire {wire!r}: expected one of {sorted(WIRE_BYTES)}")
         if prompt_tokens < 1:
@@ -254,12 +276,12 @@ class Fit:
         shapes = stage_shapes(num_blocks, stages)  # checks stages against num_blocks
         ttft = sum(self.prefill_stage_s(b, f, la, prompt_tokens) for b, f, la in shapes)
         tpot = sum(self.decode_stage_s(b, f, la) for b, f, la in shapes)
-        if stages > 1:
-            link = self.link(network)
-            ttft += (stages - 1) * link.hop(prompt_tokens * dim * WIRE_BYTES[wire])
-            tpot += stages * link.hop(dim * WIRE_BYTES[wire])  # stages-1 activations, 1 token back
-            ttft += self.ttft_delay_hops * link.alpha_s
-        return ttft, tpot
+        if stages == 1:
+            return ttft, tpot, 0.0
+        link = self.link(network)
+        ttft += (stages - 1) * link.hop(prompt_tokens * dim * WIRE_BYTES[wire])
+        tpot += stages * link.hop(dim * WIRE_BYTES[wire])  # stages-1 activations, 1 token back
+        return ttft, tpot, link.alpha_s
 
     def predict(
         self,
@@ -275,8 +297,9 @@ class Fit:
         instances (one stage each, ``dph_per_instance`` dollars an hour each) on ``network``."""
         if not (dph_per_instance >= 0 and math.isfinite(dph_per_instance)):
             raise ValueError(f"dph_per_instance={dph_per_instance!r}: expected a finite number >= 0")
-        ttft, tpot = self._model(stages, network, prompt_tokens, wire, dim, num_blocks)
-        ttft, tpot = ttft + self.ttft_overhead_s, tpot + self.tpot_overhead_s
+        ttft, tpot, alpha = self._model(stages, network, prompt_tokens, wire, dim, num_blocks)
+        ttft += self.ttft_overhead.at(stages, alpha)
+        tpot += self.tpot_overhead.at(stages, alpha)
         return Prediction(ttft, tpot, stages * tpot, stages * dph_per_instance / 3600 * tpot)
 
     def predict_point(self, point: Point) -> Prediction:
@@ -330,9 +353,8 @@ class Fit:
             "rtt_ms": self.rtt_ms,
             "prefill": self.prefill,
             "decode": self.decode,
-            "ttft_overhead_s": self.ttft_overhead_s,
-            "tpot_overhead_s": self.tpot_overhead_s,
-            "ttft_delay_hops": self.ttft_delay_hops,
+            "ttft_overhead": dataclasses.asdict(self.ttft_overhead),
+            "tpot_overhead": dataclasses.asdict(self.tpot_overhead),
             "fitted": self.fitted,
             "notes": self.notes,
         }
@@ -351,12 +373,11 @@ class Fit:
                 rtt_ms={k: float(v) for k, v in data["rtt_ms"].items()},
                 prefill=prefill,
                 decode=decode,
-                ttft_overhead_s=float(data["ttft_overhead_s"]),
-                tpot_overhead_s=float(data["tpot_overhead_s"]),
+                ttft_overhead=Overhead(**{k: float(v) for k, v in data["ttft_overhead"].items()}),
+                tpot_overhead=Overhead(**{k: float(v) for k, v in data["tpot_overhead"].items()}),
                 fitted=[int(i) for i in data["fitted"]],
                 hop_samples={name: int(v.get("samples", 0)) for name, v in data["links"].items()},
                 notes=[str(n) for n in data.get("notes", [])],
-                ttft_delay_hops=float(data.get("ttft_delay_hops", 0.0)),
             )
         except (KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"not a saved fit: {type(e).__name__} {e} (expected Fit.to_json()'s form)") from e
@@ -460,20 +481,42 @@ def fit(grid: Grid, exclude: Sequence[int] | None = None) -> Fit:
     compute = [c for p in points for c in p.compute]
     prefill = _fit_compute([c for c in compute if c.phase == "prefill"], "prefill", PREFILL_TERMS, notes)
     decode = _fit_compute([c for c in compute if c.phase == "decode"], "decode", DECODE_TERMS, notes)
-    model = Fit(links, rtt_ms, prefill, decode, 0.0, 0.0, used, hop_samples, notes)
+    model = Fit(links, rtt_ms, prefill, decode, Overhead(), Overhead(), used, hop_samples, notes)
 
-    ttft_res, tpot_res, delays = [], [], []
+    ttft_left, tpot_left = [], []  # (stages, alpha, what the model leaves over)
     for p in points:
-        ttft, tpot = model._model(p.stages, p.network, p.prompt_tokens, p.wire, p.dim, p.num_blocks)
-        ttft_res.append(statistics.median(p.ttft_s) - ttft)
-        tpot_res.append(statistics.median(p.tpot_s) - tpot)
-        delays.append(model.links[p.network].alpha_s if p.stages > 1 else 0.0)
-    outside = [(d, r) for p, d, r in zip(points, delays, ttft_res, strict=True) if p.stages > 1]
-    if len({d for d, _ in outside}) > 1:  # the delays outside the stages: how ttft's residual grows with the delay
-        (_, k), _ = _lstsq([[1.0, d] for d, _ in outside], [r for _, r in outside])
-        model.ttft_delay_hops = max(0.0, k)
-    model.ttft_overhead_s = float(
-        statistics.median(r - model.ttft_delay_hops * d for r, d in zip(ttft_res, delays, strict=True))
-    )
-    model.tpot_overhead_s = float(statistics.median(tpot_res))
+        ttft, tpot, alpha = model._model(p.stages, p.network, p.prompt_tokens, p.wire, p.dim, p.num_blocks)
+        ttft_left.append((p.stages, alpha, statistics.median(p.ttft_s) - ttft))
+        tpot_left.append((p.stages, alpha, statistics.median(p.tpot_s) - tpot))
+    model.ttft_overhead = _fit_overhead("time to first token", ttft_left, True, notes)
+    model.tpot_overhead = _fit_overhead("time per output token", tpot_left, False, notes)
     return model
+
+
+def _fit_overhead(what: str, left: list[tuple[int, float, float]], delays: bool, notes: list[str]) -> Overhead:
+    """An :class:`Overhead` from (stages, one-way delay, residual) per point: the unsplit points'
+    median; for the split ones, least squares for the per-stage and (``delays``) per-delay terms
+    where the points vary in them (a negative delay count is dropped: a delay cannot save time),
+    then the constant as the median of what those leave."""
+    unsplit = [r for s, _, r in left if s == 1]
+    split = [(s, a, r) for s, a, r in left if s > 1]
+    constant = per_stage = hops = 0.0
+    if split:
+        terms = [
+            t for t, n in (("stages", len({s for s, _, _ in split})), ("delay", len({a for _, a, _ in split}))) if n > 1
+        ]
+        terms = [t for t in terms if t == "stages" or delays]
+        while terms:
+            rows = [[1.0, *(float(s) if t == "stages" else a for t in terms)] for s, a, _ in split]
+            coef, _ = _lstsq(rows, [r for _, _, r in split])
+            got = dict(zip(terms, coef[1:], strict=True))
+            if got.get("delay", 0.0) >= 0:
+                per_stage, hops = got.get("stages", 0.0), got.get("delay", 0.0)
+                break
+            notes.append(f"{what}: the residual shrinks with the delay ({got['delay']:.3g} delays): no delay term")
+            terms.remove("delay")
+        constant = float(statistics.median(r - per_stage * s - hops * a for s, a, r in split))
+    unsplit_s = float(statistics.median(unsplit)) if unsplit else constant + per_stage
+    if not split:
+        constant = unsplit_s
+    return Overhead(constant, per_stage, hops, unsplit_s)

@@ -251,10 +251,11 @@ def _markdown(grid: Grid, fit: Fit, held: dict[str, Any], recs: list[dict[str, A
     lines += _table(["phase", *fit.decode], [["decode", *(f"{v:.4g}" for v in fit.decode.values())]])
     lines += [
         "",
-        f"Overheads the model does not see: {_ms(fit.ttft_overhead_s)} ms a request (time to first token), "
-        f"{_ms(fit.tpot_overhead_s)} ms a token (decode); and {fit.ttft_delay_hops:.2f} one-way delays a request "
-        "outside the stages' hops (the request in, the first token out: about 2 where the orchestrator shares the "
-        "network).",
+        "What the model leaves over (the orchestrator, the node <-> worker bridge, the event loops; for a split "
+        "layout's first token also the request's way in and the token's way out, in one-way delays): ",
+        "",
+        f"- time to first token: {fit.ttft_overhead.describe()}",
+        f"- time per output token: {fit.tpot_overhead.describe()}",
         "",
         "## Held-out points",
         "",
