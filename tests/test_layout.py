@@ -182,6 +182,18 @@ def test_held_out_errors_are_small(grid: Grid, fitted: Fit) -> None:
         fit(grid, exclude=range(len(grid.points)))
 
 
+def test_holding_out_a_prompt_length_stays_within_the_goal(grid: Grid) -> None:
+    """Holding out every point of the middle prompt length leaves the fit two lengths: no room for
+    attention's quadratic term (a note says so), and still within 20% (the grid's goal)."""
+    middle = replace(grid, held_out=[i for i, p in enumerate(grid.points) if p.prompt_tokens == 128])
+    f = fit(middle)
+    assert f.notes == ["prefill: 2 distinct prompt length(s): fitted without block_t2"]
+    assert f.prefill["block_t2"] == 0.0
+    held = f.held_out_errors(middle)
+    assert len(held.rows) == 12 and held.ttft_max is not None and held.tpot_max is not None
+    assert held.ttft_max < 0.2 and held.tpot_max < 0.05, held.to_json()
+
+
 def test_the_fit_survives_json(grid: Grid, fitted: Fit) -> None:
     back = Fit.from_json(json.loads(json.dumps(fitted.to_json(), allow_nan=False)))
     assert back == fitted
