@@ -236,6 +236,9 @@ def test_predict_arithmetic_by_hand() -> None:
     # two stages: 2 blocks + embedding | 3 blocks + head; one activation hop of 100 x 64 x 2 bytes
     # for prefill; per token one activation of 64 x 2 bytes and the token back
     two = f.predict(2, "wan", 100, "bf16", 64, 5, 1.8)
+    assert f.prefill_stage_s(2, True, False, 100) == pytest.approx(2e-3 + 5e-4)  # the first: the embedding
+    assert f.prefill_stage_s(3, False, True, 100) == pytest.approx(3e-3 + 2e-3)  # the last: the head
+    assert f.decode_stage_s(3, False, True) == pytest.approx(3e-4 + 2e-3 + 5e-4)
     assert two.ttft_s == pytest.approx((2e-3 + 5e-4) + (3e-3 + 2e-3) + (0.02 + 12800 / 1e8) + 0.01)
     assert two.tpot_s == pytest.approx((2e-4 + 1e-4 + 5e-4) + (3e-4 + 2e-3 + 5e-4) + 2 * (0.02 + 128 / 1e8) + 0.002)
     assert two.chip_seconds_per_token == pytest.approx(2 * two.tpot_s)
