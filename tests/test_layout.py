@@ -14,7 +14,15 @@ import pytest
 
 from pytest_ppsmoke.layout.fit import Fit, Link, Overhead, fit, layer_range, stage_shapes
 from pytest_ppsmoke.layout.points import WIRE_BYTES, Grid, HopSample, Point, StageSample
-from pytest_ppsmoke.layout.report import Row, pareto_frontier, predict_table, recommendations, write_report
+from pytest_ppsmoke.layout.report import (
+    Row,
+    layout_name,
+    layouts,
+    pareto_frontier,
+    predict_table,
+    recommendations,
+    write_report,
+)
 
 pytestmark = pytest.mark.local
 
@@ -187,7 +195,7 @@ def test_holding_out_a_prompt_length_stays_within_the_goal(grid: Grid) -> None:
     attention's quadratic term (a note says so), and still within 20% (the grid's goal)."""
     middle = replace(grid, held_out=[i for i, p in enumerate(grid.points) if p.prompt_tokens == 128])
     f = fit(middle)
-    assert f.notes == ["prefill: 2 distinct prompt length(s): fitted without block_t2"]
+    assert len(f.notes) == 1 and f.notes[0].startswith("prefill: 2 distinct prompt length(s): fitted without block_t2 ")
     assert f.prefill["block_t2"] == 0.0
     held = f.held_out_errors(middle)
     assert len(held.rows) == 12 and held.ttft_max is not None and held.tpot_max is not None
@@ -379,8 +387,8 @@ def test_report_is_written(grid: Grid, fitted: Fit, tmp_path: Path) -> None:
     for r in recs:
         by_row.setdefault((r["phase"], r["network"], r["prompt_tokens"]), {})[r["objective"]] = r
     for (phase, network, prompt), v in by_row.items():
-        fastest = f"{v['latency']['stages']} stage{'s' if v['latency']['stages'] > 1 else ''}, bf16"
-        cheapest = f"{v['cost']['stages']} stage{'s' if v['cost']['stages'] > 1 else ''}, bf16"
+        fastest = layout_name(v["latency"]["stages"], v["latency"]["wire"])
+        cheapest = layout_name(v["cost"]["stages"], v["cost"]["wire"])
         line = f"| {phase} | {network} | {'-' if prompt is None else prompt} | {fastest} |"
         assert any(ln.startswith(line) and f"| {cheapest} |" in ln for ln in md.splitlines()), (line, cheapest)
     assert "| wan | 40.0 | 20.0" in md  # the fitted link: alpha 20 ms
@@ -388,6 +396,25 @@ def test_report_is_written(grid: Grid, fitted: Fit, tmp_path: Path) -> None:
     assert "Time to first token: max error" in md and "![cost_vs_latency.png](cost_vs_latency.png)" in md
     with pytest.raises(ValueError, match=r"the grid mixes model shapes \(dim, num_blocks\)"):
         write_report(Grid("m", "c", "t", "w", [*grid.points, replace(grid.points[0], dim=8)]), fitted, tmp_path)
+
+
+def test_a_runner_shaped_grid(tmp_path: Path) -> None:
+    """The grid runner's shape: the unsplit model measured once (its wire is moot) and copied to
+    every network, the split layouts in two wires, a whole prompt length held out. The unsplit
+    layout is one layout, named without a wire; the report and its plots are written."""
+    both = synthetic_grid(wires=("bf16", "f32"), seed=5)
+    points = [p for p in both.points if p.stages > 1 or p.wire == "f32"]
+    grid = Grid("m", "cpu", "t", "now", points, [i for i, p in enumerate(points) if p.prompt_tokens == 128])
+    assert layouts(grid) == [(1, "f32"), *((s, w) for s in (2, 3, 4) for w in ("bf16", "f32"))]
+    assert [layout_name(s, w) for s, w in layouts(grid)[:3]] == ["1 stage", "2 stages, bf16", "2 stages, f32"]
+    f = fit(grid)
+    held = f.held_out_errors(grid)
+    assert held.ttft_max is not None and held.ttft_max < 0.2, held.to_json()
+    paths = write_report(grid, f, tmp_path)
+    data = json.loads(paths[0].read_text())
+    assert len(data["predictions"]) == 3 * 7 * 3  # networks x layouts x prompt lengths
+    md = paths[1].read_text()
+    assert "| decode | far | - | 1 stage | " in md and "bf16" in md and "f32" in md
 
 
 def test_decode_can_favour_more_stages_in_the_report(grid: Grid, tmp_path: Path) -> None:
@@ -411,7 +438,7 @@ def test_predict_table(fitted: Fit) -> None:
     assert [ln.split(" | ")[:2] for ln in rows] == [[f"| {s}", str(p)] for s in (1, 2, 4) for p in (16, 512)]
     want = fitted.predict(4, Link(0.02, 1.25e8), 512, "bf16", DIM, BLOCKS, DPH)
     assert f"| 4 | 512 | {want.ttft_s * 1e3:.2f} | {want.tpot_s * 1e3:.2f} |" in table
-    assert "Decode: fastest 1 stage, bf16" in table and "cheapest 1 stage, bf16" in table
+    assert "Decode: fastest 1 stage (" in table and "cheapest 1 stage (" in table
     assert "predicted on wan" in predict_table(fitted, "wan", [2], [16], "bf16", DIM, BLOCKS, DPH).lower()
     with pytest.raises(ValueError, match="network 'mars' has no fitted link"):
         predict_table(fitted, "mars", [2], [16], "bf16", DIM, BLOCKS, DPH)

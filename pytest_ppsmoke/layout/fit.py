@@ -414,7 +414,8 @@ def _fit_compute(samples: list[StageSample], phase: str, terms: tuple[str, ...],
                 used = [t for t in used if not t.endswith("_t")]
             notes.append(
                 f"prefill: {distinct} distinct prompt length(s): fitted without "
-                f"{', '.join(t for t in terms if t not in used)}"
+                f"{', '.join(t for t in terms if t not in used)} (attention's quadratic term needs 3 lengths; "
+                "without it, prompts between the lengths fitted are predicted a little slow)"
             )
 
     def row(s: StageSample) -> list[float]:

@@ -87,18 +87,28 @@ def _row(
     )
 
 
+def layout_name(stages: int, wire: str) -> str:
+    """ "1 stage" (nothing crosses a wire), "2 stages, bf16"."""
+    return "1 stage" if stages == 1 else f"{stages} stages, {wire}"
+
+
+def layouts(grid: Grid) -> list[tuple[int, str]]:
+    """The (stages, wire) layouts the grid ran; the unsplit one once, whatever its wire."""
+    unsplit = sorted({p.wire for p in grid.points if p.stages == 1})[:1]
+    return [(1, w) for w in unsplit] + sorted({(p.stages, p.wire) for p in grid.points if p.stages > 1})
+
+
 def predictions(grid: Grid, fit: Fit) -> list[Row]:
-    """The fit's prediction for every (network, stages, wire) the grid ran, at each prompt length
-    it ran; a network whose points were all unsplit has no link, so only its unsplit layouts."""
+    """The fit's prediction for every layout the grid ran on every network it ran, at each prompt
+    length it ran; a network whose points were all unsplit has no link: only the unsplit layout."""
     dim, nb, dph = _shape(grid)
     rows = []
     for network in _networks(grid):
-        for stages in sorted({p.stages for p in grid.points}):
+        for stages, wire in layouts(grid):
             if stages > 1 and network not in fit.links:
                 continue
-            for wire in sorted({p.wire for p in grid.points}):
-                for prompt in sorted({p.prompt_tokens for p in grid.points}):
-                    rows.append(_row(fit, network, network, stages, wire, prompt, dim, nb, dph))
+            for prompt in sorted({p.prompt_tokens for p in grid.points}):
+                rows.append(_row(fit, network, network, stages, wire, prompt, dim, nb, dph))
     return rows
 
 
@@ -137,10 +147,6 @@ def recommendations(rows: Sequence[Row]) -> list[dict[str, Any]]:
                     }
                 )
     return out
-
-
-def _layout(stages: int, wire: str) -> str:
-    return f"{stages} stage{'s' if stages > 1 else ''}, {wire}"
 
 
 def _ms(s: float | None) -> str:
@@ -193,9 +199,9 @@ def _markdown(grid: Grid, fit: Fit, held: dict[str, Any], recs: list[dict[str, A
                 phase,
                 network,
                 "-" if prompt is None else prompt,
-                _layout(v["latency"]["stages"], v["latency"]["wire"]),
+                layout_name(v["latency"]["stages"], v["latency"]["wire"]),
                 _ms(v["latency"]["latency_s"]),
-                _layout(v["cost"]["stages"], v["cost"]["wire"]),
+                layout_name(v["cost"]["stages"], v["cost"]["wire"]),
                 _usd(v["cost"]["usd_per_token"]),
                 f"{v['cost']['chip_seconds_per_token']:.3g}",
             ]
@@ -236,7 +242,7 @@ def _markdown(grid: Grid, fit: Fit, held: dict[str, Any], recs: list[dict[str, A
                 "inf" if math.isinf(link.beta_Bps) else f"{link.beta_Bps / 1e6:.1f}",
                 fit.hop_samples.get(name, 0),
             ]
-            for name, link in sorted(fit.links.items())
+            for name, link in sorted(fit.links.items(), key=lambda kv: (fit.rtt_ms.get(kv[0], 0.0), kv[0]))
         ],
     )
     lines += [
@@ -252,7 +258,7 @@ def _markdown(grid: Grid, fit: Fit, held: dict[str, Any], recs: list[dict[str, A
     lines += [
         "",
         "What the model leaves over (the orchestrator, the node <-> worker bridge, the event loops; for a split "
-        "layout's first token also the request's way in and the token's way out, in one-way delays): ",
+        "layout's first token also the request's way in and the token's way out, in one-way delays):",
         "",
         f"- time to first token: {fit.ttft_overhead.describe()}",
         f"- time per output token: {fit.tpot_overhead.describe()}",
@@ -301,7 +307,8 @@ def _plots(grid: Grid, fit: Fit, rows: list[Row], out_dir: Path) -> list[Path]:
     dim, nb, dph = _shape(grid)
     networks = _networks(grid)
     stage_counts = sorted({p.stages for p in grid.points})
-    wires = sorted({p.wire for p in grid.points})
+    runs = layouts(grid)
+    several = len({w for s, w in runs if s > 1}) > 1  # name the wire in the legends
     prompts = sorted({p.prompt_tokens for p in grid.points})
     colours = {s: f"C{i}" for i, s in enumerate(stage_counts)}
     paths = []
@@ -310,16 +317,16 @@ def _plots(grid: Grid, fit: Fit, rows: list[Row], out_dir: Path) -> list[Path]:
     fig, axes = plt.subplots(1, len(networks), figsize=(4.5 * len(networks), 4), squeeze=False, sharey=True)
     span = [round(prompts[0] + (prompts[-1] - prompts[0]) * k / 40) for k in range(41)]
     for ax, network in zip(axes[0], networks, strict=True):
-        for stages in stage_counts:
-            for wire in wires:
-                label = f"{stages} stage{'s' if stages > 1 else ''}" + (f" {wire}" if len(wires) > 1 else "")
-                mine = [p for p in grid.points if (p.network, p.stages, p.wire) == (network, stages, wire)]
-                if mine:
-                    xs = [p.prompt_tokens for p in mine]
-                    ax.plot(xs, [statistics.median(p.ttft_s) * 1e3 for p in mine], "o", color=colours[stages])
-                if stages == 1 or network in fit.links:
-                    ys = [fit.predict(stages, network, max(1, x), wire, dim, nb, dph).ttft_s * 1e3 for x in span]
-                    ax.plot(span, ys, "-", color=colours[stages], label=label)
+        for stages, wire in runs:
+            label = layout_name(stages, wire) if several else layout_name(stages, wire).split(",")[0]
+            mine = [p for p in grid.points if (p.network, p.stages) == (network, stages)]
+            mine = [p for p in mine if stages == 1 or p.wire == wire]
+            if mine:
+                xs = [p.prompt_tokens for p in mine]
+                ax.plot(xs, [statistics.median(p.ttft_s) * 1e3 for p in mine], "o", color=colours[stages])
+            if stages == 1 or network in fit.links:
+                ys = [fit.predict(stages, network, max(1, x), wire, dim, nb, dph).ttft_s * 1e3 for x in span]
+                ax.plot(span, ys, "-", color=colours[stages], label=label)
         ax.set_title(f"{network} (rtt {fit.rtt_ms.get(network, 0):g} ms)")
         ax.set_xlabel("prompt tokens")
         ax.grid(alpha=0.3)
@@ -337,13 +344,12 @@ def _plots(grid: Grid, fit: Fit, rows: list[Row], out_dir: Path) -> list[Path]:
     top = max(max(p.rtt_ms for p in grid.points) / 2, 1.0) * 1.1
     delays = [top * k / 40 for k in range(41)]
     for stages in stage_counts:
+        wire = next(w for n, w in runs if n == stages)
         mine = [p for p in grid.points if p.stages == stages]
         ax.plot(
             [p.rtt_ms / 2 for p in mine], [statistics.median(p.tpot_s) * 1e3 for p in mine], "o", color=colours[stages]
         )
-        ys = [
-            fit.predict(stages, Link(d / 1e3, beta), prompts[-1], wires[0], dim, nb, dph).tpot_s * 1e3 for d in delays
-        ]
+        ys = [fit.predict(stages, Link(d / 1e3, beta), prompts[-1], wire, dim, nb, dph).tpot_s * 1e3 for d in delays]
         ax.plot(delays, ys, "-", color=colours[stages], label=f"{stages} stage{'s' if stages > 1 else ''}")
     ax.set_xlabel("one-way delay, ms")
     ax.set_ylabel("time per output token, ms (dots: measured, lines: model)")
@@ -358,11 +364,11 @@ def _plots(grid: Grid, fit: Fit, rows: list[Row], out_dir: Path) -> list[Path]:
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     free = dph == 0
     for k, network in enumerate(networks):
-        layouts = [r for r in rows if r.network == network and r.prompt_tokens == prompts[-1]]
-        pairs = [(r.tpot_s * 1e3, r.chip_seconds_per_token if free else r.usd_per_token) for r in layouts]
+        here = [r for r in rows if r.network == network and r.prompt_tokens == prompts[-1]]
+        pairs = [(r.tpot_s * 1e3, r.chip_seconds_per_token if free else r.usd_per_token) for r in here]
         ax.plot([x for x, _ in pairs], [y for _, y in pairs], "o", color=f"C{k}", label=network)
-        for r, (x, y) in zip(layouts, pairs, strict=True):
-            ax.annotate(f"{r.stages}{r.wire[0]}" if len(wires) > 1 else str(r.stages), (x, y), fontsize=7)
+        for r, (x, y) in zip(here, pairs, strict=True):
+            ax.annotate(f"{r.stages}{r.wire[0]}" if several and r.stages > 1 else str(r.stages), (x, y), fontsize=7)
         front = [pairs[i] for i in pareto_frontier(pairs)]
         ax.step([x for x, _ in front], [y for _, y in front], where="post", color=f"C{k}", alpha=0.6)
     ax.set_xlabel("time per output token, ms (model)")
@@ -440,7 +446,7 @@ def predict_table(
             ],
         ),
         "",
-        f"Decode: fastest {_layout(fastest.stages, wire)} ({_ms(fastest.tpot_s)} ms a token), "
-        f"cheapest {_layout(cheapest.stages, wire)} ({_usd(cheapest.usd_per_token)} $ a token).",
+        f"Decode: fastest {layout_name(fastest.stages, wire)} ({_ms(fastest.tpot_s)} ms a token), "
+        f"cheapest {layout_name(cheapest.stages, wire)} ({_usd(cheapest.usd_per_token)} $ a token).",
     ]
     return "\n".join(lines) + "\n"
