@@ -308,7 +308,9 @@ def _plots(grid: Grid, fit: Fit, rows: list[Row], out_dir: Path) -> list[Path]:
     networks = _networks(grid)
     stage_counts = sorted({p.stages for p in grid.points})
     runs = layouts(grid)
-    several = len({w for s, w in runs if s > 1}) > 1  # name the wire in the legends
+    split_wires = sorted({w for s, w in runs if s > 1})
+    several = len(split_wires) > 1  # name the wire in the legends
+    style = {w: ("-", "--", ":", "-.")[i % 4] for i, w in enumerate(split_wires)}
     prompts = sorted({p.prompt_tokens for p in grid.points})
     colours = {s: f"C{i}" for i, s in enumerate(stage_counts)}
     paths = []
@@ -326,7 +328,7 @@ def _plots(grid: Grid, fit: Fit, rows: list[Row], out_dir: Path) -> list[Path]:
                 ax.plot(xs, [statistics.median(p.ttft_s) * 1e3 for p in mine], "o", color=colours[stages])
             if stages == 1 or network in fit.links:
                 ys = [fit.predict(stages, network, max(1, x), wire, dim, nb, dph).ttft_s * 1e3 for x in span]
-                ax.plot(span, ys, "-", color=colours[stages], label=label)
+                ax.plot(span, ys, style.get(wire, "-") if stages > 1 else "-", color=colours[stages], label=label)
         ax.set_title(f"{network} (rtt {fit.rtt_ms.get(network, 0):g} ms)")
         ax.set_xlabel("prompt tokens")
         ax.grid(alpha=0.3)
@@ -368,7 +370,9 @@ def _plots(grid: Grid, fit: Fit, rows: list[Row], out_dir: Path) -> list[Path]:
         pairs = [(r.tpot_s * 1e3, r.chip_seconds_per_token if free else r.usd_per_token) for r in here]
         ax.plot([x for x, _ in pairs], [y for _, y in pairs], "o", color=f"C{k}", label=network)
         for r, (x, y) in zip(here, pairs, strict=True):
-            ax.annotate(f"{r.stages}{r.wire[0]}" if several and r.stages > 1 else str(r.stages), (x, y), fontsize=7)
+            below = several and r.stages > 1 and split_wires.index(r.wire) % 2  # bf16 above, f32 below
+            text = f"{r.stages} {r.wire}" if several and r.stages > 1 else str(r.stages)
+            ax.annotate(text, (x, y), xytext=(4, -9 if below else 3), textcoords="offset points", fontsize=7)
         front = [pairs[i] for i in pareto_frontier(pairs)]
         ax.step([x for x, _ in front], [y for _, y in front], where="post", color=f"C{k}", alpha=0.6)
     ax.set_xlabel("time per output token, ms (model)")
