@@ -338,6 +338,13 @@ def test_degenerate_links_and_prompts_are_noted(grid: Grid) -> None:
     assert "far" not in unsplit.links and "far: only unsplit points: no link fitted" in unsplit.notes
     with pytest.raises(ValueError, match=r"network 'far' has no fitted link \(its points were all unsplit"):
         unsplit.predict(2, "far", 16, "bf16", DIM, BLOCKS, 0.0)
+    split_only = fit(Grid("m", "cpu", "t", "now", [p for p in grid.points if p.stages > 1]))
+    assert "time to first token: no unsplit point fitted: its overhead is the split layouts' line at 1 stage" in (
+        split_only.notes
+    )
+    assert split_only.ttft_overhead.unsplit_s == pytest.approx(
+        split_only.ttft_overhead.constant_s + split_only.ttft_overhead.per_stage_s
+    )
 
 
 def test_pareto_frontier_by_hand() -> None:

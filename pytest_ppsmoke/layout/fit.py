@@ -224,6 +224,9 @@ class Overhead:
 
 @dataclass
 class Fit:
+    """The fitted model: per network a :class:`Link`, per phase the compute terms of a stage call,
+    per phase the :class:`Overhead`; ``notes`` say where the grid could not pin a term down."""
+
     links: dict[str, Link]  # per network profile (absent: its points had no hops, all unsplit)
     rtt_ms: dict[str, float]  # the profiles' round trips, as the grid recorded them
     prefill: dict[str, float]  # PREFILL_TERMS -> seconds (per block / per token / per token^2)
@@ -517,7 +520,11 @@ def _fit_overhead(what: str, left: list[tuple[int, float, float]], delays: bool,
             notes.append(f"{what}: the residual shrinks with the delay ({got['delay']:.3g} delays): no delay term")
             terms.remove("delay")
         constant = float(statistics.median(r - per_stage * s - hops * a for s, a, r in split))
-    unsplit_s = float(statistics.median(unsplit)) if unsplit else constant + per_stage
+    if unsplit:
+        unsplit_s = float(statistics.median(unsplit))
+    else:
+        unsplit_s = constant + per_stage
+        notes.append(f"{what}: no unsplit point fitted: its overhead is the split layouts' line at 1 stage")
     if not split:
         constant = unsplit_s
     return Overhead(constant, per_stage, hops, unsplit_s)
