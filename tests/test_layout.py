@@ -1,0 +1,453 @@
+"""The layout report's model and report over synthetic grids made from known coefficients: the
+fit recovers them, predicts held-out points, does the arithmetic the model states, and the report
+names the layouts to rent. Pure Python: no model, no nodes."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from pytest_ppsmoke.layout.fit import Fit, Link, Overhead, fit, layer_range, stage_shapes
+from pytest_ppsmoke.layout.points import WIRE_BYTES, Grid, HopSample, Point, StageSample
+from pytest_ppsmoke.layout.report import (
+    Row,
+    layout_name,
+    layouts,
+    pareto_frontier,
+    predict_table,
+    recommendations,
+    write_report,
+)
+
+pytestmark = pytest.mark.local
+
+DIM, BLOCKS, GENERATED, DPH = 576, 30, 8, 0.5
+LINKS = {"loopback": Link(0.0002, 2e9), "wan": Link(0.02, 1.25e8), "far": Link(0.06, 5e7)}
+RTT = {"loopback": 0.0, "wan": 40.0, "far": 120.0}
+PREFILL = {
+    "block": 1e-3,
+    "block_t": 2e-5,
+    "block_t2": 1e-8,
+    "head": 2e-3,
+    "head_t": 5e-5,
+    "embed": 1e-4,
+    "embed_t": 1e-6,
+    "call": 5e-4,
+}
+DECODE = {"block": 8e-4, "head": 3e-3, "embed": 1e-4, "call": 1e-3}
+# split: the orchestrator and the bridge (a constant, a term per stage) and, for the first token,
+# the request in and the token out (2 one-way delays: the orchestrator on the same network);
+# unsplit: one process, its own
+TTFT_OVERHEAD = Overhead(constant_s=0.01, per_stage_s=0.003, delay_hops=2.0, unsplit_s=0.004)
+TPOT_OVERHEAD = Overhead(constant_s=0.001, per_stage_s=0.0005, delay_hops=0.0, unsplit_s=0.0002)
+
+
+def truth(delay_hops: float = TTFT_OVERHEAD.delay_hops) -> Fit:
+    ttft = replace(TTFT_OVERHEAD, delay_hops=delay_hops)
+    return Fit(dict(LINKS), dict(RTT), dict(PREFILL), dict(DECODE), ttft, TPOT_OVERHEAD, [])
+
+
+def synthetic_grid(
+    noise: float = 0.005, seed: int = 16, wires: tuple[str, ...] = ("bf16",), delay_hops: float = 2.0
+) -> Grid:
+    """Every point the true model's, each sample off by ``noise`` (relative, Gaussian); every
+    seventh point held out."""
+    rng = random.Random(seed)
+    model = truth(delay_hops)
+
+    def jitter(x: float) -> float:
+        return x * (1 + rng.gauss(0, noise))
+
+    points = []
+    for network, link in LINKS.items():
+        for stages in (1, 2, 3, 4):
+            for wire in wires:
+                for prompt in (16, 128, 512):
+                    wb = WIRE_BYTES[wire]
+                    hops, compute = [], []
+                    for stage, (blocks, first, last) in enumerate(stage_shapes(BLOCKS, stages)):
+                        t = model.prefill_stage_s(blocks, first, last, prompt)
+                        compute.append(StageSample(stage, blocks, first, last, "prefill", prompt, jitter(t)))
+                        t = model.decode_stage_s(blocks, first, last)
+                        compute += [
+                            StageSample(stage, blocks, first, last, "decode", 1, jitter(t)) for _ in range(GENERATED)
+                        ]
+                    if stages > 1:
+                        hops += [
+                            HopSample("prefill", prompt * DIM * wb, jitter(link.hop(prompt * DIM * wb)))
+                            for _ in range(stages - 1)
+                        ]
+                        for _ in range(GENERATED):
+                            hops += [
+                                HopSample("decode", DIM * wb, jitter(link.hop(DIM * wb))) for _ in range(stages - 1)
+                            ]
+                            hops.append(HopSample("decode", 8, jitter(link.hop(8))))  # the token back
+                    pred = model.predict(stages, link, prompt, wire, DIM, BLOCKS, DPH)
+                    points.append(
+                        Point(
+                            network,
+                            RTT[network],
+                            stages,
+                            wire,
+                            prompt,
+                            DIM,
+                            BLOCKS,
+                            ttft_s=[jitter(pred.ttft_s) for _ in range(3)],
+                            tpot_s=[jitter(pred.tpot_s) for _ in range(3)],
+                            hops=hops,
+                            compute=compute,
+                            dph=[DPH] * stages,
+                        )
+                    )
+    return Grid("synthetic", "cpu", "test", "now", points, held_out=list(range(3, len(points), 7)))
+
+
+@pytest.fixture(scope="module")
+def grid() -> Grid:
+    return synthetic_grid()
+
+
+@pytest.fixture(scope="module")
+def fitted(grid: Grid) -> Fit:
+    return fit(grid)
+
+
+def close(a: float, b: float, rel: float) -> bool:
+    return abs(a - b) <= rel * abs(b)
+
+
+def test_split_is_the_specs() -> None:
+    assert [layer_range(30, s, 4) for s in range(4)] == [(0, 7), (7, 14), (14, 21), (21, 30)]
+    assert stage_shapes(5, 2) == [(2, True, False), (3, False, True)]
+    assert stage_shapes(5, 1) == [(5, True, True)]
+    with pytest.raises(ValueError, match="5 stages need at least as many blocks; the model has 4"):
+        layer_range(4, 0, 5)
+
+
+def test_fit_recovers_the_links(grid: Grid, fitted: Fit) -> None:
+    assert set(fitted.links) == set(LINKS)
+    assert fitted.fitted == [i for i in range(len(grid.points)) if i not in grid.held_out]
+    for name, link in LINKS.items():
+        got = fitted.links[name]
+        assert close(got.alpha_s, link.alpha_s, 0.03), (name, got, link)
+        assert close(got.beta_Bps, link.beta_Bps, 0.05), (name, got, link)
+    assert fitted.rtt_ms == RTT
+
+
+def test_fit_recovers_the_compute(fitted: Fit) -> None:
+    for key in ("block", "block_t", "block_t2"):
+        assert close(fitted.prefill[key], PREFILL[key], 0.05), (key, fitted.prefill[key], PREFILL[key])
+    assert close(fitted.decode["block"], DECODE["block"], 0.03), fitted.decode
+    # head, embedding and the per-call constant trade off within the noise; each stage's sum must not
+    model = truth()
+    for stages in (1, 2, 3, 4):
+        for blocks, first, last in stage_shapes(BLOCKS, stages):
+            for prompt in (16, 100, 512):
+                want = model.prefill_stage_s(blocks, first, last, prompt)
+                assert close(fitted.prefill_stage_s(blocks, first, last, prompt), want, 0.03), (stages, prompt)
+            want = model.decode_stage_s(blocks, first, last)
+            assert close(fitted.decode_stage_s(blocks, first, last), want, 0.02), (stages, blocks)
+    ttft, tpot = fitted.ttft_overhead, fitted.tpot_overhead
+    assert close(ttft.delay_hops, TTFT_OVERHEAD.delay_hops, 0.05), ttft
+    assert tpot.delay_hops == 0.0, tpot  # decode's ring does not pass the orchestrator: not fitted
+    for got, want in ((ttft, TTFT_OVERHEAD), (tpot, TPOT_OVERHEAD)):
+        # within the noise of the medians they are fitted to: 0.5% of ttft (~0.1-3 ms), of tpot (~0.1-1 ms)
+        for stages in (1, 2, 4):
+            assert abs(got.at(stages, 0.02) - want.at(stages, 0.02)) < 2e-3, (stages, got, want)
+        assert abs(got.per_stage_s - want.per_stage_s) < 1e-3, (got, want)
+    assert not fitted.notes, fitted.notes
+
+
+def test_delays_outside_the_stages_are_fitted() -> None:
+    """Where the orchestrator's links are not the stages' (time to first token does not grow with
+    the stages' delay beyond their hops), the fit finds no such delays and still predicts."""
+    grid = synthetic_grid(delay_hops=0.0, seed=3)
+    f = fit(grid)
+    assert f.ttft_overhead.delay_hops < 0.05, f.ttft_overhead
+    assert abs(f.ttft_overhead.at(3, 0.06) - TTFT_OVERHEAD.at(3, 0.0)) < 2e-3, f.ttft_overhead
+    held = f.held_out_errors(grid)
+    assert held.ttft_max is not None and held.ttft_max < 0.03, held.to_json()
+
+
+def test_held_out_errors_are_small(grid: Grid, fitted: Fit) -> None:
+    held = fitted.held_out_errors(grid)
+    assert [r.index for r in held.rows] == grid.held_out
+    assert held.ttft_max is not None and held.tpot_max is not None
+    assert held.ttft_max < 0.03 and held.tpot_max < 0.03, held.to_json()
+    assert held.ttft_median is not None and held.ttft_median <= held.ttft_max
+    row = held.rows[0]
+    p = grid.points[row.index]
+    assert row.ttft_meas_s == sorted(p.ttft_s)[1] and row.tpot_meas_s == sorted(p.tpot_s)[1]
+    assert row.ttft_err == pytest.approx(abs(row.ttft_pred_s - row.ttft_meas_s) / row.ttft_meas_s)
+    # a fit that saw everything still answers for the held-out points; one that saw none is not a fit
+    assert fit(grid, exclude=[]).fitted == list(range(len(grid.points)))
+    with pytest.raises(ValueError, match="no points to fit: the grid has 36, 36 excluded"):
+        fit(grid, exclude=range(len(grid.points)))
+
+
+def test_holding_out_a_prompt_length_stays_within_the_goal(grid: Grid) -> None:
+    """Holding out every point of the middle prompt length leaves the fit two lengths: no room for
+    attention's quadratic term (a note says so), and still within 20% (the grid's goal)."""
+    middle = replace(grid, held_out=[i for i, p in enumerate(grid.points) if p.prompt_tokens == 128])
+    f = fit(middle)
+    assert len(f.notes) == 1 and f.notes[0].startswith("prefill: 2 distinct prompt length(s): fitted without block_t2 ")
+    assert f.prefill["block_t2"] == 0.0
+    held = f.held_out_errors(middle)
+    assert len(held.rows) == 12 and held.ttft_max is not None and held.tpot_max is not None
+    assert held.ttft_max < 0.2 and held.tpot_max < 0.05, held.to_json()
+
+
+def test_the_fit_survives_json(grid: Grid, fitted: Fit) -> None:
+    back = Fit.from_json(json.loads(json.dumps(fitted.to_json(), allow_nan=False)))
+    assert back == fitted
+    free = Fit(
+        {"x": Link(0.001)},
+        {"x": 1.0},
+        dict(PREFILL),
+        dict(DECODE),
+        Overhead(),
+        Overhead(1, 2, 3, 4),
+        [0],
+        {"x": 2},
+        ["note"],
+    )  # an unmeasurable bandwidth is null in JSON, inf again after
+    assert Fit.from_json(json.loads(json.dumps(free.to_json(), allow_nan=False))) == free
+    with pytest.raises(ValueError, match="not a saved fit: KeyError 'links'"):
+        Fit.from_json({"prefill": {}})
+
+
+def hand_fit() -> Fit:
+    return Fit(
+        links={"wan": Link(0.02, 1e8)},
+        rtt_ms={"wan": 40.0},
+        prefill=dict.fromkeys(PREFILL, 0.0) | {"block": 0.001, "head": 0.002, "embed": 0.0005},
+        decode={"block": 1e-4, "head": 2e-3, "embed": 1e-4, "call": 5e-4},
+        ttft_overhead=Overhead(0.01, 0.0, 0.0, 0.01),
+        tpot_overhead=Overhead(0.002, 0.0, 0.0, 0.002),
+        fitted=[],
+    )
+
+
+def test_predict_arithmetic_by_hand() -> None:
+    f = hand_fit()
+    # one stage: 5 blocks, the head and the embedding, no hops
+    one = f.predict(1, "wan", 100, "bf16", 64, 5, 1.8)
+    assert one.ttft_s == pytest.approx(5 * 0.001 + 0.002 + 0.0005 + 0.01)
+    assert one.tpot_s == pytest.approx(5 * 1e-4 + 2e-3 + 1e-4 + 5e-4 + 0.002)
+    assert one.chip_seconds_per_token == pytest.approx(one.tpot_s)
+    assert one.usd_per_token == pytest.approx(1.8 / 3600 * one.tpot_s)
+    # two stages: 2 blocks + embedding | 3 blocks + head; one activation hop of 100 x 64 x 2 bytes
+    # for prefill; per token one activation of 64 x 2 bytes and the token back
+    two = f.predict(2, "wan", 100, "bf16", 64, 5, 1.8)
+    assert f.prefill_stage_s(2, True, False, 100) == pytest.approx(2e-3 + 5e-4)  # the first: the embedding
+    assert f.prefill_stage_s(3, False, True, 100) == pytest.approx(3e-3 + 2e-3)  # the last: the head
+    assert f.decode_stage_s(3, False, True) == pytest.approx(3e-4 + 2e-3 + 5e-4)
+    assert two.ttft_s == pytest.approx((2e-3 + 5e-4) + (3e-3 + 2e-3) + (0.02 + 12800 / 1e8) + 0.01)
+    assert two.tpot_s == pytest.approx((2e-4 + 1e-4 + 5e-4) + (3e-4 + 2e-3 + 5e-4) + 2 * (0.02 + 128 / 1e8) + 0.002)
+    assert two.chip_seconds_per_token == pytest.approx(2 * two.tpot_s)
+    assert two.usd_per_token == pytest.approx(2 * 1.8 / 3600 * two.tpot_s)
+    # f32 doubles the bytes; a described network is as good as a fitted one
+    assert f.predict(2, "wan", 100, "f32", 64, 5, 1.8).ttft_s == pytest.approx(two.ttft_s + 12800 / 1e8)
+    assert f.predict(2, "rtt=40ms,bw=800mbit", 100, "bf16", 64, 5, 1.8) == two
+    # the overheads: per stage, per one-way delay (the request in, the first token out); unsplit its own
+    f.ttft_overhead = Overhead(0.01, 0.003, 2.0, 0.004)
+    f.tpot_overhead = Overhead(0.002, 0.0005, 0.0, 0.0001)
+    assert f.predict(2, "wan", 100, "bf16", 64, 5, 1.8).ttft_s == pytest.approx(two.ttft_s + 2 * 0.003 + 2 * 0.02)
+    assert f.predict(2, "wan", 100, "bf16", 64, 5, 1.8).tpot_s == pytest.approx(two.tpot_s + 2 * 0.0005)
+    assert f.predict(1, "rtt=10ms", 100, "bf16", 64, 5, 1.8).ttft_s == pytest.approx(one.ttft_s - 0.01 + 0.004)
+    assert f.predict(1, "wan", 100, "bf16", 64, 5, 1.8).tpot_s == pytest.approx(one.tpot_s - 0.002 + 0.0001)
+
+
+def test_link_descriptions() -> None:
+    assert Link.parse("rtt=40ms,bw=1gbit") == Link(0.02, 1.25e8)
+    assert Link.parse("delay=5ms, bw=100MB/s") == Link(0.005, 1e8)
+    assert Link.parse("rtt=0.1s") == Link(0.05, math.inf)
+    assert Link.parse("rtt=40") == Link(0.02)  # milliseconds unless told
+    assert Link(0.01, 1e6).hop(1e6) == pytest.approx(1.01)
+    for bad, message in [
+        ("rtt=40parsecs", "rtt='40parsecs': expected a number with a unit"),
+        ("bw=fast", "bw='fast': expected a number with a unit"),
+        ("jitter=1ms", "'jitter=1ms' is not one of rtt=..., delay=..., bw=..."),
+        ("rtt=40ms,rtt=50ms", "'rtt=50ms' is not one of"),
+        ("rtt=40ms,delay=20ms", "give rtt .* or delay .*, not both"),
+        ("bw=0gbit", "bw must be > 0"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            Link.parse(bad)
+    with pytest.raises(ValueError, match="alpha_s=-1"):
+        Link(-1)
+    with pytest.raises(ValueError, match="beta_Bps=0"):
+        Link(0.0, 0)
+
+
+def test_predict_names_bad_inputs(fitted: Fit) -> None:
+    f = hand_fit()
+    for kwargs, message in [
+        ({"network": "mars"}, r"network 'mars' has no fitted link; fitted: \['wan'\]"),
+        ({"wire": "int4"}, "wire 'int4': expected one of"),
+        ({"stages": 6}, "6 stages need at least as many blocks; the model has 5"),
+        ({"stages": 0}, "stages=0: expected at least 1"),
+        ({"prompt_tokens": 0}, "prompt_tokens=0: expected at least 1"),
+        ({"dph_per_instance": -1.0}, "dph_per_instance=-1.0: expected a finite number >= 0"),
+        ({"network": "rtt=fast"}, "rtt='fast'"),
+    ]:
+        args = {"stages": 2, "network": "wan", "prompt_tokens": 10, "wire": "bf16", "dim": 8, "num_blocks": 5}
+        with pytest.raises(ValueError, match=message):
+            f.predict(**(args | {"dph_per_instance": 1.0} | kwargs))  # type: ignore[arg-type]
+    # the unsplit layout (one process) needs no link: any name will do
+    assert f.predict(1, "mars", 10, "bf16", 8, 5, 1.0).ttft_s > 0
+
+
+def test_fit_names_bad_grids(grid: Grid) -> None:
+    def one(**changes: object) -> Grid:
+        p = grid.points[5]
+        return Grid("m", "cpu", "t", "now", [replace(p, **changes), *grid.points[:4]])  # type: ignore[arg-type]
+
+    with pytest.raises(ValueError, match=r"network 'moon': 1 hop sample\(s\) over 1 split point\(s\) .*too few"):
+        fit(one(network="moon", stages=2, hops=[HopSample("decode", 8, 0.1)]))
+    with pytest.raises(ValueError, match=r"point 0 \('loopback', 2, 'bf16', 512\) ttft_s: no repeats measured"):
+        fit(one(ttft_s=[]))
+    with pytest.raises(ValueError, match="wire 'fp8' is not one of"):
+        fit(one(wire="fp8"))
+    with pytest.raises(ValueError, match="excluded point 99: the grid has 36 points"):
+        fit(grid, exclude=[99])
+    with pytest.raises(ValueError, match="held-out index 77: the grid has 36 points"):
+        fit(grid).held_out_errors(Grid("m", "cpu", "t", "now", grid.points, held_out=[77]))
+    prefill_only = [replace(p, compute=[c for c in p.compute if c.phase == "prefill"]) for p in grid.points]
+    no_decode = Grid("m", "cpu", "t", "now", prefill_only)
+    with pytest.raises(ValueError, match="no decode stage samples in the fitted points"):
+        fit(no_decode)
+
+
+def test_degenerate_links_and_prompts_are_noted(grid: Grid) -> None:
+    flat = [
+        replace(p, hops=[HopSample(h.phase, 100, 0.02) for h in p.hops])
+        for p in grid.points
+        if p.network == "wan" and p.prompt_tokens == 128
+    ]
+    f = fit(Grid("m", "cpu", "t", "now", flat))
+    assert f.links["wan"] == Link(0.02)
+    assert any("every hop carried 100 bytes" in n for n in f.notes), f.notes
+    assert any("1 distinct prompt length(s): fitted without block_t, block_t2, head_t, embed_t" in n for n in f.notes)
+    unsplit = fit(Grid("m", "cpu", "t", "now", [p for p in grid.points if p.stages == 1 or p.network != "far"]))
+    assert "far" not in unsplit.links and "far: only unsplit points: no link fitted" in unsplit.notes
+    with pytest.raises(ValueError, match=r"network 'far' has no fitted link \(its points were all unsplit"):
+        unsplit.predict(2, "far", 16, "bf16", DIM, BLOCKS, 0.0)
+    split_only = fit(Grid("m", "cpu", "t", "now", [p for p in grid.points if p.stages > 1]))
+    assert "time to first token: no unsplit point fitted: its overhead is the split layouts' line at 1 stage" in (
+        split_only.notes
+    )
+    assert split_only.ttft_overhead.unsplit_s == pytest.approx(
+        split_only.ttft_overhead.constant_s + split_only.ttft_overhead.per_stage_s
+    )
+
+
+def test_pareto_frontier_by_hand() -> None:
+    pairs = [(1, 10), (2, 5), (3, 7), (2, 5), (4, 1), (5, 1), (0.5, 20), (3, 4)]
+    assert pareto_frontier(pairs) == [6, 0, 1, 7, 4]
+    assert pareto_frontier([]) == []
+    assert pareto_frontier([(1.0, 1.0)]) == [0]
+
+
+def test_recommendations_pick_fastest_and_cheapest() -> None:
+    rows = [  # two stages decode faster, one stage costs less per token
+        Row("wan", 1, "bf16", 64, 0.20, 0.010, 0.010, 0.010 * 2 / 3600, 0.20 * 2 / 3600 / 64),
+        Row("wan", 2, "bf16", 64, 0.15, 0.006, 0.012, 0.012 * 2 / 3600, 2 * 0.15 * 2 / 3600 / 64),
+    ]
+    recs = {(r["phase"], r["objective"]): r for r in recommendations(rows)}
+    assert recs["decode", "latency"]["stages"] == 2 and recs["decode", "cost"]["stages"] == 1
+    assert recs["prefill", "latency"]["stages"] == 2 and recs["prefill", "cost"]["stages"] == 1
+    assert recs["prefill", "latency"]["prompt_tokens"] == 64 and recs["decode", "cost"]["prompt_tokens"] is None
+    assert recs["decode", "latency"]["latency_s"] == 0.006
+
+
+def test_report_is_written(grid: Grid, fitted: Fit, tmp_path: Path) -> None:
+    paths = write_report(grid, fitted, tmp_path)
+    assert [p.name for p in paths] == [
+        "layout.json",
+        "layout.md",
+        "ttft_vs_prompt.png",
+        "tpot_vs_delay.png",
+        "cost_vs_latency.png",
+    ]
+    for p in paths[2:]:
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 10_000, p
+    data = json.loads(paths[0].read_text())
+    assert Grid.from_json(data["grid"]) == grid and Fit.from_json(data["fit"]) == fitted
+    assert data["held_out"]["ttft_max"] < 0.03
+    assert len(data["predictions"]) == 3 * 4 * 3  # networks x stages x prompt lengths, one wire
+    # every phase and network has its fastest and cheapest layout, and the Markdown names them
+    recs = data["recommendations"]
+    assert {(r["phase"], r["network"], r["prompt_tokens"], r["objective"]) for r in recs} == {
+        (phase, n, p, o)
+        for n in LINKS
+        for phase, p in [*(("prefill", p) for p in (16, 128, 512)), ("decode", None)]
+        for o in ("latency", "cost")
+    }
+    md = paths[1].read_text()
+    by_row = {}
+    for r in recs:
+        by_row.setdefault((r["phase"], r["network"], r["prompt_tokens"]), {})[r["objective"]] = r
+    for (phase, network, prompt), v in by_row.items():
+        fastest = layout_name(v["latency"]["stages"], v["latency"]["wire"])
+        cheapest = layout_name(v["cost"]["stages"], v["cost"]["wire"])
+        line = f"| {phase} | {network} | {'-' if prompt is None else prompt} | {fastest} |"
+        assert any(ln.startswith(line) and f"| {cheapest} |" in ln for ln in md.splitlines()), (line, cheapest)
+    assert "| wan | 40.0 | 20.0" in md  # the fitted link: alpha 20 ms
+    assert f"- time to first token: {fitted.ttft_overhead.describe()}" in md
+    assert "Time to first token: max error" in md and "![cost_vs_latency.png](cost_vs_latency.png)" in md
+    with pytest.raises(ValueError, match=r"the grid mixes model shapes \(dim, num_blocks\)"):
+        write_report(Grid("m", "c", "t", "w", [*grid.points, replace(grid.points[0], dim=8)]), fitted, tmp_path)
+
+
+def test_a_runner_shaped_grid(tmp_path: Path) -> None:
+    """The grid runner's shape: the unsplit model measured once (its wire is moot) and copied to
+    every network, the split layouts in two wires, a whole prompt length held out. The unsplit
+    layout is one layout, named without a wire; the report and its plots are written."""
+    both = synthetic_grid(wires=("bf16", "f32"), seed=5)
+    points = [p for p in both.points if p.stages > 1 or p.wire == "f32"]
+    grid = Grid("m", "cpu", "t", "now", points, [i for i, p in enumerate(points) if p.prompt_tokens == 128])
+    assert layouts(grid) == [(1, "f32"), *((s, w) for s in (2, 3, 4) for w in ("bf16", "f32"))]
+    assert [layout_name(s, w) for s, w in layouts(grid)[:3]] == ["1 stage", "2 stages, bf16", "2 stages, f32"]
+    f = fit(grid)
+    held = f.held_out_errors(grid)
+    assert held.ttft_max is not None and held.ttft_max < 0.2, held.to_json()
+    paths = write_report(grid, f, tmp_path)
+    data = json.loads(paths[0].read_text())
+    assert len(data["predictions"]) == 3 * 7 * 3  # networks x layouts x prompt lengths
+    md = paths[1].read_text()
+    assert "| decode | far | - | 1 stage | " in md and "bf16" in md and "f32" in md
+
+
+def test_decode_can_favour_more_stages_in_the_report(grid: Grid, tmp_path: Path) -> None:
+    """A model whose stages cost less apart than together (a negative per-call term) recommends
+    the split for latency, and still the single stage for cost."""
+    f = truth()
+    f.decode = DECODE | {"call": -0.002}
+    f.links = {n: Link(0.0) for n in LINKS}
+    write_report(grid, f, tmp_path, plots=False)
+    recs = json.loads((tmp_path / "layout.json").read_text())["recommendations"]
+    decode = {(r["network"], r["objective"]): r["stages"] for r in recs if r["phase"] == "decode"}
+    assert decode == {(n, o): 4 if o == "latency" else 1 for n in LINKS for o in ("latency", "cost")}, decode
+    assert "| decode | far | - | 4 stages, bf16 |" in (tmp_path / "layout.md").read_text()
+
+
+def test_predict_table(fitted: Fit) -> None:
+    table = predict_table(fitted, "rtt=40ms,bw=1gbit", [1, 2, 4], [16, 512], "bf16", DIM, BLOCKS, DPH)
+    lines = table.splitlines()
+    assert lines[0].startswith("Predicted on rtt=40ms,bw=1gbit (one-way 20 ms, 125 MB/s)")
+    rows = [ln for ln in lines if ln.startswith("| ") and ln[2].isdigit()]
+    assert [ln.split(" | ")[:2] for ln in rows] == [[f"| {s}", str(p)] for s in (1, 2, 4) for p in (16, 512)]
+    want = fitted.predict(4, Link(0.02, 1.25e8), 512, "bf16", DIM, BLOCKS, DPH)
+    assert f"| 4 | 512 | {want.ttft_s * 1e3:.2f} | {want.tpot_s * 1e3:.2f} |" in table
+    assert "Decode: fastest 1 stage (" in table and "cheapest 1 stage (" in table
+    assert "predicted on wan" in predict_table(fitted, "wan", [2], [16], "bf16", DIM, BLOCKS, DPH).lower()
+    with pytest.raises(ValueError, match="network 'mars' has no fitted link"):
+        predict_table(fitted, "mars", [2], [16], "bf16", DIM, BLOCKS, DPH)
+    with pytest.raises(ValueError, match=r"stages \[\] and prompt lengths \[16\]: need one of each"):
+        predict_table(fitted, "wan", [], [16], "bf16", DIM, BLOCKS, DPH)
