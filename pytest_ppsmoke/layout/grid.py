@@ -154,8 +154,8 @@ async def _pipeline_points(spec: GridSpec, network: str, grid: Grid, log: Log) -
                     two = len((await run_inference(dep.seed, n, "hello hello", 2, spec.timeout)).prompt_token_ids)
                     word = max(1, two - one)
                     template = one - word
-                    dim = dep.ready[0].dim if 0 in dep.ready else 0
-                    blocks = max(st.end_block for st in dep.ready.values()) if dep.ready else 0
+                    dim = dep.ready[0].dim  # every node said ready with its dim and blocks (load)
+                    blocks = max(st.end_block for st in dep.ready.values())
                     for target in spec.prompts:
                         prompt = prompt_text(target, template, word)
                         await run_inference(dep.seed, n, prompt, 2, spec.timeout)  # warm-up at this length

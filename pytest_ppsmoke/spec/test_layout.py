@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Callable
 
 import pytest
 
@@ -19,7 +20,7 @@ pytestmark = [pytest.mark.local]
 
 
 def test_layout_grid_fits_its_cost_model_and_writes_the_report(
-    ppsmoke_settings: Settings, record_property: pytest.RecordProperty
+    ppsmoke_settings: Settings, record_property: Callable[[str, object], None]
 ) -> None:
     from pytest_ppsmoke.layout.fit import fit
     from pytest_ppsmoke.layout.grid import grid_spec, run_grid
