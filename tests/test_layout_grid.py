@@ -53,7 +53,7 @@ def test_a_prompt_is_sized_from_the_template_and_the_word() -> None:
     assert prompt_text(40, 30) == " ".join(["hello"] * 10)
     assert prompt_text(40, 30, 2) == " ".join(["hello"] * 5)
     assert prompt_text(10, 30) == "hello"  # never empty
-    with pytest.raises(ValueError, match="max_tokens must be >= 8"):
+    with pytest.raises(ValueError, match="max_tokens >= 8"):
         GridSpec(max_tokens=4).check()
     with pytest.raises(ValueError, match="stage counts must be at least 1"):
         GridSpec(stages=(0, 2)).check()

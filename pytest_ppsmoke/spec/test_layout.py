@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable
 
 import pytest
 
@@ -20,13 +19,17 @@ pytestmark = [pytest.mark.local]
 
 
 def test_layout_grid_fits_its_cost_model_and_writes_the_report(
-    ppsmoke_settings: Settings, record_property: Callable[[str, object], None]
+    ppsmoke_settings: Settings, request: pytest.FixtureRequest
 ) -> None:
     from pytest_ppsmoke.layout.fit import fit
     from pytest_ppsmoke.layout.grid import grid_spec, run_grid
-    from pytest_ppsmoke.layout.report import predictions, recommendations, write_report
+    from pytest_ppsmoke.layout.report import layout_name, predictions, recommendations, write_report
 
     s = ppsmoke_settings
+
+    def record_property(name: str, value: object) -> None:  # the JUnit properties, as the plugin adds its own
+        request.node.user_properties.append((name, value))
+
     spec = grid_spec(s.grid, s.model)
     if spec is None:
         pytest.skip("no layout grid asked for (--ppsmoke-grid small, or a grid description)")
@@ -44,7 +47,7 @@ def test_layout_grid_fits_its_cost_model_and_writes_the_report(
         key = f"ppsmoke_layout_{rec['objective']}_{rec['phase']}_{rec['network']}"
         if rec["phase"] == "prefill":
             key += f"_P{rec['prompt_tokens']}"
-        record_property(key, f"{rec['stages']} stages {rec['wire']}")
+        record_property(key, layout_name(rec["stages"], rec["wire"]))
     held = model.held_out_errors(grid)
     for what in ("ttft", "tpot"):
         worst = getattr(held, f"{what}_max")
