@@ -203,7 +203,7 @@ def test_the_spec_suite_passes_and_junit_carries_the_figures(
     finally:
         emulator.terminate()
         emulator.wait(30)
-    result.assert_outcomes(passed=7, deselected=1)
+    result.assert_outcomes(passed=7, skipped=1, deselected=1)  # skipped: the layout grid, not asked for
     out = result.stdout.str()
     assert f"pytest-ppsmoke: local, {synth_model}, 2 stages, bf16" in out  # the terminal summary
     assert re.search(r"vast\.ai API: \d+ calls; \d+ answered 429 \(absorbed: .*1 offer\(s\) taken by someone else", out)
