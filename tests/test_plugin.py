@@ -214,6 +214,9 @@ def test_the_spec_suite_passes_and_junit_carries_the_figures(
     assert KEY not in text and KEY not in out and "vk-JUNIT" not in text
     cases = ET.fromstring(text).iter("testcase")
     for case in cases:
+        if case.find("skipped") is not None:  # the layout grid's test, not asked for: no deployment
+            assert case.get("name") == "test_layout_grid_fits_its_cost_model_and_writes_the_report"
+            continue
         props = {p.get("name"): p.get("value") for p in case.iter("property")}
         assert props["ppsmoke_mode"] == "local" and props["ppsmoke_run_id"], case.get("name")
         assert float(props["ppsmoke_time_rent"]) >= 0 and float(props["ppsmoke_cost_usd"]) > 0
