@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import sys
@@ -27,6 +26,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
+
+from benchio import emit  # bench/ is this script's directory: first on sys.path
 
 from pytest_ppsmoke.stage.bridge import WorkerBridge
 
@@ -111,10 +112,7 @@ def main() -> None:
         "load_average": {"before": before, "after": os.getloadavg()},
         "per_call_ms": per_call,
     }
-    text = json.dumps(report, indent=2)
-    print(text)
-    if a.out:
-        a.out.write_text(text + "\n")
+    emit(report, a.out)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_pipeline import PROMPT, figures
+from benchio import emit  # bench/ is this script's directory: first on sys.path
 
 
 async def pipeline(model: str, max_tokens: int, gpus: list[str], wire: str) -> dict[str, Any]:
@@ -82,10 +83,7 @@ def main() -> None:
         },
         "goal": {"decode_vs_unsplit_at_least": 0.9, "stretch": 0.95},
     }
-    text = json.dumps(report, indent=2)
-    print(text)
-    if a.out:
-        a.out.write_text(text + "\n")
+    emit(report, a.out)
 
 
 if __name__ == "__main__":

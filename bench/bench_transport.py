@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchio import emit  # bench/ is this script's directory: first on sys.path
+
 HERE = Path(__file__).resolve().parent
 SMALL, BIG = 4096, 4 << 20
 
@@ -313,11 +315,7 @@ def main() -> None:
         "goal": {"rt_4k_vs_tcp_at_most": 4.0, "oneway_4m_vs_tcp_at_least": 0.5},
         "swim": asyncio.run(swim_timings(2 if a.quick else 5)),
     }
-    text = json.dumps(report, indent=2)
-    print(text)
-    if a.out:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(text + "\n")
+    emit(report, a.out)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchio import emit  # bench/ is this script's directory: first on sys.path
+
 HERE = Path(__file__).resolve().parent
 
 TRACER = r"""
@@ -114,10 +116,7 @@ def main() -> None:
         "legs_median_us": {k: median_us(v) for k, v in legs.items() if v},
         "matched": len(legs["client_write"]),
     }
-    text = json.dumps(report, indent=2)
-    print(text)
-    if a.out:
-        a.out.write_text(text + "\n")
+    emit(report, a.out)
 
 
 if __name__ == "__main__":

@@ -68,3 +68,15 @@ class PhaseError(RuntimeError):
         super().__init__(f"{phase}: {message}")
         self.phase = phase
         self.reason = message
+
+
+def layer_range(total: int, stage: int, num_stages: int) -> tuple[int, int]:
+    """The spec's split, for any number of stages: ``total // num_stages`` blocks a stage, the
+    last stage takes the rest. Here, with no tinygrad, so that the orchestrator's side (the layout
+    model, the weight cache's key check) and the stages agree on one formula."""
+    if num_stages < 1 or not 0 <= stage < num_stages:
+        raise ValueError(f"stage {stage} of {num_stages} is not a valid stage")
+    if num_stages > total:
+        raise ValueError(f"{num_stages} stages need at least as many blocks; the model has {total}")
+    k = total // num_stages
+    return stage * k, (stage + 1) * k if stage < num_stages - 1 else total

@@ -29,20 +29,10 @@ from typing import Any
 import numpy as np
 
 from pytest_ppsmoke.layout.points import WIRE_BYTES, Grid, Point, StageSample
+from pytest_ppsmoke.protocol import layer_range
 
 PREFILL_TERMS = ("block", "block_t", "block_t2", "head", "head_t", "embed", "embed_t", "call")
 DECODE_TERMS = ("block", "head", "embed", "call")
-
-
-def layer_range(total: int, stage: int, num_stages: int) -> tuple[int, int]:
-    """The spec's split (as ``pytest_ppsmoke.stage.model.layer_range``, which imports tinygrad):
-    ``total // num_stages`` blocks a stage, the last stage takes the rest."""
-    if num_stages < 1 or not 0 <= stage < num_stages:
-        raise ValueError(f"stage {stage} of {num_stages} is not a valid stage")
-    if num_stages > total:
-        raise ValueError(f"{num_stages} stages need at least as many blocks; the model has {total}")
-    k = total // num_stages
-    return stage * k, (stage + 1) * k if stage < num_stages - 1 else total
 
 
 def stage_shapes(num_blocks: int, stages: int) -> list[tuple[int, bool, bool]]:

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..protocol import layer_range
 from .points import Grid, HopSample, Point, StageSample
 
 Log = Callable[[str], None]
@@ -105,8 +106,6 @@ def _tpot(stamps: list[float], skip: int = 2) -> float:
 
 def samples(r: Any, num_blocks: int, num_stages: int) -> tuple[list[HopSample], list[StageSample], list[float]]:
     """A request's hops, worker calls and token stamps (``r``: a pipeline.InferenceResult)."""
-    from ..stage.model import layer_range
-
     hops: list[HopSample] = []
     for a, b in zip(r.stages, r.stages[1:], strict=False):
         received = {h.position: h for h in b.activations_in if h.request_id == a.request_id or not h.request_id}

@@ -304,6 +304,12 @@ def _plots(grid: Grid, fit: Fit, rows: list[Row], out_dir: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    def save(fig: Any, path: Path) -> Path:
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        return path
+
     dim, nb, dph = _shape(grid)
     networks = _networks(grid)
     stage_counts = sorted({p.stages for p in grid.points})
@@ -334,10 +340,7 @@ def _plots(grid: Grid, fit: Fit, rows: list[Row], out_dir: Path) -> list[Path]:
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("time to first token, ms (dots: measured, lines: model)")
     axes[0][0].legend()
-    fig.tight_layout()
-    paths.append(out_dir / PLOTS[0])
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    paths.append(save(fig, out_dir / PLOTS[0]))
 
     # time per output token against one-way delay: measured points, the model's lines
     fig, ax = plt.subplots(figsize=(6, 4.5))
@@ -357,10 +360,7 @@ def _plots(grid: Grid, fit: Fit, rows: list[Row], out_dir: Path) -> list[Path]:
     ax.set_ylabel("time per output token, ms (dots: measured, lines: model)")
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    paths.append(out_dir / PLOTS[1])
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    paths.append(save(fig, out_dir / PLOTS[1]))
 
     # cost per token against latency, each layout per network; the Pareto frontier
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
@@ -380,10 +380,7 @@ def _plots(grid: Grid, fit: Fit, rows: list[Row], out_dir: Path) -> list[Path]:
     ax.set_title("cost against latency (labels: stages; lines: Pareto frontier)", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    paths.append(out_dir / PLOTS[2])
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    paths.append(save(fig, out_dir / PLOTS[2]))
     return paths
 
 

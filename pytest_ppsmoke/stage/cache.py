@@ -43,6 +43,8 @@ from typing import Any
 
 import numpy as np
 
+from ..protocol import layer_range
+
 DEFAULT_ROOT = Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "ppsmoke" / "weights"
 DEFAULT_MAX_BYTES = 8 << 30
 _MAGIC = b"PPSMOKE-WEIGHTS\n"
@@ -67,8 +69,6 @@ class Part:
 
     @classmethod
     def of_stage(cls, stage: int, num_stages: int, total: int) -> Part:
-        from .model import layer_range
-
         lo, hi = layer_range(total, stage, num_stages)
         return cls(lo, hi, stage == 0, stage == num_stages - 1)
 

@@ -41,7 +41,7 @@ from tinygrad import Device, GlobalCounters, Tensor, TinyJit, UOp, dtypes, nn
 from tinygrad.apps.llm import SimpleTokenizer as _SimpleTokenizer
 from tinygrad.apps.llm import Transformer, models
 
-from ..protocol import reference_method
+from ..protocol import layer_range, reference_method
 from ..runtime.codec import WireDtype, digest
 from .cache import CacheError, Part, WeightCache, WeightLoad
 
@@ -262,16 +262,6 @@ class Tokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return str(self.tok.decode([i for i in ids if i not in self.end_ids]))
-
-
-def layer_range(total: int, stage: int, num_stages: int) -> tuple[int, int]:
-    """The spec's split, for any number of stages."""
-    if num_stages < 1 or not 0 <= stage < num_stages:
-        raise ValueError(f"stage {stage} of {num_stages} is not a valid stage")
-    if num_stages > total:
-        raise ValueError(f"{num_stages} stages need at least as many blocks; the model has {total}")
-    k = total // num_stages
-    return stage * k, (stage + 1) * k if stage < num_stages - 1 else total
 
 
 class StageModel:
