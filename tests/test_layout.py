@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ppsmoke.layout.fit import Fit, Link, Overhead, fit, layer_range, stage_shapes
+from pytest_ppsmoke.layout.fit import Fit, Link, Overhead, Wake, fit, layer_range, stage_shapes
+from pytest_ppsmoke.layout.grid import hold_out
 from pytest_ppsmoke.layout.points import WIRE_BYTES, Grid, HopSample, Point, StageSample
 from pytest_ppsmoke.layout.report import (
     Row,
@@ -39,7 +40,9 @@ PREFILL = {
     "embed_t": 1e-6,
     "call": 5e-4,
 }
-DECODE = {"block": 8e-4, "head": 3e-3, "embed": 1e-4, "call": 1e-3}
+DECODE = {"block": 8e-4, "block_ctx": 2e-7, "head": 3e-3, "embed": 1e-4, "call": 1e-3, "wake": 0.015}
+# a stage idle for more than 120 ms before a decode call pays up to 15 ms to wake (from 270 ms on)
+WAKE = Wake(0.12, 0.27)
 # split: the orchestrator and the bridge (a constant, a term per stage) and, for the first token,
 # the request in and the token out (2 one-way delays: the orchestrator on the same network);
 # unsplit: one process, its own
@@ -47,18 +50,32 @@ TTFT_OVERHEAD = Overhead(constant_s=0.01, per_stage_s=0.003, delay_hops=2.0, uns
 TPOT_OVERHEAD = Overhead(constant_s=0.001, per_stage_s=0.0005, delay_hops=0.0, unsplit_s=0.0002)
 
 
-def truth(delay_hops: float = TTFT_OVERHEAD.delay_hops) -> Fit:
+def truth(delay_hops: float = TTFT_OVERHEAD.delay_hops, wake: Wake = WAKE, wake_s: float = DECODE["wake"]) -> Fit:
     ttft = replace(TTFT_OVERHEAD, delay_hops=delay_hops)
-    return Fit(dict(LINKS), dict(RTT), dict(PREFILL), dict(DECODE), ttft, TPOT_OVERHEAD, [])
+    decode = {**DECODE, "wake": wake_s}
+    return Fit(dict(LINKS), dict(RTT), dict(PREFILL), decode, ttft, TPOT_OVERHEAD, [], wake=wake)
+
+
+def decode_call(model: Fit, blocks: int, first: bool, last: bool, context: int, tpot: float) -> tuple[float, float]:
+    """A stage's decode call and its idle gap in a pipeline making a token every ``tpot``: the
+    gap is the token's time less the call (solved by iteration)."""
+    call = model.decode_stage_s(blocks, first, last, context)
+    for _ in range(100):
+        call = model.decode_stage_s(blocks, first, last, context, tpot - call)
+    return call, tpot - call
 
 
 def synthetic_grid(
-    noise: float = 0.005, seed: int = 16, wires: tuple[str, ...] = ("bf16",), delay_hops: float = 2.0
+    noise: float = 0.005,
+    seed: int = 16,
+    wires: tuple[str, ...] = ("bf16",),
+    delay_hops: float = 2.0,
+    model: Fit | None = None,
 ) -> Grid:
     """Every point the true model's, each sample off by ``noise`` (relative, Gaussian); every
     seventh point held out."""
     rng = random.Random(seed)
-    model = truth(delay_hops)
+    model = truth(delay_hops) if model is None else model
 
     def jitter(x: float) -> float:
         return x * (1 + rng.gauss(0, noise))
@@ -70,13 +87,14 @@ def synthetic_grid(
                 for prompt in (16, 128, 512):
                     wb = WIRE_BYTES[wire]
                     hops, compute = [], []
+                    pred = model.predict(stages, link, prompt, wire, DIM, BLOCKS, DPH)
                     for stage, (blocks, first, last) in enumerate(stage_shapes(BLOCKS, stages)):
                         t = model.prefill_stage_s(blocks, first, last, prompt)
                         compute.append(StageSample(stage, blocks, first, last, "prefill", prompt, jitter(t)))
-                        t = model.decode_stage_s(blocks, first, last)
-                        compute += [
-                            StageSample(stage, blocks, first, last, "decode", 1, jitter(t)) for _ in range(GENERATED)
-                        ]
+                        for k in range(GENERATED):
+                            t, idle = decode_call(model, blocks, first, last, prompt + k, pred.tpot_s)
+                            sample = StageSample(stage, blocks, first, last, "decode", 1, jitter(t), prompt + k, idle)
+                            compute.append(sample)
                     if stages > 1:
                         hops += [
                             HopSample("prefill", prompt * DIM * wb, jitter(link.hop(prompt * DIM * wb)))
@@ -87,7 +105,6 @@ def synthetic_grid(
                                 HopSample("decode", DIM * wb, jitter(link.hop(DIM * wb))) for _ in range(stages - 1)
                             ]
                             hops.append(HopSample("decode", 8, jitter(link.hop(8))))  # the token back
-                    pred = model.predict(stages, link, prompt, wire, DIM, BLOCKS, DPH)
                     points.append(
                         Point(
                             network,
@@ -143,6 +160,13 @@ def test_fit_recovers_the_compute(fitted: Fit) -> None:
     for key in ("block", "block_t", "block_t2"):
         assert close(fitted.prefill[key], PREFILL[key], 0.05), (key, fitted.prefill[key], PREFILL[key])
     assert close(fitted.decode["block"], DECODE["block"], 0.03), fitted.decode
+    assert close(fitted.decode["block_ctx"], DECODE["block_ctx"], 0.05), fitted.decode
+    assert close(fitted.decode["wake"], DECODE["wake"], 0.05), fitted.decode
+    assert abs(fitted.wake.from_s - WAKE.from_s) <= 0.02 and abs(fitted.wake.to_s - WAKE.to_s) <= 0.05, fitted.wake
+    assert fitted.wake.per == "call"
+    # a wake-up that grows with the stage's blocks (its weights to bring back) is told apart
+    per_block = fit(synthetic_grid(seed=5, model=truth(wake=Wake(0.05, 0.15, "block"), wake_s=0.0008)))
+    assert per_block.wake.per == "block" and close(per_block.decode["wake"], 0.0008, 0.05), per_block.wake
     # head, embedding and the per-call constant trade off within the noise; each stage's sum must not
     model = truth()
     for stages in (1, 2, 3, 4):
@@ -150,8 +174,10 @@ def test_fit_recovers_the_compute(fitted: Fit) -> None:
             for prompt in (16, 100, 512):
                 want = model.prefill_stage_s(blocks, first, last, prompt)
                 assert close(fitted.prefill_stage_s(blocks, first, last, prompt), want, 0.03), (stages, prompt)
-            want = model.decode_stage_s(blocks, first, last)
-            assert close(fitted.decode_stage_s(blocks, first, last), want, 0.02), (stages, blocks)
+            for context, idle in ((0, 0.0), (500, 0.0), (100, 0.2), (100, 0.5)):
+                want = model.decode_stage_s(blocks, first, last, context, idle)
+                got = fitted.decode_stage_s(blocks, first, last, context, idle)
+                assert close(got, want, 0.02), (stages, blocks, context, idle)
     ttft, tpot = fitted.ttft_overhead, fitted.tpot_overhead
     assert close(ttft.delay_hops, TTFT_OVERHEAD.delay_hops, 0.05), ttft
     assert tpot.delay_hops == 0.0, tpot  # decode's ring does not pass the orchestrator: not fitted
@@ -200,6 +226,48 @@ def test_holding_out_a_prompt_length_stays_within_the_goal(grid: Grid) -> None:
     held = f.held_out_errors(middle)
     assert len(held.rows) == 12 and held.ttft_max is not None and held.tpot_max is not None
     assert held.ttft_max < 0.2 and held.tpot_max < 0.05, held.to_json()
+
+
+def test_the_wake_up_is_what_makes_slow_links_slower(grid: Grid, fitted: Fit, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stage idle for long before its call pays a wake-up: without that term the fit spreads it
+    over every call, and the held-out points of the quiet link and the slow one both miss; a grid
+    that did not measure the idle gaps says so and fits without it."""
+    import pytest_ppsmoke.layout.fit as fit_module
+
+    with_wake = fitted.held_out_errors(grid)
+    monkeypatch.setattr(fit_module, "WAKE_MIN_GAIN", 1.01)  # never worth it: the term left out
+    blind = fit(grid)
+    assert blind.wake == Wake() and blind.decode["wake"] == 0.0
+    assert any(n.startswith("decode: no wake-up ramp over the idle gaps") for n in blind.notes), blind.notes
+    without = blind.held_out_errors(grid)
+    assert with_wake.tpot_max is not None and without.tpot_max is not None
+    assert without.tpot_max > 3 * with_wake.tpot_max, (without.tpot_max, with_wake.tpot_max)
+    monkeypatch.undo()
+    unmeasured = replace(
+        grid,
+        points=[replace(p, compute=[replace(c, idle_s=0.0) for c in p.compute]) for p in grid.points],
+    )
+    f = fit(unmeasured)
+    assert f.wake == Wake() and any("idle gaps span 0 ms (< 50): no wake-up term" in n for n in f.notes), f.notes
+
+
+def test_the_time_per_token_solves_for_the_wake_up() -> None:
+    """Each stage waits the token's time less its own call, and a long wait makes its call slower:
+    the predicted time per token is the fixed point of the two, by hand for two stages."""
+    f = hand_fit()
+    f.decode = {"block": 1e-3, "block_ctx": 1e-6, "head": 0.0, "embed": 0.0, "call": 0.0, "wake": 0.01}
+    f.wake = Wake(0.0, 1.0)  # 0.01 ms more a call per ms idle, up to 10 ms
+    f.tpot_overhead = Overhead()
+    tpot = f.predict(2, "rtt=100ms", 100, "bf16", 64, 10, 1.0).tpot_s  # 5 blocks a stage, 2 x 50 ms hops
+    call = 5 * (1e-3 + 1e-6 * 100)  # 5.5 ms without the wake-up
+    # tpot = 2 (call + wake) + 0.1 with wake = 0.01 (tpot - call - wake), below the cap
+    wake = 0.01 * (tpot - call) / 1.01
+    assert wake < 0.01 and tpot == pytest.approx(2 * (call + wake) + 0.1, abs=1e-6)
+    # idle past the ramp: the whole wake-up, whatever the wait
+    f.wake = Wake(0.0, 0.01)
+    far = f.predict(2, "rtt=200ms", 100, "bf16", 64, 10, 1.0).tpot_s
+    assert far == pytest.approx(2 * (call + 0.01) + 0.2, abs=1e-6)
+    assert f.predict(1, "rtt=200ms", 100, "bf16", 64, 10, 1.0).tpot_s == pytest.approx(2 * call)  # never idle
 
 
 def test_the_fit_survives_json(grid: Grid, fitted: Fit) -> None:
@@ -451,3 +519,24 @@ def test_predict_table(fitted: Fit) -> None:
         predict_table(fitted, "mars", [2], [16], "bf16", DIM, BLOCKS, DPH)
     with pytest.raises(ValueError, match=r"stages \[\] and prompt lengths \[16\]: need one of each"):
         predict_table(fitted, "wan", [], [16], "bf16", DIM, BLOCKS, DPH)
+
+
+def test_the_held_out_points_are_layouts_never_run_on_their_network(grid: Grid) -> None:
+    """By default the fit must not see, on each network, one split stage count (another on each
+    network in turn), at every prompt length; with one split stage count, the middle prompt length."""
+    held = hold_out(grid.points)
+    cells = {(grid.points[i].network, grid.points[i].stages) for i in held}
+    assert cells == {("loopback", 3), ("wan", 4), ("far", 2)}
+    assert len(held) == 3 * 3  # every prompt length of each
+    seen = [p for i, p in enumerate(grid.points) if i not in held]
+    assert {p.network for p in seen} == set(LINKS) and {p.stages for p in seen} == {1, 2, 3, 4}
+    f = fit(replace(grid, held_out=held))
+    errors = f.held_out_errors(replace(grid, held_out=held))
+    assert errors.ttft_max is not None and errors.tpot_max is not None
+    assert errors.ttft_max < 0.03 and errors.tpot_max < 0.03, errors.to_json()
+    assert hold_out(grid.points, "prompt") == [i for i, p in enumerate(grid.points) if p.prompt_tokens == 128]
+    two = [p for p in grid.points if p.stages <= 2]
+    assert hold_out(two) == [i for i, p in enumerate(two) if p.prompt_tokens == 128]  # one split count
+    assert hold_out([p for p in two if p.prompt_tokens != 128]) == []  # and two lengths: nothing to spare
+    with pytest.raises(ValueError, match="hold-out scheme 'random': expected layouts or prompt"):
+        hold_out(grid.points, "random")

@@ -1,17 +1,24 @@
 """A layout grid measured through the real path (pytest_ppsmoke/layout/grid.py): the emulator rents
 the instances, the nodes run the session's synthetic model, and each point holds what the run
-recorded: hops with the bytes the spec's wire format gives, worker calls with their blocks."""
+recorded: hops with the bytes the spec's wire format gives, worker calls with their blocks, their
+decode positions and their stages' idle gaps; the weights in the dtype the grid asked for."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from pytest_ppsmoke.layout.grid import GridSpec, prompt_text, run_grid
+from pytest_ppsmoke.layout.grid import GridSpec, _check_weights, prompt_text, run_grid
 from pytest_ppsmoke.layout.points import Grid
+from pytest_ppsmoke.stage.synth import SHAPES, write
 
 from .helpers import SYNTH
+from .smoke import Smoke, assert_nothing_left
+
+REPORT_FILES = ("layout.json", "layout.md", "ttft_vs_prompt.png", "tpot_vs_delay.png", "cost_vs_latency.png")
 
 pytestmark = pytest.mark.local
 
@@ -20,10 +27,17 @@ async def test_a_grid_measures_every_point_and_each_hop_carries_the_wire_bytes(
     synth_model: str, tmp_path: Path
 ) -> None:
     spec = GridSpec(
-        model=synth_model, prompts=(40, 64, 96), stages=(1, 2), networks=("loopback",), repeats=1, max_tokens=8
+        model=synth_model,
+        prompts=(40, 64, 96),
+        stages=(1, 2),
+        networks=("loopback",),
+        repeats=1,
+        max_tokens=8,
+        weights="native",  # HALF=0, not tinygrad's default: each worker's load line must say it got it
     )
     lines: list[str] = []
     grid = await run_grid(spec, log=lines.append)
+    assert grid.weights == "f16"  # the synthetic GGUF's own dtype, kept
     assert sorted((p.stages, p.network) for p in grid.points) == [(1, "loopback")] * 3 + [(2, "loopback")] * 3
     lengths = sorted({p.prompt_tokens for p in grid.points})
     assert len(lengths) == 3 and all(abs(n - t) <= 6 for n, t in zip(lengths, spec.prompts, strict=True)), lengths
@@ -41,6 +55,14 @@ async def test_a_grid_measures_every_point_and_each_hop_carries_the_wire_bytes(
         assert all(h.seconds >= 0 for h in p.hops)
         calls = {(c.stage, c.blocks, c.first, c.last, c.phase, c.tokens) for c in p.compute}
         assert (0, 1, True, False, "prefill", p.prompt_tokens) in calls and (1, 1, False, True, "decode", 1) in calls
+        # a decode call's context is the position it decodes: the prompt's end on; stage 0 waits
+        # for each token to come back through stage 1 (its idle gap), which is never nothing
+        for stage in (0, 1):
+            mine = [c for c in p.compute if c.phase == "decode" and c.stage == stage]
+            assert [c.context for c in mine] == list(range(p.prompt_tokens, p.prompt_tokens + len(mine))), stage
+            assert all(c.idle_s >= 0 for c in mine)
+        assert all(c.idle_s > 0 for c in p.compute if c.phase == "decode" and c.stage == 0)
+        assert all(c.context == 0 and c.idle_s == 0 for c in p.compute if c.phase == "prefill")
     # the middle length is held out of the fit, on every stage count
     held = {grid.points[i].prompt_tokens for i in grid.held_out}
     assert held == {lengths[1]} and len(grid.held_out) == 2
@@ -57,3 +79,62 @@ def test_a_prompt_is_sized_from_the_template_and_the_word() -> None:
         GridSpec(max_tokens=4).check()
     with pytest.raises(ValueError, match="stage counts must be at least 1"):
         GridSpec(stages=(0, 2)).check()
+    with pytest.raises(ValueError, match="weights 'f32': expected one of f16, native"):
+        GridSpec(weights="f32").check()
+    native = GridSpec(weights="native")
+    assert _check_weights(native, ["weights from the cache in 1.00 s, f32 (HALF=0); programs: 3 cached"]) == "f32"
+    assert _check_weights(GridSpec(), ["weights read from the weight cache in 1.00 s, f16"] * 2) == "f16"
+    loads = ["weights from the cache in 1.00 s, f32 (HALF=0)", "weights from the GGUF in 2.00 s, f16"]
+    with pytest.raises(
+        RuntimeError, match=r"asked for native weights \(HALF=0\) but a worker loaded: 'weights from the G"
+    ):
+        _check_weights(native, loads)
+    with pytest.raises(RuntimeError, match=r"asked for f16 weights \(HALF=1\) but a worker loaded: 'programs"):
+        _check_weights(GridSpec(), ["programs: 3 cached, 0 generated"])  # a worker that did not say
+
+
+async def test_pp_smoke_run_grid_rents_where_the_run_would(emulator: Callable[..., Any], tmp_path: Path) -> None:
+    """``pp-smoke-run --grid`` on a vast.ai API named by URL and key (an emulator started apart,
+    as vast.ai would be): every deployment rents there and is destroyed, the points are of its one
+    network, stage count 1 (this machine) is left out and said so, the report is in --grid-out,
+    and the key appears nowhere; then a grid that cannot be measured fails in one line."""
+    fake = await emulator("")
+    out, tiny = tmp_path / "layout", tmp_path / "tiny.gguf"
+    write(tiny, SHAPES["tiny"])  # 4 blocks: room for 3 stages
+    grid_text = "prompts=40,64,96;stages=1,2,3;repeats=1;max_tokens=8"
+    run = Smoke(fake, tmp_path, "--grid", grid_text, "--grid-out", str(out))
+    run.argv[run.argv.index("--model") + 1] = str(tiny)
+    async with run as smoke:
+        rc = await smoke.finish(timeout=300)
+    assert rc == 0, smoke.stderr[-3000:]
+    assert smoke.stdout.split() == [str(out / n) for n in ("grid.json", *REPORT_FILES)], smoke.stdout
+    assert "stage count 1 (the model unsplit) runs on this machine: left out" in smoke.stderr
+    grid = Grid.load(out / "grid.json")
+    assert sorted({(p.network, p.stages) for p in grid.points}) == [("loopback", 2), ("loopback", 3)]
+    assert grid.device == f"instances rented from {fake.url}" and len(grid.points) == 6
+    # two split stage counts on one network: the layouts scheme holds the second one out
+    assert sorted({grid.points[i].stages for i in grid.held_out}) == [3] and len(grid.held_out) == 3
+    assert len(fake.destroyed) == 2 + 3  # a deployment of 2 instances, then one of 3
+    await assert_nothing_left(fake, smoke, created=5)
+    assert "## Recommended layouts" in (out / "layout.md").read_text()
+
+    bad = tmp_path / "bad"
+    run = Smoke(fake, bad, "--grid", "prompts=40;stages=2,3;repeats=1;max_tokens=8", "--grid-out", str(bad))
+    run.argv[run.argv.index("--model") + 1] = "/nonexistent.gguf"
+    async with run as smoke:
+        rc = await smoke.finish(timeout=120)
+    assert rc != 0 and not (bad / "grid.json").exists()
+    assert "nonexistent.gguf" in smoke.stderr.strip().splitlines()[-1], smoke.stderr[-2000:]
+    await assert_nothing_left(fake, smoke, created=5)  # refused before anything was rented
+    # more stages than the emulator has offers: the 2-stage layout is measured, then the rent fails
+    # in one line, and what was measured is kept
+    run = Smoke(fake, bad, "--grid", "prompts=40;stages=2,5;repeats=1;max_tokens=8", "--grid-out", str(bad))
+    run.argv[run.argv.index("--model") + 1] = str(tiny)
+    async with run as smoke:
+        rc = await smoke.finish(timeout=120)
+    assert rc == 1 and not (bad / "grid.json").exists()
+    last = smoke.stderr.strip().splitlines()[-1]
+    assert last.startswith("pp-smoke-run: grid: PhaseError: rent: 4 offer(s) match ") and "5 are needed" in last, last
+    assert last.endswith(f"(1 point(s) measured before it are in {bad / 'grid.partial.json'})"), last
+    assert [p.stages for p in Grid.load(bad / "grid.partial.json").points] == [2]
+    await assert_nothing_left(fake, smoke, created=5 + 2)

@@ -3,6 +3,7 @@
     pp-smoke-run --vastai                 # rent on vast.ai (key from VAST_API_KEY or --api-key)
     pp-smoke-run --local --report r.json  # the same lifecycle against the vast.ai emulator, on loopback
     pp-smoke-run --reap                   # destroy every instance this tool labelled
+    pp-smoke-run --local --grid small     # a layout grid instead: measured, fitted, reported (--grid-out)
 
 The lifecycle: rent one instance per stage (cheapest matching offers), boot (each instance
 running), converge (1 + N members under SWIM), load (every worker ready), resolve the stage
@@ -145,6 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr)
     if args.reap:
         return asyncio.run(do_reap(settings, args.run_id))
+    if settings.grid != "off":
+        from ..layout.cli import grid_from_settings  # the layout package loads only for a grid
+
+        return grid_from_settings(settings)
     run = SmokeRun(settings, on_phase=Progress())
     try:
         asyncio.run(execute(run))

@@ -201,18 +201,17 @@ OPTIONS: tuple[Option, ...] = (
     _opt("report", "write the run's JSON report here", Path),
     _opt(
         "grid",
-        "pytest, local: also measure a layout grid in the session and fit its cost model: off (default), small, "
-        "or items such as prompts=32,128;stages=1,2;networks=loopback,wan (pp-layout runs the full grid)",
+        "measure a layout grid, fit its cost model and write the report (pp-smoke-run: instead of the smoke "
+        "run; pytest: as a test of the session): off (default), small, or items such as "
+        "prompts=32,128;stages=1,2;networks=loopback,wan;weights=native",
         _grid,
         "off",
-        cli=None,
     ),
     _opt(
         "grid_out",
-        "pytest: the layout report's directory (default ppsmoke-layout)",
+        "the layout report's directory (default ppsmoke-layout)",
         Path,
         Path("ppsmoke-layout"),
-        cli=None,
     ),
     _opt(
         "weight_cache",

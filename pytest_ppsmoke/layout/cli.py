@@ -16,11 +16,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .grid import GridSpec, run_grid
+from .grid import GridSpec, grid_spec, hold_out, new_grid, run_grid
 from .points import WIRE_BYTES, Grid
+
+if TYPE_CHECKING:
+    from ..harness.settings import Settings
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -52,7 +57,49 @@ def _report(grid: Grid, out: Path) -> list[Path]:
     from .fit import fit
     from .report import write_report
 
+    out.mkdir(parents=True, exist_ok=True)
     return write_report(grid, fit(grid), out)
+
+
+def grid_from_settings(settings: Settings) -> int:
+    """``pp-smoke-run --grid``: the grid its ``--grid`` describes, deployed as the run would be
+    (``run_grid``'s ``settings``), then ``grid.json`` and the report in ``--grid-out``. Every
+    deployment is torn down as it ends, and on SIGINT/SIGTERM (the task is cancelled into its
+    teardowns). Exit status 0, or 1 with a line saying what failed; the points measured before a
+    failure are kept in ``grid.partial.json``."""
+    spec = grid_spec(settings.grid, settings.model, settings.network)
+    assert spec is not None  # "off" never gets here
+    grid = new_grid(spec, settings)
+
+    async def run() -> Grid:
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            loop.add_signal_handler(sig, task.cancel)
+        return await run_grid(spec, lambda line: print(line, file=sys.stderr, flush=True), settings, grid)
+
+    def failed(why: str) -> int:
+        kept = ""
+        if grid.points:
+            settings.grid_out.mkdir(parents=True, exist_ok=True)
+            grid.save(settings.grid_out / "grid.partial.json")
+            kept = f" ({len(grid.points)} point(s) measured before it are in {settings.grid_out / 'grid.partial.json'})"
+        print(f"pp-smoke-run: grid: {why}{kept}", file=sys.stderr)
+        return 1
+
+    try:
+        asyncio.run(run())
+        settings.grid_out.mkdir(parents=True, exist_ok=True)
+        grid.save(settings.grid_out / "grid.json")
+        written = _report(grid, settings.grid_out)
+    except asyncio.CancelledError:
+        return failed("interrupted (every deployment made was torn down)")
+    except Exception as e:  # a phase, the API, the fit: still one line, and nothing left rented
+        return failed(f"{type(e).__name__}: {e}")
+    for path in [settings.grid_out / "grid.json", *written]:
+        print(path)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -66,11 +113,25 @@ def main(argv: list[str] | None = None) -> None:
     g.add_argument("--wires", type=_wires, default=("bf16",), help="wire dtypes")
     g.add_argument("--repeats", type=int, default=2)
     g.add_argument("--max-tokens", type=int, default=12)
+    g.add_argument(
+        "--weights",
+        choices=("f16", "native"),
+        default="f16",
+        help="f16 (tinygrad's HALF=1) or native (HALF=0: the GGUF's dtype, float32 for a quantized file; "
+        "on a CPU 2.6-4x faster)",
+    )
     g.add_argument("--gpus", type=_names, default=(), help="this machine's GPUs, one per instance (e.g. 0,1)")
     g.add_argument("--out", type=Path, required=True, help="the report's directory")
     r = sub.add_parser("report", help="fit a saved grid.json and write the report again")
     r.add_argument("grid", type=Path)
     r.add_argument("--out", type=Path, required=True)
+    r.add_argument(
+        "--hold-out",
+        choices=("saved", "layouts", "prompt"),
+        default="saved",
+        help="the points the fit must not see: as saved in grid.json (default); layouts (one split stage count "
+        "per network, in turn); prompt (the middle prompt length)",
+    )
     q = sub.add_parser("predict", help="predict from a saved report for a network never measured")
     q.add_argument("report", type=Path, help="a layout.json")
     q.add_argument("--network", required=True, help="a measured profile's name, or e.g. rtt=40ms,bw=1gbit")
@@ -81,7 +142,15 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if a.command == "grid":
             spec = GridSpec(
-                a.model, a.prompts, a.stages, a.networks, a.wires, a.repeats, a.max_tokens, gpus=tuple(a.gpus)
+                a.model,
+                a.prompts,
+                a.stages,
+                a.networks,
+                a.wires,
+                a.repeats,
+                a.max_tokens,
+                gpus=tuple(a.gpus),
+                weights=a.weights,
             )
             spec.check()
             a.out.mkdir(parents=True, exist_ok=True)
@@ -89,8 +158,10 @@ def main(argv: list[str] | None = None) -> None:
             grid.save(a.out / "grid.json")
             written = _report(grid, a.out)
         elif a.command == "report":
-            a.out.mkdir(parents=True, exist_ok=True)
-            written = _report(Grid.load(a.grid), a.out)
+            grid = Grid.load(a.grid)
+            if a.hold_out != "saved":
+                grid.held_out = hold_out(grid.points, a.hold_out)
+            written = _report(grid, a.out)
         else:
             from .fit import Fit
             from .report import predict_table

@@ -5,6 +5,12 @@ The model is the textbook one: a transfer costs a latency plus bytes over bandwi
 or the output head (last stage), plus a constant per call. Prefill's terms grow with the tokens
 of the call (a block quadratically: attention), decode's are per token.
 
+A decode call also grows with its context (the KV entries a block's attention reads: ``block_ctx``
+per block and position) and pays a wake-up: a stage whose cores sat idle for a while before the
+call is slower to start it (cold caches, clocks down). The grid measures each call's idle gap;
+the fit finds the ramp ``wake * clamp((idle - from) / (to - from), 0, 1)`` that explains the calls
+best. A prediction solves for it: a stage's idle gap is the time per token less its own call.
+
 What the model does not see (the orchestrator, the node <-> worker bridge, the event loops) is an
 :class:`Overhead` per phase, fitted to what the model leaves over of each point's median: for a
 split layout a constant, a term per stage, and (time to first token only) a number of one-way
@@ -32,7 +38,12 @@ from pytest_ppsmoke.layout.points import WIRE_BYTES, Grid, Point, StageSample
 from pytest_ppsmoke.protocol import layer_range
 
 PREFILL_TERMS = ("block", "block_t", "block_t2", "head", "head_t", "embed", "embed_t", "call")
-DECODE_TERMS = ("block", "head", "embed", "call")
+DECODE_TERMS = ("block", "block_ctx", "head", "embed", "call", "wake")
+# the idle gaps (seconds) where the wake-up ramp may start, and its widths, that the fit tries
+WAKE_FROM = tuple(i * 0.01 for i in range(0, 51))
+WAKE_WIDTH = (0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4)
+WAKE_MIN_SPAN_S = 0.05  # idle gaps spanning less than this cannot show a wake-up: no wake term
+WAKE_MIN_GAIN = 0.1  # the wake term is kept only if it takes this share of the squared error away
 
 
 def stage_shapes(num_blocks: int, stages: int) -> list[tuple[int, bool, bool]]:
@@ -173,7 +184,7 @@ class HeldOut:
         }
 
 
-def _lstsq(rows: list[list[float]], y: list[float]) -> tuple[list[float], int]:
+def _lstsq(rows: list[list[float]] | np.ndarray, y: list[float] | np.ndarray) -> tuple[list[float], int]:
     """Least squares with the columns scaled to unit norm first (prompt length squared is five
     orders above a flag); rank-deficient systems get the minimum-norm solution, whose predictions
     are still exact for any combination of the measured rows. Returns (coefficients, rank)."""
@@ -212,6 +223,33 @@ class Overhead:
         )
 
 
+@dataclass(frozen=True)
+class Wake:
+    """The ramp of a decode call's wake-up cost over its stage's idle gap: 0 up to ``from_s``,
+    the fit's ``wake`` seconds from ``to_s`` on, linear between (``to_s == 0``: no wake term)."""
+
+    from_s: float = 0.0
+    to_s: float = 0.0
+    per: str = "call"  # the fit's ``wake`` seconds are a call's ("call") or a block's ("block")
+
+    def share(self, idle_s: float) -> float:
+        if self.to_s <= self.from_s:
+            return 0.0
+        return min(1.0, max(0.0, (idle_s - self.from_s) / (self.to_s - self.from_s)))
+
+    def cost(self, wake_s: float, blocks: int, idle_s: float) -> float:
+        """A call's wake-up: ``wake_s`` a call or a block, times the ramp's share at ``idle_s``."""
+        return wake_s * (blocks if self.per == "block" else 1) * self.share(idle_s)
+
+    def describe(self, wake_s: float) -> str:
+        if self.to_s <= self.from_s or wake_s <= 0:
+            return "none"
+        return (
+            f"{wake_s * 1e3:.2f} ms a {self.per}, ramping in from {self.from_s * 1e3:.0f} to "
+            f"{self.to_s * 1e3:.0f} ms idle"
+        )
+
+
 @dataclass
 class Fit:
     """The fitted model: per network a :class:`Link`, per phase the compute terms of a stage call,
@@ -220,12 +258,13 @@ class Fit:
     links: dict[str, Link]  # per network profile (absent: its points had no hops, all unsplit)
     rtt_ms: dict[str, float]  # the profiles' round trips, as the grid recorded them
     prefill: dict[str, float]  # PREFILL_TERMS -> seconds (per block / per token / per token^2)
-    decode: dict[str, float]  # DECODE_TERMS -> seconds per token
+    decode: dict[str, float]  # DECODE_TERMS -> seconds per token (block_ctx: per block and position)
     ttft_overhead: Overhead  # a request's, time to first token
     tpot_overhead: Overhead  # a token's, decode
     fitted: list[int]  # the grid's points the fit saw
     hop_samples: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    wake: Wake = field(default_factory=Wake)
 
     # -- the model --------------------------------------------------------------------------------
 
@@ -238,9 +277,32 @@ class Fit:
             + c["call"]
         )
 
-    def decode_stage_s(self, blocks: int, first: bool, last: bool) -> float:
+    def decode_stage_s(self, blocks: int, first: bool, last: bool, context: int = 0, idle_s: float = 0.0) -> float:
+        """One decode call at position ``context`` after ``idle_s`` seconds without a call."""
         d = self.decode
-        return blocks * d["block"] + last * d["head"] + first * d["embed"] + d["call"]
+        return (
+            blocks * (d.get("block", 0.0) + d.get("block_ctx", 0.0) * context)
+            + last * d.get("head", 0.0)
+            + first * d.get("embed", 0.0)
+            + d.get("call", 0.0)
+            + self.wake.cost(d.get("wake", 0.0), blocks, idle_s)
+        )
+
+    def decode_token_s(self, shapes: list[tuple[int, bool, bool]], context: int, rest_s: float) -> float:
+        """Time per output token of stages of ``shapes`` whose calls are joined by ``rest_s`` a
+        token (hops, overhead): the fixed point of each stage waiting the token's time less its
+        own call, and its call's wake-up growing with that wait."""
+        calls = [self.decode_stage_s(b, f, la, context) for b, f, la in shapes]
+        tpot = sum(calls) + rest_s
+        for _ in range(200):
+            calls = [
+                self.decode_stage_s(b, f, la, context, tpot - c) for (b, f, la), c in zip(shapes, calls, strict=True)
+            ]
+            nxt = sum(calls) + rest_s
+            if abs(nxt - tpot) < 1e-7:
+                return nxt
+            tpot = 0.5 * (tpot + nxt)  # damped: a steep ramp could otherwise swing
+        return tpot
 
     def link(self, network: Link | str) -> Link:
         """A fitted network by its profile name, or a description (``"rtt=40ms,bw=1gbit"``)."""
@@ -257,9 +319,18 @@ class Fit:
         return self.links[network]
 
     def _model(
-        self, stages: int, network: Link | str, prompt_tokens: int, wire: str, dim: int, num_blocks: int
+        self,
+        stages: int,
+        network: Link | str,
+        prompt_tokens: int,
+        wire: str,
+        dim: int,
+        num_blocks: int,
+        tpot_overhead: Overhead | None = None,
     ) -> tuple[float, float, float]:
-        """(ttft, tpot, the link's one-way delay: 0 unsplit) without the overheads."""
+        """(ttft, tpot, the link's one-way delay: 0 unsplit) without the time to first token's
+        overhead; the decode's (``tpot_overhead``, none: 0) is in the tpot, as it lengthens the
+        stages' idle gaps. Decode is at the prompt's end (context ``prompt_tokens``)."""
         if wire not in WIRE_BYTES:
             raise ValueError(f"wire {wire!r}: expected one of {sorted(WIRE_BYTES)}")
         if prompt_tokens < 1:
@@ -268,13 +339,15 @@ class Fit:
             raise ValueError(f"dim={dim}: expected at least 1")
         shapes = stage_shapes(num_blocks, stages)  # checks stages against num_blocks
         ttft = sum(self.prefill_stage_s(b, f, la, prompt_tokens) for b, f, la in shapes)
-        tpot = sum(self.decode_stage_s(b, f, la) for b, f, la in shapes)
-        if stages == 1:
-            return ttft, tpot, 0.0
-        link = self.link(network)
-        ttft += (stages - 1) * link.hop(prompt_tokens * dim * WIRE_BYTES[wire])
-        tpot += stages * link.hop(dim * WIRE_BYTES[wire])  # stages-1 activations, 1 token back
-        return ttft, tpot, link.alpha_s
+        link, rest = None, 0.0
+        if stages > 1:
+            link = self.link(network)
+            ttft += (stages - 1) * link.hop(prompt_tokens * dim * WIRE_BYTES[wire])
+            rest = stages * link.hop(dim * WIRE_BYTES[wire])  # stages-1 activations, 1 token back
+        alpha = link.alpha_s if link is not None else 0.0
+        if tpot_overhead is not None:
+            rest += tpot_overhead.at(stages, alpha)
+        return ttft, self.decode_token_s(shapes, prompt_tokens, rest), alpha
 
     def predict(
         self,
@@ -290,9 +363,8 @@ class Fit:
         instances (one stage each, ``dph_per_instance`` dollars an hour each) on ``network``."""
         if not (dph_per_instance >= 0 and math.isfinite(dph_per_instance)):
             raise ValueError(f"dph_per_instance={dph_per_instance!r}: expected a finite number >= 0")
-        ttft, tpot, alpha = self._model(stages, network, prompt_tokens, wire, dim, num_blocks)
+        ttft, tpot, alpha = self._model(stages, network, prompt_tokens, wire, dim, num_blocks, self.tpot_overhead)
         ttft += self.ttft_overhead.at(stages, alpha)
-        tpot += self.tpot_overhead.at(stages, alpha)
         return Prediction(ttft, tpot, stages * tpot, stages * dph_per_instance / 3600 * tpot)
 
     def predict_point(self, point: Point) -> Prediction:
@@ -346,6 +418,7 @@ class Fit:
             "rtt_ms": self.rtt_ms,
             "prefill": self.prefill,
             "decode": self.decode,
+            "wake": dataclasses.asdict(self.wake),
             "ttft_overhead": dataclasses.asdict(self.ttft_overhead),
             "tpot_overhead": dataclasses.asdict(self.tpot_overhead),
             "fitted": self.fitted,
@@ -360,7 +433,7 @@ class Fit:
                 for name, v in data["links"].items()
             }
             prefill = {k: float(data["prefill"][k]) for k in PREFILL_TERMS}
-            decode = {k: float(data["decode"][k]) for k in DECODE_TERMS}
+            decode = {k: float(data["decode"].get(k, 0.0)) for k in DECODE_TERMS}  # older fits: fewer terms
             return cls(
                 links=links,
                 rtt_ms={k: float(v) for k, v in data["rtt_ms"].items()},
@@ -371,9 +444,15 @@ class Fit:
                 fitted=[int(i) for i in data["fitted"]],
                 hop_samples={name: int(v.get("samples", 0)) for name, v in data["links"].items()},
                 notes=[str(n) for n in data.get("notes", [])],
+                wake=_wake(data.get("wake", {})),
             )
         except (KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"not a saved fit: {type(e).__name__} {e} (expected Fit.to_json()'s form)") from e
+
+
+def _wake(data: dict[str, Any]) -> Wake:
+    """A saved :class:`Wake` (an older fit's: none)."""
+    return Wake(float(data.get("from_s", 0.0)), float(data.get("to_s", 0.0)), str(data.get("per", "call")))
 
 
 def _fit_link(network: str, samples: list[tuple[int, float]], notes: list[str]) -> Link:
@@ -395,10 +474,34 @@ def _fit_link(network: str, samples: list[tuple[int, float]], notes: list[str]) 
     return Link(alpha, 1.0 / slope)
 
 
-def _fit_compute(samples: list[StageSample], phase: str, terms: tuple[str, ...], notes: list[str]) -> dict[str, float]:
+def _features(s: StageSample, wake: Wake) -> dict[str, float]:
+    t = float(s.tokens)
+    return {
+        "block": s.blocks,
+        "block_t": s.blocks * t,
+        "block_t2": s.blocks * t * t,
+        "block_ctx": s.blocks * float(s.context),
+        "head": float(s.last),
+        "head_t": s.last * t,
+        "embed": float(s.first),
+        "embed_t": s.first * t,
+        "call": 1.0,
+        "wake": wake.cost(1.0, s.blocks, s.idle_s),
+    }
+
+
+def _fit_compute(
+    samples: list[StageSample], phase: str, terms: tuple[str, ...], notes: list[str]
+) -> tuple[dict[str, float], Wake]:
+    """The ``terms`` of a ``phase``'s stage call, least squares over ``samples``; decode also
+    searches the wake-up's ramp (``WAKE_FROM`` x ``WAKE_WIDTH``) for the one that explains the
+    calls best, and keeps it only if it takes ``WAKE_MIN_GAIN`` of the squared error away."""
     if not samples:
         raise ValueError(f"no {phase} stage samples in the fitted points: nothing to fit {phase} compute to")
-    used = list(terms)
+    used = [t for t in terms if t != "wake"]
+    if phase == "decode" and "block_ctx" in used and len({s.context for s in samples}) < 2:
+        used.remove("block_ctx")
+        notes.append("decode: every call at one context length: fitted without the context term (block_ctx)")
     if phase == "prefill":
         distinct = len({s.tokens for s in samples})
         if distinct < 3:
@@ -411,29 +514,51 @@ def _fit_compute(samples: list[StageSample], phase: str, terms: tuple[str, ...],
                 "without it, prompts between the lengths fitted are predicted a little slow)"
             )
 
-    def row(s: StageSample) -> list[float]:
-        t = float(s.tokens)
-        full = {
-            "block": s.blocks,
-            "block_t": s.blocks * t,
-            "block_t2": s.blocks * t * t,
-            "head": float(s.last),
-            "head_t": s.last * t,
-            "embed": float(s.first),
-            "embed_t": s.first * t,
-            "call": 1.0,
-        }
-        return [float(full[k]) for k in used]
+    y = np.asarray([s.seconds for s in samples], dtype=np.float64)
+    base = np.asarray([[_features(s, Wake())[k] for k in used] for s in samples], dtype=np.float64)
+    idle = np.asarray([s.idle_s for s in samples], dtype=np.float64)
+    blocks = np.asarray([s.blocks for s in samples], dtype=np.float64)
 
-    coef, rank = _lstsq([row(s) for s in samples], [s.seconds for s in samples])
-    if rank < len(used):
+    def solve(a: np.ndarray) -> tuple[list[float], int, float]:
+        coef, rank = _lstsq(a, y)
+        return coef, rank, float(np.sum((a @ np.asarray(coef) - y) ** 2))
+
+    coef, rank, sse = solve(base)
+    columns, wake = used, Wake()
+    if "wake" in terms:
+        span = float(idle.max() - idle.min())
+        if span < WAKE_MIN_SPAN_S:
+            notes.append(
+                f"{phase}: the stages' idle gaps span {span * 1e3:.0f} ms (< {WAKE_MIN_SPAN_S * 1e3:.0f}): "
+                "no wake-up term"
+            )
+        else:
+            best: tuple[float, list[float], int, Wake] | None = None
+            for start in WAKE_FROM:
+                for width in WAKE_WIDTH:
+                    share = np.clip((idle - start) / width, 0.0, 1.0)
+                    if np.ptp(share) == 0:
+                        continue  # every call on one side of the ramp: nothing to fit
+                    for per, scale in (("call", 1.0), ("block", blocks)):
+                        c, r, e = solve(np.column_stack([base, share * scale]))
+                        if c[-1] > 0 and (best is None or e < best[0]):
+                            best = (e, c, r, Wake(start, start + width, per))
+            if best is not None and best[0] <= (1 - WAKE_MIN_GAIN) * sse:
+                sse, coef, rank, wake = best
+                columns = [*used, "wake"]
+            else:
+                notes.append(
+                    f"{phase}: no wake-up ramp over the idle gaps takes {WAKE_MIN_GAIN:.0%} of the error away: "
+                    "no wake-up term"
+                )
+    if rank < len(columns):
         notes.append(
-            f"{phase}: the stage samples pin {rank} of {len(used)} terms (e.g. only unsplit points: head and "
+            f"{phase}: the stage samples pin {rank} of {len(columns)} terms (e.g. only unsplit points: head and "
             "embedding not apart); the minimum-norm split is used, exact for the layouts measured"
         )
     out = dict.fromkeys(terms, 0.0)
-    out.update(zip(used, coef, strict=True))
-    return out
+    out.update(zip(columns, coef, strict=True))
+    return out, wake
 
 
 def fit(grid: Grid, exclude: Sequence[int] | None = None) -> Fit:
@@ -473,9 +598,9 @@ def fit(grid: Grid, exclude: Sequence[int] | None = None) -> Fit:
         hop_samples[network] = len(samples)
 
     compute = [c for p in points for c in p.compute]
-    prefill = _fit_compute([c for c in compute if c.phase == "prefill"], "prefill", PREFILL_TERMS, notes)
-    decode = _fit_compute([c for c in compute if c.phase == "decode"], "decode", DECODE_TERMS, notes)
-    model = Fit(links, rtt_ms, prefill, decode, Overhead(), Overhead(), used, hop_samples, notes)
+    prefill, _ = _fit_compute([c for c in compute if c.phase == "prefill"], "prefill", PREFILL_TERMS, notes)
+    decode, wake = _fit_compute([c for c in compute if c.phase == "decode"], "decode", DECODE_TERMS, notes)
+    model = Fit(links, rtt_ms, prefill, decode, Overhead(), Overhead(), used, hop_samples, notes, wake)
 
     ttft_left, tpot_left = [], []  # (stages, alpha, what the model leaves over)
     for p in points:

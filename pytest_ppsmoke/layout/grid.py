@@ -18,18 +18,25 @@ tokens are learnt from the first request, and the point keeps the length the mod
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..protocol import layer_range
 from .points import Grid, HopSample, Point, StageSample
+
+if TYPE_CHECKING:
+    from ..cloud.lifecycle import RunConfig
+    from ..cloud.vast import VastClient
+    from ..harness.settings import Settings
 
 Log = Callable[[str], None]
 
@@ -45,6 +52,9 @@ class GridSpec:
     max_tokens: int = 12
     timeout: float = 600.0  # seconds for one request
     gpus: tuple[str, ...] = ()  # this machine's GPUs, one per instance in turn (FakeVast's gpus)
+    # the weights in every worker: f16 (tinygrad's HALF=1, its default) or native (HALF=0: as the
+    # GGUF's loader gives them, float32 for a quantized file; on a CPU 2.6-4x faster than f16)
+    weights: str = "f16"
 
     def check(self) -> None:
         if not self.prompts or min(self.prompts) < 1:
@@ -56,21 +66,34 @@ class GridSpec:
                 f"repeats must be >= 1 and max_tokens >= 8 (decode is timed past its first tokens), "
                 f"got {self.repeats} and {self.max_tokens}"
             )
+        if self.weights not in WEIGHTS:
+            raise ValueError(f"weights {self.weights!r}: expected one of {', '.join(WEIGHTS)}")
 
 
+WEIGHTS = {"f16": "1", "native": "0"}  # the grid's weights setting -> tinygrad's HALF in every worker
 SMALL = {"prompts": (32, 64, 96), "stages": (1, 2), "networks": ("loopback",), "repeats": 1, "max_tokens": 8}
-_KEYS = {"prompts": int, "stages": int, "networks": str, "wires": str, "repeats": int, "max_tokens": int}
+_KEYS = {
+    "prompts": int,
+    "stages": int,
+    "networks": str,
+    "wires": str,
+    "repeats": int,
+    "max_tokens": int,
+    "weights": str,
+}
+_ONE = ("repeats", "max_tokens", "weights")  # keys that take one value
 
 
-def grid_spec(text: str, model: str) -> GridSpec | None:
-    """A grid described in one setting (``--ppsmoke-grid``): ``off``; ``small`` (prompts 32, 64
-    and 96, 1 and 2 stages, loopback, one repeat); or ``key=value`` items separated by ``;``, with
-    keys prompts, stages, networks, wires (comma-separated) and repeats, max_tokens, over small's
-    values: ``prompts=32,128,512;stages=1,2,4;networks=loopback,wan``."""
+def grid_spec(text: str, model: str, network: str = "loopback") -> GridSpec | None:
+    """A grid described in one setting (``--grid``, ``--ppsmoke-grid``): ``off``; ``small``
+    (prompts 32, 64 and 96, 1 and 2 stages, the run's ``network``, one repeat); or ``key=value``
+    items separated by ``;``, with keys prompts, stages, networks, wires (comma-separated) and
+    repeats, max_tokens, weights (f16 or native), over small's values:
+    ``prompts=32,128,512;stages=1,2,4;networks=loopback,wan``."""
     text = text.strip()
     if text in ("", "off"):
         return None
-    values: dict[str, Any] = dict(SMALL)
+    values: dict[str, Any] = {**SMALL, "networks": (network,)}
     if text != "small":
         for item in filter(None, (i.strip() for i in text.split(";"))):
             key, sep, raw = item.partition("=")
@@ -84,7 +107,7 @@ def grid_spec(text: str, model: str) -> GridSpec | None:
                 raise ValueError(f"grid item {item!r}: {key} takes {kind.__name__} values") from None
             if not parts:
                 raise ValueError(f"grid item {item!r}: no value")
-            values[key] = parts[0] if key in ("repeats", "max_tokens") else parts
+            values[key] = parts[0] if key in _ONE else parts
     spec = GridSpec(model=model, **values)
     spec.check()
     return spec
@@ -117,63 +140,129 @@ def samples(r: Any, num_blocks: int, num_stages: int) -> tuple[list[HopSample], 
     compute: list[StageSample] = []
     for st in r.stages:
         lo, hi = layer_range(num_blocks, st.stage, num_stages)
-        for c in st.compute:
+        free_at = None  # when the stage's previous call ended, as its node saw it
+        for c in sorted(st.compute, key=lambda c: c.at):
+            idle, free_at = (0.0 if free_at is None else max(0.0, c.at - free_at)), c.at + c.s
             if c.op not in ("embed_and_forward", "decode_step", "forward", "forward_and_sample") or c.worker_s is None:
                 continue
             prefill = (c.position or 0) == 0
             tokens = len(r.prompt_token_ids) if prefill else 1
             phase = "prefill" if prefill else "decode"
             last = st.stage == num_stages - 1
-            compute.append(StageSample(st.stage, hi - lo, st.stage == 0, last, phase, tokens, float(c.worker_s)))
+            sample = StageSample(st.stage, hi - lo, st.stage == 0, last, phase, tokens, float(c.worker_s))
+            if not prefill:
+                sample = dataclasses.replace(sample, context=int(c.position or 0), idle_s=idle)
+            compute.append(sample)
     last = r.stages[-1]
     stamps = [c.at + c.s for c in last.compute if c.op == "forward_and_sample"]
     return hops, compute, stamps
 
 
-async def _pipeline_points(spec: GridSpec, network: str, grid: Grid, log: Log) -> None:
+async def _emulated_points(spec: GridSpec, network: str, grid: Grid, log: Log, settings: Settings | None) -> None:
+    """Every split layout on ``network``, emulated here: one emulator, its instances on this machine."""
     from ..cloud.fake_vast import FakeVast
-    from ..cloud.lifecycle import Deployment, RunConfig
+    from ..cloud.lifecycle import RunConfig
     from ..cloud.vast import VastClient
-    from ..harness.driver import rtt_of
+    from ..harness.driver import rtt_of, run_config
+
+    gpus = list(spec.gpus) or ([g for g in settings.gpus.split(",") if g] if settings else []) or None
+    runtime = settings.runtime if settings else "processes"
+    async with (
+        FakeVast(network=network, gpus=gpus, runtime=runtime) as fake,
+        VastClient(fake.api_key, fake.url) as vast,
+    ):
+        config = run_config(settings) if settings else RunConfig(model=spec.model, poll_interval=0.25)
+        net = fake.network
+        if net is not None:  # the seed on the network's host address, SWIM timed for its worst link
+            config.bind, config.rtt = f"{net.host_addr}:0", rtt_of(net.spec)
+        await _layouts(spec, vast, config, network, config.rtt, grid, log)
+
+
+async def _rented_points(spec: GridSpec, settings: Settings, grid: Grid, log: Log) -> None:
+    """Every split layout on the instances a vast.ai API rents (``settings``' key and URL: vast.ai
+    itself, or an emulator started apart): one network, what links them (``vastai``; an emulator's
+    its own), whose round trip the points record as measured (twice the median decode hop)."""
+    from ..cloud.vast import DEFAULT_URL, VastClient
+    from ..harness.driver import emulated_network, rtt_of, run_config
+
+    url, config = settings.vast_url or DEFAULT_URL, run_config(settings)
+    network = "vastai" if not settings.local else settings.network
+    if settings.local and settings.network != "loopback":  # an emulator started apart, with its network
+        from ..network import parse_network
+
+        found = await emulated_network(url, settings.api_key, settings.network)
+        config.bind, config.rtt = f"{found['host_addr']}:0", rtt_of(parse_network(found["spec"]))
+    async with VastClient(settings.api_key, url) as vast:
+        await _layouts(spec, vast, config, network, config.rtt, grid, log)
+    if network == "vastai":
+        for p in grid.points:
+            decode = sorted(h.seconds for h in p.hops if h.phase == "decode")
+            if decode:
+                p.rtt_ms = 2e3 * decode[len(decode) // 2]
+
+
+async def _layouts(
+    spec: GridSpec, vast: VastClient, base: RunConfig, network: str, rtt: float, grid: Grid, log: Log
+) -> None:
+    """One deployment per split stage count and wire (``base`` for the rest), serving every prompt
+    length: a warm-up, then the repeats."""
+    from ..cloud.lifecycle import Deployment
     from ..harness.pipeline import run_inference
 
-    gpus = list(spec.gpus) or None
-    async with FakeVast(network=network, gpus=gpus) as fake, VastClient(fake.api_key, fake.url) as vast:
-        net = fake.network
-        rtt = rtt_of(net.spec) if net is not None else 0.0
-        for n in (s for s in spec.stages if s >= 2):
-            for wire in spec.wires:
-                config = RunConfig(model=spec.model, num_stages=n, wire_dtype=wire, poll_interval=0.25)
-                if net is not None:
-                    config.bind, config.rtt = f"{net.host_addr}:0", rtt
-                async with Deployment(vast, config) as dep:
-                    assert dep.seed is not None
-                    dph = [i.offer.dph_total for i in dep.instances]
-                    one = len((await run_inference(dep.seed, n, "hello", 2, spec.timeout)).prompt_token_ids)
-                    two = len((await run_inference(dep.seed, n, "hello hello", 2, spec.timeout)).prompt_token_ids)
-                    word = max(1, two - one)
-                    template = one - word
-                    dim = dep.ready[0].dim  # every node said ready with its dim and blocks (load)
-                    blocks = max(st.end_block for st in dep.ready.values())
-                    for target in spec.prompts:
-                        prompt = prompt_text(target, template, word)
-                        await run_inference(dep.seed, n, prompt, 2, spec.timeout)  # warm-up at this length
-                        point = Point(network, rtt * 1000, n, wire, 0, dim, blocks, dph=dph)
-                        for _ in range(spec.repeats):
-                            started = time.monotonic()
-                            r = await run_inference(dep.seed, n, prompt, spec.max_tokens, spec.timeout)
-                            hops, compute, stamps = samples(r, blocks, n)
-                            point.prompt_tokens = len(r.prompt_token_ids)
-                            point.ttft_s.append(float(r.timings["prefill"]))
-                            point.tpot_s.append(_tpot(stamps))
-                            point.hops += hops
-                            point.compute += compute
-                            log(
-                                f"{network} {n} stages {wire} P={point.prompt_tokens}: "
-                                f"ttft {point.ttft_s[-1]:.3f} s, tpot {1e3 * point.tpot_s[-1]:.1f} ms "
-                                f"({time.monotonic() - started:.1f} s)"
-                            )
-                        grid.points.append(point)
+    for n in (s for s in spec.stages if s >= 2):
+        for wire in spec.wires:
+            env = {**base.extra_env, "HALF": WEIGHTS[spec.weights]}  # the nodes hand it to their workers
+            config = dataclasses.replace(base, model=spec.model, num_stages=n, wire_dtype=wire, extra_env=env)
+            async with Deployment(vast, config) as dep:
+                assert dep.seed is not None
+                dph = [i.offer.dph_total for i in dep.instances]
+                one = len((await run_inference(dep.seed, n, "hello", 2, spec.timeout)).prompt_token_ids)
+                two = len((await run_inference(dep.seed, n, "hello hello", 2, spec.timeout)).prompt_token_ids)
+                word = max(1, two - one)
+                template = one - word
+                dim = dep.ready[0].dim  # every node said ready with its dim and blocks (load)
+                grid.weights = _check_weights(spec, [st.detail for st in dep.ready.values()])
+                blocks = max(st.end_block for st in dep.ready.values())
+                for target in spec.prompts:
+                    prompt = prompt_text(target, template, word)
+                    await run_inference(dep.seed, n, prompt, 2, spec.timeout)  # warm-up at this length
+                    point = Point(network, rtt * 1000, n, wire, 0, dim, blocks, dph=dph)
+                    for _ in range(spec.repeats):
+                        started = time.monotonic()
+                        r = await run_inference(dep.seed, n, prompt, spec.max_tokens, spec.timeout)
+                        hops, compute, stamps = samples(r, blocks, n)
+                        point.prompt_tokens = len(r.prompt_token_ids)
+                        point.ttft_s.append(float(r.timings["prefill"]))
+                        point.tpot_s.append(_tpot(stamps))
+                        point.hops += hops
+                        point.compute += compute
+                        log(
+                            f"{network} {n} stages {wire} P={point.prompt_tokens}: "
+                            f"ttft {point.ttft_s[-1]:.3f} s, tpot {1e3 * point.tpot_s[-1]:.1f} ms "
+                            f"({time.monotonic() - started:.1f} s)"
+                        )
+                    grid.points.append(point)
+
+
+_LOADED = re.compile(r"weights (?:from|read from|realized from) [^,;]* s, (\w+)( \(HALF=0\))?")
+
+
+def _check_weights(spec: GridSpec, loads: list[str]) -> str:
+    """The weights' dtype every worker's load line names (``load_summary``), which must be one and
+    made with the grid's HALF, or the setting did not reach a worker (HALF is handed down as this
+    process's environment, which the process runtime's nodes inherit)."""
+    half = WEIGHTS[spec.weights]
+    got = [_LOADED.search(line) for line in loads]
+    wrong = [line for line, m in zip(loads, got, strict=True) if m is None or bool(m.group(2)) != (half == "0")]
+    if wrong:
+        raise RuntimeError(
+            f"the grid asked for {spec.weights} weights (HALF={half}) but a worker loaded: {wrong[0]!r}; "
+            "start the nodes with this process's environment (the process runtime)"
+        )
+    dtypes = sorted({m.group(1) for m in got if m is not None})
+    if len(dtypes) != 1:
+        raise RuntimeError(f"the workers loaded their weights in different dtypes: {dtypes} ({loads})")
+    return str(dtypes[0])
 
 
 def _unsplit_points(spec: GridSpec, grid: Grid, log: Log) -> None:
@@ -187,11 +276,14 @@ def _unsplit_points(spec: GridSpec, grid: Grid, log: Log) -> None:
             sys.executable, "-m", "pytest_ppsmoke.layout.unsplit", "--model", spec.model, "--target", str(target),
             "--max-tokens", str(spec.max_tokens), "--repeats", str(spec.repeats),
         ]  # fmt: skip
-        env = {**os.environ, **({"CUDA_VISIBLE_DEVICES": spec.gpus[0]} if spec.gpus else {})}
+        env = {**os.environ, "HALF": WEIGHTS[spec.weights]}
+        if spec.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = spec.gpus[0]
         out = subprocess.run(argv, capture_output=True, text=True, timeout=spec.timeout * (spec.repeats + 1), env=env)
         if out.returncode:
             raise RuntimeError(f"the unsplit model failed at a {target}-token prompt: {out.stderr[-2000:]}")
         m = json.loads(out.stdout.strip().splitlines()[-1])
+        grid.weights = _check_weights(spec, [m["weights"]])
         for network in spec.networks:
             rtt = 0.0 if network == "loopback" else rtt_of(parse_network(network))
             point = Point(network, rtt * 1000, 1, "f32", m["prompt_tokens"], m["dim"], m["num_blocks"])
@@ -202,22 +294,61 @@ def _unsplit_points(spec: GridSpec, grid: Grid, log: Log) -> None:
         log(f"unsplit P={m['prompt_tokens']}: ttft {m['ttft_s']} s, tpot {m['tpot_s']} s")
 
 
-async def run_grid(spec: GridSpec, log: Log = print) -> Grid:
-    """Measure every point of ``spec``; the middle prompt length's points are held out of the fit."""
-    spec.check()
+def hold_out(points: list[Point], scheme: str = "layouts") -> list[int]:
+    """The points a fit must not see. ``layouts``: on each network (in the order measured) one
+    split stage count, another on each network in turn (a Latin square), at every prompt length:
+    layouts the fit never saw on that network, the question a user asks before renting; with
+    fewer than two split stage counts, ``prompt``. ``prompt``: every point of the middle prompt
+    length (interpolating between two lengths; needs three). Unsplit points are never held out:
+    one measurement serves every network."""
+    if scheme not in ("layouts", "prompt"):
+        raise ValueError(f"hold-out scheme {scheme!r}: expected layouts or prompt")
+    split = sorted({p.stages for p in points if p.stages > 1})
+    if scheme == "layouts" and len(split) >= 2:
+        networks = list(dict.fromkeys(p.network for p in points))
+        pick = {net: split[(i + 1) % len(split)] for i, net in enumerate(networks)}
+        return [i for i, p in enumerate(points) if p.stages > 1 and pick[p.network] == p.stages]
+    lengths = sorted({p.prompt_tokens for p in points})
+    if len(lengths) < 3:
+        return []
+    middle = lengths[len(lengths) // 2]
+    return [i for i, p in enumerate(points) if p.prompt_tokens == middle]
+
+
+def new_grid(spec: GridSpec, settings: Settings | None = None) -> Grid:
+    """An empty grid of ``spec`` measured as ``run_grid`` with ``settings`` would."""
+    gpus = list(spec.gpus) or ([g for g in settings.gpus.split(",") if g] if settings else [])
     grid = Grid(
         spec.model,
-        device=f"CUDA GPUs {','.join(spec.gpus)}" if spec.gpus else "CPU (tinygrad clang)",
+        device=f"CUDA GPUs {','.join(gpus)}" if gpus else "CPU (tinygrad clang)",
         machine=f"{os.cpu_count()} cores, Python {platform.python_version()}",
         when=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     )
-    for network in spec.networks:
-        await _pipeline_points(spec, network, grid, log)
-    if 1 in spec.stages:
-        await asyncio.to_thread(_unsplit_points, spec, grid, log)
-    middle = sorted(spec.prompts)[len(spec.prompts) // 2] if len(spec.prompts) >= 3 else None
-    if middle is not None:
-        lengths = sorted({p.prompt_tokens for p in grid.points})
-        held = min(lengths, key=lambda n: abs(n - middle)) if lengths else None
-        grid.held_out = [i for i, p in enumerate(grid.points) if p.prompt_tokens == held]
+    if settings is not None and not settings.embedded_emulator:
+        grid.device, grid.machine = f"instances rented from {settings.vast_url or 'vast.ai'}", "one stage each"
+    return grid
+
+
+async def run_grid(
+    spec: GridSpec, log: Log = print, settings: Settings | None = None, grid: Grid | None = None
+) -> Grid:
+    """Measure every point of ``spec`` and choose the points held out of the fit (``hold_out``).
+    With ``settings`` (``pp-smoke-run --grid``, pytest's ``--ppsmoke-grid``) the deployments are
+    made as that run's would be: on an embedded emulator, one per network of the grid (its
+    runtime, its GPUs); on a vast.ai API (its key and URL, vast.ai itself or an emulator started
+    apart) on the instances it rents, the one network between them, and with no unsplit point
+    (stage count 1 runs on this machine). ``grid`` (default: ``new_grid``'s) is filled point by
+    point: a caller that passes its own keeps what was measured when a deployment fails."""
+    spec.check()
+    grid = new_grid(spec, settings) if grid is None else grid
+    if settings is not None and not settings.embedded_emulator:
+        await _rented_points(spec, settings, grid, log)
+        if 1 in spec.stages:
+            log("stage count 1 (the model unsplit) runs on this machine: left out of a grid on rented instances")
+    else:
+        for network in spec.networks:
+            await _emulated_points(spec, network, grid, log, settings)
+        if 1 in spec.stages:
+            await asyncio.to_thread(_unsplit_points, spec, grid, log)
+    grid.held_out = hold_out(grid.points)
     return grid

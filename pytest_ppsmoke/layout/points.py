@@ -24,7 +24,10 @@ class HopSample:
 @dataclass(frozen=True)
 class StageSample:
     """One worker call's time inside the worker: ``blocks`` of the model, plus the embedding
-    (``first``) or the output head (``last``), on ``tokens`` positions at once."""
+    (``first``) or the output head (``last``), on ``tokens`` positions at once; a decode call's
+    ``context`` (the position it decodes: the KV entries its attention reads) and ``idle_s``, how
+    long its stage had waited since its previous call (a core idle that long is slower to start:
+    the fit's wake term)."""
 
     stage: int
     blocks: int
@@ -33,6 +36,8 @@ class StageSample:
     phase: str  # "prefill" or "decode"
     tokens: int
     seconds: float
+    context: int = 0
+    idle_s: float = 0.0
 
 
 @dataclass
@@ -63,6 +68,7 @@ class Grid:
     when: str
     points: list[Point] = field(default_factory=list)
     held_out: list[int] = field(default_factory=list)  # indices of points the fit must not see
+    weights: str = "f16"  # the weights' dtype every worker reported loading (f16, or f32 with HALF=0)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -180,7 +180,7 @@ def _markdown(grid: Grid, fit: Fit, held: dict[str, Any], recs: list[dict[str, A
         f"# Layout report: {grid.model} on {grid.device}",
         "",
         f"Measured on {grid.machine} at {grid.when}: {len(grid.points)} points, "
-        f"{len(fit.fitted)} fitted, {len(grid.held_out)} held out.",
+        f"{len(fit.fitted)} fitted, {len(grid.held_out)} held out; {grid.weights} weights.",
         "",
         "## Recommended layouts",
         "",
@@ -248,13 +248,16 @@ def _markdown(grid: Grid, fit: Fit, held: dict[str, Any], recs: list[dict[str, A
     lines += [
         "",
         "Per stage call (seconds): prefill = blocks x (block + block_t T + block_t2 T^2) + last x (head + head_t T) "
-        "+ first x (embed + embed_t T) + call, T the tokens of the call; decode per token = blocks x block "
-        "+ last x head + first x embed + call.",
+        "+ first x (embed + embed_t T) + call, T the tokens of the call; decode per token = blocks x (block "
+        "+ block_ctx C) + last x head + first x embed + call + wake x ramp(idle), C the position decoded, idle "
+        "how long the stage waited since its previous call (a time per token is the fixed point: each stage "
+        "waits the token's time less its own call).",
         "",
     ]
     lines += _table(["phase", *fit.prefill], [["prefill", *(f"{v:.4g}" for v in fit.prefill.values())]])
     lines += [""]
     lines += _table(["phase", *fit.decode], [["decode", *(f"{v:.4g}" for v in fit.decode.values())]])
+    lines += ["", f"Wake-up: {fit.wake.describe(fit.decode.get('wake', 0.0))}."]
     lines += [
         "",
         "What the model leaves over (the orchestrator, the node <-> worker bridge, the event loops; for a split "

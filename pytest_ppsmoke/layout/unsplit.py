@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> None:
     from ..stage.model import Tokenizer, realized_model
 
     install_program_cache()
-    model, kv, _ = realized_model(a.model, 1024, 0, 1, WeightCache.from_setting(""))
+    model, kv, load = realized_model(a.model, 1024, 0, 1, WeightCache.from_setting(""))
     tok = Tokenizer(kv)
     word = max(1, len(tok.chat("hello hello")) - len(tok.chat("hello")))
     ids = tok.chat(prompt_text(a.target, len(tok.chat("hello")) - word, word))
@@ -54,8 +54,10 @@ def main(argv: list[str] | None = None) -> None:
         out["compute"].append(
             dataclasses.asdict(StageSample(0, blocks, True, True, "prefill", len(ids), stamps[1] - stamps[0]))
         )
-        out["compute"].append(dataclasses.asdict(StageSample(0, blocks, True, True, "decode", 1, out["tpot_s"][-1])))
-    print(json.dumps({"prompt_tokens": len(ids), "dim": dim, "num_blocks": blocks, **out}))
+        decode = StageSample(0, blocks, True, True, "decode", 1, out["tpot_s"][-1], context=len(ids))
+        out["compute"].append(dataclasses.asdict(decode))
+    weights = load.describe()
+    print(json.dumps({"prompt_tokens": len(ids), "dim": dim, "num_blocks": blocks, "weights": weights, **out}))
 
 
 if __name__ == "__main__":

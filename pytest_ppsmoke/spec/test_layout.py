@@ -1,9 +1,11 @@
 """The layout grid in a pytest session (``--ppsmoke-grid small``, or a grid description): measured
-on this machine through the emulator, its cost model fitted, the report written to
+as the session's run would deploy (local: through the emulator, on each network of the grid;
+``--vastai-key``: on rented instances), its cost model fitted, the report written to
 ``--ppsmoke-grid-out``; the fitted link figures (alpha, beta) and the recommended layouts go to the
 JUnit XML as properties and to the terminal summary. Skipped unless a grid is asked for.
 
-Run: ``pytest --pyargs pytest_ppsmoke.spec -m local --ppsmoke-grid small``.
+Run: ``pytest --pyargs pytest_ppsmoke.spec -m local --ppsmoke-grid small`` (or ``-m vastai
+--vastai-key ...``, where stage count 1, the model unsplit on this machine, is left out).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import pytest
 
 from pytest_ppsmoke.harness.settings import Settings
 
-pytestmark = [pytest.mark.local]
+pytestmark = [pytest.mark.local, pytest.mark.vastai]
 
 
 def test_layout_grid_fits_its_cost_model_and_writes_the_report(
@@ -30,12 +32,10 @@ def test_layout_grid_fits_its_cost_model_and_writes_the_report(
     def record_property(name: str, value: object) -> None:  # the JUnit properties, as the plugin adds its own
         request.node.user_properties.append((name, value))
 
-    spec = grid_spec(s.grid, s.model)
+    spec = grid_spec(s.grid, s.model, s.network)
     if spec is None:
         pytest.skip("no layout grid asked for (--ppsmoke-grid small, or a grid description)")
-    if not s.local:
-        pytest.skip("the layout grid runs on this machine through the emulator (--ppsmoke-mode local)")
-    grid = asyncio.run(run_grid(spec, log=lambda line: None))
+    grid = asyncio.run(run_grid(spec, log=lambda line: None, settings=s))
     model = fit(grid)
     written = write_report(grid, model, s.grid_out)
     assert {p.name for p in written} >= {"layout.json", "layout.md"}, written

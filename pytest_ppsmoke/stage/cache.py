@@ -98,10 +98,14 @@ class WeightLoad:
     nbytes: int
     path: str = ""  # the cache file read or written ("" with the cache off)
     note: str = ""  # why a cache file was not used, or could not be written
+    dtype: str = ""  # the blocks' weights: f16 (tinygrad's HALF=1, its default), or the GGUF's with HALF=0
+    half: int = 1  # tinygrad's HALF as the load saw it
 
     def describe(self) -> str:
         where = "read from the weight cache" if self.source == "cache" else "realized from the GGUF"
-        return f"weights {where} in {self.seconds:.2f} s" + (f" ({self.note})" if self.note else "")
+        dtype = f", {self.dtype}" if self.dtype else ""
+        dtype += "" if self.half else " (HALF=0)"
+        return f"weights {where} in {self.seconds:.2f} s{dtype}" + (f" ({self.note})" if self.note else "")
 
 
 def tinygrad_key() -> dict[str, Any]:

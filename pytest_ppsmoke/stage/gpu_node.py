@@ -506,13 +506,16 @@ async def _slow_decode() -> None:
 
 def load_summary(ready: dict[str, Any]) -> str:
     """One line from a worker's ready line: where its weights came from and how many programs
-    it generated, e.g. ``weights from the cache in 0.98 s; programs: 41 cached, 0 generated``."""
+    it generated, e.g. ``weights from the cache in 0.98 s, f16; programs: 41 cached, 0 generated``."""
     w, p = ready.get("weights"), ready.get("programs")
     parts = []
     if isinstance(w, dict):
         where = "the cache" if w.get("source") == "cache" else "the GGUF"
         parts.append(
-            f"weights from {where} in {w.get('seconds', 0):.2f} s" + (f" ({w['note']})" if w.get("note") else "")
+            f"weights from {where} in {w.get('seconds', 0):.2f} s"
+            + (f", {w['dtype']}" if w.get("dtype") else "")
+            + ("" if w.get("half", 1) else " (HALF=0)")
+            + (f" ({w['note']})" if w.get("note") else "")
         )
     if isinstance(p, dict):
         parts.append(f"programs: {p.get('hits', 0)} cached, {p.get('misses', 0)} generated")

@@ -43,7 +43,7 @@ from tinygrad.apps.llm import Transformer, models
 
 from ..protocol import layer_range, reference_method
 from ..runtime.codec import WireDtype, digest
-from .cache import CacheError, Part, WeightCache, WeightLoad
+from .cache import CacheError, Part, WeightCache, WeightLoad, tinygrad_key
 
 _DTYPES = {np.dtype(np.int32).str: "int32", np.dtype(np.float32).str: "float32"}  # decode inputs
 _TINY_DTYPES = {np.dtype(np.float16).str: dtypes.float16, np.dtype(np.float32).str: dtypes.float32}  # cached tensors
@@ -127,7 +127,8 @@ def realized_model(
                 kv, part, tensors, at = found
                 model = _model_from_tensors(name, kv, max_context, part, tensors, stage, num_stages)
                 nbytes = sum(t.nbytes for t in tensors.values() if not isinstance(t, str))
-                return model, kv, WeightLoad("cache", time.monotonic() - started, nbytes, str(at))
+                took = time.monotonic() - started
+                return model, kv, WeightLoad("cache", took, nbytes, str(at), "", *_dtype(model, part.lo))
         except (CacheError, OSError) as e:
             note = f"weight cache not used: {e}"
     model, kv = load_model(name, max_context)
@@ -142,7 +143,17 @@ def realized_model(
         except OSError as e:
             note = f"{note}; " if note else ""
             note += f"weight cache not written: {e}"
-    return model, kv, WeightLoad("gguf", time.monotonic() - started, nbytes, written, note)
+    return model, kv, WeightLoad("gguf", time.monotonic() - started, nbytes, written, note, *_dtype(model, part.lo))
+
+
+_WEIGHT_DTYPES = {"half": "f16", "float": "f32", "bfloat16": "bf16"}
+
+
+def _dtype(model: Transformer, block: int) -> tuple[str, int]:
+    """The dtype of a block's weights (``block``: one the part owns), as the grid names it, and
+    the HALF setting that made it (HALF=0 keeps the GGUF's: float32 for a quantized file)."""
+    name = str(model.blk[min(block, len(model.blk) - 1)].attn_q.weight.dtype.name)
+    return _WEIGHT_DTYPES.get(name, name), int(tinygrad_key()["half"])
 
 
 def _host_tensors(owned: dict[str, Tensor]) -> dict[str, np.ndarray | str]:
