@@ -50,10 +50,15 @@ TTFT_OVERHEAD = Overhead(constant_s=0.01, per_stage_s=0.003, delay_hops=2.0, uns
 TPOT_OVERHEAD = Overhead(constant_s=0.001, per_stage_s=0.0005, delay_hops=0.0, unsplit_s=0.0002)
 
 
-def truth(delay_hops: float = TTFT_OVERHEAD.delay_hops, wake: Wake = WAKE, wake_s: float = DECODE["wake"]) -> Fit:
+def truth(
+    delay_hops: float = TTFT_OVERHEAD.delay_hops,
+    wake: Wake = WAKE,
+    wake_s: float = DECODE["wake"],
+    prefill: dict[str, float] = PREFILL,
+) -> Fit:
     ttft = replace(TTFT_OVERHEAD, delay_hops=delay_hops)
     decode = {**DECODE, "wake": wake_s}
-    return Fit(dict(LINKS), dict(RTT), dict(PREFILL), decode, ttft, TPOT_OVERHEAD, [], wake=wake)
+    return Fit(dict(LINKS), dict(RTT), dict(prefill), decode, ttft, TPOT_OVERHEAD, [], wake=wake)
 
 
 def decode_call(model: Fit, blocks: int, first: bool, last: bool, context: int, tpot: float) -> tuple[float, float]:
@@ -268,6 +273,17 @@ def test_the_time_per_token_solves_for_the_wake_up() -> None:
     far = f.predict(2, "rtt=200ms", 100, "bf16", 64, 10, 1.0).tpot_s
     assert far == pytest.approx(2 * (call + 0.01) + 0.2, abs=1e-6)
     assert f.predict(1, "rtt=200ms", 100, "bf16", 64, 10, 1.0).tpot_s == pytest.approx(2 * call)  # never idle
+
+
+def test_a_block_never_gets_faster_with_a_longer_prompt() -> None:
+    """Noise that bends the prefill curve down (a GPU's host-bound calls) must not make the model
+    predict a longer prompt faster: the negative growth term is dropped, and the note says so."""
+    bent = {**PREFILL, "block_t2": -2e-8}  # slower at 16 than at 512 tokens past ~500: not physical
+    f = fit(synthetic_grid(seed=9, model=truth(prefill=bent)))
+    assert f.prefill["block_t2"] == 0.0 and f.prefill["block_t"] > 0, f.prefill
+    assert any(n.startswith("prefill: the fitted block_t2 is negative") for n in f.notes), f.notes
+    times = [f.predict(2, "loopback", p, "bf16", DIM, BLOCKS, DPH).ttft_s for p in (16, 128, 256, 512, 1024)]
+    assert times == sorted(times), times
 
 
 def test_the_fit_survives_json(grid: Grid, fitted: Fit) -> None:

@@ -524,6 +524,15 @@ def _fit_compute(
         return coef, rank, float(np.sum((a @ np.asarray(coef) - y) ** 2))
 
     coef, rank, sse = solve(base)
+    for growth in ("block_t2", "block_t"):  # a longer prompt never makes a block faster
+        if phase == "prefill" and growth in used and coef[used.index(growth)] < 0:
+            notes.append(
+                f"prefill: the fitted {growth} is negative ({coef[used.index(growth)]:.3g} s): a longer prompt "
+                f"would make a block faster; fitted without it (the calls' times barely grow with the tokens)"
+            )
+            keep = [i for i, t in enumerate(used) if t != growth]
+            used, base = [used[i] for i in keep], base[:, keep]
+            coef, rank, sse = solve(base)
     columns, wake = used, Wake()
     if "wake" in terms:
         span = float(idle.max() - idle.min())
