@@ -292,7 +292,7 @@ def test_ctrl_c_runs_the_finalizers_and_destroys_everything(
     report = pytester.path / "r.json"
     argv = ["-m", "local", "-p", "no:cacheprovider", "--ppsmoke-model", synth_model, "--ppsmoke-report", str(report)]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest", *argv],
+        [sys.executable, "-X", "faulthandler", "-m", "pytest", *argv],
         cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     rented = pytester.path / "rented"
@@ -301,7 +301,13 @@ def test_ctrl_c_runs_the_finalizers_and_destroys_everything(
         assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.stdout else ""
         time.sleep(0.1)
     proc.send_signal(signal.SIGINT)  # Ctrl-C
-    out, _ = proc.communicate(timeout=120)
+    try:
+        out, _ = proc.communicate(timeout=100)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        out, _ = proc.communicate(timeout=20)
+        # the session's own deadlines (teardown 60 s + 30 s) should have ended it: say where it is stuck
+        raise AssertionError("the session did not end within 100 s of Ctrl-C; its threads:\n" + out[-12000:]) from None
     assert proc.returncode == pytest.ExitCode.INTERRUPTED, out
     assert "KeyboardInterrupt" in out
     figures = json.loads(report.read_text())
