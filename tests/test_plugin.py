@@ -278,9 +278,20 @@ import pytest
 pytestmark = pytest.mark.local
 
 def test_waits_to_be_interrupted(ppsmoke_instances):
+    import signal
+    pathlib.Path("sigint").write_text(repr(signal.getsignal(signal.SIGINT)))
     pathlib.Path("rented").write_text(str([i.id for i in ppsmoke_instances.instances]))
     time.sleep(120)
 """
+
+
+# pytest as a user starts it from a terminal, where Ctrl-C raises KeyboardInterrupt: a child
+# inherits an ignored SIGINT (a suite started in the background by a non-interactive shell, under
+# nohup), and Python then leaves it ignored
+AS_IN_A_TERMINAL = (
+    "import signal, sys, pytest; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "sys.exit(pytest.main(sys.argv[1:]))"
+)
 
 
 def test_ctrl_c_runs_the_finalizers_and_destroys_everything(
@@ -292,7 +303,7 @@ def test_ctrl_c_runs_the_finalizers_and_destroys_everything(
     report = pytester.path / "r.json"
     argv = ["-m", "local", "-p", "no:cacheprovider", "--ppsmoke-model", synth_model, "--ppsmoke-report", str(report)]
     proc = subprocess.Popen(
-        [sys.executable, "-X", "faulthandler", "-m", "pytest", *argv],
+        [sys.executable, "-X", "faulthandler", "-c", AS_IN_A_TERMINAL, *argv],
         cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     rented = pytester.path / "rented"
@@ -300,6 +311,7 @@ def test_ctrl_c_runs_the_finalizers_and_destroys_everything(
     while not rented.exists():
         assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.stdout else ""
         time.sleep(0.1)
+    assert (pytester.path / "sigint").read_text() == repr(signal.default_int_handler)  # as in a terminal
     proc.send_signal(signal.SIGINT)  # Ctrl-C
     try:
         out, _ = proc.communicate(timeout=100)
