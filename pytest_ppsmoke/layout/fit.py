@@ -474,7 +474,8 @@ def _fit_link(network: str, samples: list[tuple[int, float]], notes: list[str]) 
     return Link(alpha, 1.0 / slope)
 
 
-def _features(s: StageSample, wake: Wake) -> dict[str, float]:
+def _features(s: StageSample) -> dict[str, float]:
+    """A call's column for each term but the wake-up (the ramp search builds that one)."""
     t = float(s.tokens)
     return {
         "block": s.blocks,
@@ -486,7 +487,6 @@ def _features(s: StageSample, wake: Wake) -> dict[str, float]:
         "embed": float(s.first),
         "embed_t": s.first * t,
         "call": 1.0,
-        "wake": wake.cost(1.0, s.blocks, s.idle_s),
     }
 
 
@@ -515,7 +515,7 @@ def _fit_compute(
             )
 
     y = np.asarray([s.seconds for s in samples], dtype=np.float64)
-    base = np.asarray([[_features(s, Wake())[k] for k in used] for s in samples], dtype=np.float64)
+    base = np.asarray([[_features(s)[k] for k in used] for s in samples], dtype=np.float64)
     idle = np.asarray([s.idle_s for s in samples], dtype=np.float64)
     blocks = np.asarray([s.blocks for s in samples], dtype=np.float64)
 

@@ -165,7 +165,7 @@ async def _emulated_points(spec: GridSpec, network: str, grid: Grid, log: Log, s
     from ..cloud.vast import VastClient
     from ..harness.driver import rtt_of, run_config
 
-    gpus = list(spec.gpus) or ([g for g in settings.gpus.split(",") if g] if settings else []) or None
+    gpus = _gpus(spec, settings) or None
     runtime = settings.runtime if settings else "processes"
     async with (
         FakeVast(network=network, gpus=gpus, runtime=runtime) as fake,
@@ -315,9 +315,14 @@ def hold_out(points: list[Point], scheme: str = "layouts") -> list[int]:
     return [i for i, p in enumerate(points) if p.prompt_tokens == middle]
 
 
+def _gpus(spec: GridSpec, settings: Settings | None) -> list[str]:
+    """This machine's GPUs for the instances: the grid's, else the run's ``--gpus``."""
+    return list(spec.gpus) or ([g for g in settings.gpus.split(",") if g] if settings else [])
+
+
 def new_grid(spec: GridSpec, settings: Settings | None = None) -> Grid:
     """An empty grid of ``spec`` measured as ``run_grid`` with ``settings`` would."""
-    gpus = list(spec.gpus) or ([g for g in settings.gpus.split(",") if g] if settings else [])
+    gpus = _gpus(spec, settings)
     grid = Grid(
         spec.model,
         device=f"CUDA GPUs {','.join(gpus)}" if gpus else "CPU (tinygrad clang)",
