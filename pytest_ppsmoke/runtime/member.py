@@ -38,6 +38,7 @@ async def run(config: NodeConfig, names: tuple[str, ...], watch_parent: bool = F
                     "status": MemberStatus(ev.member.status).name,
                     "incarnation": ev.member.incarnation,
                     "names": ev.member.names,
+                    "at": ev.at,  # time.monotonic(): one clock for every process of this machine
                 }
             )
 
