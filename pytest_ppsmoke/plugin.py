@@ -138,7 +138,28 @@ class _LastWord:
         if hasattr(config, "workerinput"):  # an xdist worker: mark the deployment's tests for the scheduler
             for item in items:
                 if _uses_session(item) and not item.nodeid.endswith(XDIST_SUFFIX):
-                    item._nodeid = item.nodeid + XDIST_SUFFIX
+                    _mark_for_scheduler(item)
+
+
+def _mark_for_scheduler(item: pytest.Item) -> None:
+    """Append :data:`XDIST_SUFFIX` to the node id the worker sends the controller, as xdist itself
+    appends ``@group`` under ``--dist loadgroup``. pytest keeps the id as a string (``_nodeid``) up
+    to 9.1 and as a structured ``NodeId`` (``_id``) from 9.2, where setting ``_nodeid`` silently
+    does nothing (pytest-dev/pytest-xdist#1386: loadgroup lost its groups the same way, and this
+    plugin rented once per worker). Should a later pytest ignore both, the session stops before
+    any test instead of renting twice."""
+    marked = item.nodeid + XDIST_SUFFIX
+    node: Any = item  # private attributes, each present in only some pytest versions
+    structured = getattr(node, "_id", None)
+    if structured is not None and hasattr(type(structured), "parse"):  # pytest >= 9.2
+        node._id = type(structured).parse(marked)
+    else:
+        node._nodeid = marked
+    if item.nodeid != marked:
+        raise pytest.UsageError(
+            f"pytest-ppsmoke: cannot mark {item.nodeid} for pytest-xdist's scheduler under pytest "
+            f"{pytest.__version__}, so every worker would rent its own deployment; run with -n 0"
+        )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

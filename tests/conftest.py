@@ -12,7 +12,7 @@ import pytest_asyncio
 from pytest_ppsmoke.cloud.fake_vast import FakeVast
 from pytest_ppsmoke.runtime.node import Node, NodeConfig
 
-from .helpers import TEST_TAG
+from .helpers import PYTESTER_INI, TEST_TAG
 from .smoke import KEY, TAG, Smoke
 
 NodeFactory = Callable[..., "AsyncIterator[Node]"]
@@ -71,3 +71,11 @@ async def emulator(synth_model: str, monkeypatch: pytest.MonkeyPatch) -> AsyncIt
     yield start
     for fake in started:
         await fake.close()
+
+
+@pytest.fixture(autouse=True)
+def _pytester_ini(request: pytest.FixtureRequest) -> None:
+    """Every pytester project starts with :data:`tests.helpers.PYTESTER_INI` (a test that writes
+    its own ini starts from it)."""
+    if "pytester" in request.fixturenames:
+        request.getfixturevalue("pytester").makeini(PYTESTER_INI)

@@ -18,7 +18,7 @@ import pytest
 
 from pytest_ppsmoke import failpoints
 
-from .helpers import CLI, TEST_TAG, node_processes, without_key
+from .helpers import CLI, PYTESTER_INI, TEST_TAG, node_processes, without_key
 
 pytestmark = pytest.mark.local
 
@@ -189,7 +189,7 @@ def test_a_budget_that_leaves_the_teardown_no_room_is_a_usage_error_naming_both(
         out = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=60, env=without_key())
         assert out.returncode == 2 and message in out.stderr, out.stderr
         return
-    pytester.makeini("[pytest]\nppsmoke_budget = 50\n")
+    pytester.makeini(f"{PYTESTER_INI}ppsmoke_budget = 50\n")
     pytester.makepyfile("def test_nothing(): pass")
     result = pytester.runpytest(*args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import SYNTH, TEST_TAG, node_processes
+from .helpers import PYTESTER_INI, SYNTH, TEST_TAG, node_processes
 
 pytestmark = pytest.mark.local
 
@@ -42,14 +42,12 @@ def test_each_option_comes_from_the_flag_then_the_environment_then_the_ini(
     monkeypatch.delenv("VAST_API_KEY", raising=False)
     monkeypatch.setenv("VAST_URL", "http://127.0.0.1:9/from-env")
     pytester.makeini(
-        """
-        [pytest]
-        ppsmoke_stages = 3
-        ppsmoke_wire_dtype = f16
-        ppsmoke_vast_url = http://127.0.0.1:9/from-ini
-        ppsmoke_budget = 100
-        ppsmoke_max_tokens = 7
-        """
+        PYTESTER_INI
+        + "ppsmoke_stages = 3\n"
+        + "ppsmoke_wire_dtype = f16\n"
+        + "ppsmoke_vast_url = http://127.0.0.1:9/from-ini\n"
+        + "ppsmoke_budget = 100\n"
+        + "ppsmoke_max_tokens = 7\n"
     )
     pytester.makepyfile(SHOW_SETTINGS)
     result = pytester.runpytest("-s", "--ppsmoke-stages", "4", "--ppsmoke-gpu-ram", "24")
@@ -104,7 +102,7 @@ def test_a_key_selects_vastai_unless_local_is_asked_for(
 def test_a_bad_value_is_a_usage_error_naming_it_and_its_source(
     pytester: pytest.Pytester, args: list[str], ini: str, message: str
 ) -> None:
-    pytester.makeini(f"[pytest]\n{ini}\n")
+    pytester.makeini(f"{PYTESTER_INI}{ini}\n")
     pytester.makepyfile("def test_nothing(): pass")
     result = pytester.runpytest(*args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from xdist.remote import Producer
 
-from pytest_ppsmoke import failpoints
+from pytest_ppsmoke import failpoints, plugin
 from pytest_ppsmoke.distributed import UNIT, XDIST, OneDeployment
 
-from .helpers import TEST_TAG, node_processes
+from .helpers import PYTESTER_INI, TEST_TAG, node_processes
 
 pytestmark = pytest.mark.local
 
@@ -215,7 +215,7 @@ def test_two_workers_rent_once_and_dist_each_is_refused(
     teardown's test last; reports carry the plain node ids (what --lf and --sw record). ``--dist
     each`` stops before any test runs."""
     pytester.makepyfile(**SPREAD)
-    pytester.makeini("[pytest]\nppsmoke_mode = local\n")
+    pytester.makeini(f"{PYTESTER_INI}ppsmoke_mode = local\n")
     tag = f"xdist-{os.getpid()}"
     monkeypatch.setenv(TEST_TAG, tag)
     monkeypatch.setenv(failpoints.ENV, "vast.stall_worker=0,1")  # nodes with no tinygrad worker: rented, cheap
@@ -239,3 +239,15 @@ def test_two_workers_rent_once_and_dist_each_is_refused(
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stdout.fnmatch_lines(["*pytest-ppsmoke: --dist each runs every test in every worker, so every worker*"])
     assert _ran(pytester) == [] and node_processes(tag) == []
+
+
+def test_a_pytest_that_ignores_the_mark_stops_the_session_instead_of_renting_twice() -> None:
+    """pytest 9.2 moved the node id to a structured field, and the string field that xdist and
+    this plugin set went unread: each worker then rented. Should a later pytest ignore the mark
+    again, the session stops with a usage error before any test."""
+
+    class Fixed:  # a node whose id no attribute changes
+        nodeid = "t.py::test_x"
+
+    with pytest.raises(pytest.UsageError, match=r"cannot mark t.py::test_x .* every worker would rent"):
+        plugin._mark_for_scheduler(Fixed())  # type: ignore[arg-type]
