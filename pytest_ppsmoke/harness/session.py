@@ -3,7 +3,7 @@
     session = SmokeSession(settings)
     try:
         session.step("load")          # rented, booted, converged, workers loaded
-        result = session.infer()
+        result = session.step("infer").result
     finally:
         session.teardown()
 
