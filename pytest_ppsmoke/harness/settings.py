@@ -21,6 +21,7 @@ from typing import Any
 
 from .. import DEFAULT_IMAGE
 from ..nodeenv import DEFAULTS as NODE
+from .gridspec import grid_spec
 
 # the run's steps, in order: the driver runs them, the plugin maps its fixtures to them
 STEPS = ("rent", "boot", "converge", "load", "resolve", "infer", "reference")
@@ -121,8 +122,6 @@ def _network(text: str) -> str:
 
 
 def _grid(text: str) -> str:
-    from ..layout.grid import grid_spec  # the layout package loads only for a grid
-
     try:
         grid_spec(text, "")
     except ValueError as e:
@@ -311,7 +310,7 @@ class Settings:
     budget: float = 300.0
     reference: bool = True
     report: Path | None = None
-    grid: str = "off"  # a layout grid to measure in the pytest session (layout/grid.py's grid_spec)
+    grid: str = "off"  # a layout grid to measure in the pytest session (harness/gridspec.py's grid_spec)
     grid_out: Path = Path("ppsmoke-layout")
     weight_cache: str = ""  # "": the node's default directory; "off"; or a directory
     program_cache: bool = True
