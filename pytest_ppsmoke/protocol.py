@@ -15,6 +15,12 @@ STAGE_ACTOR = "stage"  # a node's pipeline stage: StageActivation, NextToken, In
 STATUS_ACTOR = "status"  # a node's health: NodeStatusQuery
 ORCHESTRATOR_ACTOR = "orchestrator"  # the seed's collector of FirstToken and InferenceResponse
 
+# the spec's lifecycle deadlines: the settings table's defaults, and cloud.lifecycle.RunConfig's
+BOOT_POLLS = 60  # status polls until an instance is running
+BOOT_POLL_INTERVAL = 3.0  # seconds between them, on vast.ai
+CONVERGE_TIMEOUT = 120.0  # SWIM: every member alive in every view
+RESOLVE_TIMEOUT = 60.0  # every stage name
+
 
 # vast.ai's endpoints, by the names its rate limits are given in (``vast.rate_limit``) and the
 # client's figures are counted under: (method, route) -> name. A route's ``{id}`` is any number.

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -55,14 +56,15 @@ OnPhase = Callable[[str, float, str], None]
 LATE_TEARDOWN = 0.5  # the share of teardown_timeout a teardown gets even when the budget is spent
 
 
+# RunConfig's fields that the settings give under the same name (Settings.network is the emulated
+# network; RunConfig.network, local or wan, follows from the mode)
+_SAME = ({f.name for f in dataclasses.fields(RunConfig)} & {f.name for f in dataclasses.fields(Settings)}) - {"network"}
+
+
 def run_config(s: Settings) -> RunConfig:
+    """The deployment's config from the settings: each field of the same name, then the rest."""
     return RunConfig(
-        num_stages=s.num_stages,
-        model=s.model,
-        wire_dtype=s.wire_dtype,
-        weight_cache=s.weight_cache,
-        program_cache=s.program_cache,
-        image=s.image,
+        **{name: getattr(s, name) for name in sorted(_SAME)},
         disk_gb=s.disk,
         query=OfferQuery(
             gpu_ram_gb=s.gpu_ram,
@@ -72,13 +74,6 @@ def run_config(s: Settings) -> RunConfig:
             disk_gb=s.disk,
         ),
         network="local" if s.local else "wan",
-        polls=s.polls,
-        poll_interval=s.poll_interval,
-        converge_timeout=s.converge_timeout,
-        load_timeout=s.load_timeout,
-        resolve_timeout=s.resolve_timeout,
-        node_ttl=s.node_ttl,
-        orphan_grace=s.orphan_grace,
     )
 
 
