@@ -186,14 +186,14 @@ class NodeEnv:
         "PP_WEIGHT_CACHE",
         TEXT,
         "the directory of realized stage weights (empty: ~/.cache/ppsmoke/weights; off: no cache)",
-        "the orchestrator (--weight-cache)",
+        "the orchestrator (the weight_cache setting)",
     )
     program_cache: bool = _var(
         True,
         "PP_PROGRAM_CACHE",
         FLAG,
         "1: keep tinygrad's generated programs in its disk cache; 0: do not",
-        "the orchestrator (--program-cache)",
+        "the orchestrator (the program_cache setting)",
     )
     worker: str = _var(
         "", "PP_WORKER", TEXT, "the worker script (empty: the installed pp_tinygrad_worker.py)", "the user"

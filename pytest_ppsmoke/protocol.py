@@ -39,6 +39,18 @@ VAST_ENDPOINTS: dict[tuple[str, str], str] = {
 VAST_DOCUMENTED_LIMITS: dict[str, tuple[float, float]] = {"create": (4.5, 12.0), "show": (2.0, 0.0)}
 
 
+def setting(name: str) -> str:
+    """A run's setting as a lower layer names it in a message, by its field name: the face that
+    shows the message writes its own flag there (``harness.settings.in_face``: ``--gpu-ram`` for
+    ``pp-smoke-run``, ``--ppsmoke-gpu-ram`` for pytest). Lower layers name no flag themselves."""
+    return f"<setting:{name}>"
+
+
+def reap_advice(run_id: str) -> str:
+    """How a lower layer tells the user to sweep what a run may have left: the face writes the command."""
+    return f"<reap:{run_id}>"
+
+
 def stage_name(stage: int) -> str:
     return f"pp-stage-{stage}"
 

@@ -44,3 +44,16 @@ def test_the_options_table_lists_every_option_as_the_settings_table_declares_it(
 
 def test_the_table_is_in_the_settings_tables_order() -> None:
     assert [row[1] for row in table_rows()] == [code(o.pytest) for o in OPTIONS]
+
+
+def test_a_lower_layers_message_names_each_faces_own_flags() -> None:
+    """cloud/ names a setting by its field name (protocol.setting); each face writes its own flag."""
+    from pytest_ppsmoke.harness.settings import in_face
+    from pytest_ppsmoke.protocol import reap_advice, setting
+
+    message = f"Relax {setting('gpu_ram')} or {setting('max_price')}; run {reap_advice('r1')}"
+    assert in_face(message, "cli") == "Relax --gpu-ram or --max-price; run pp-smoke-run --reap --run-id r1"
+    assert in_face(message, "pytest") == (
+        "Relax --ppsmoke-gpu-ram or --ppsmoke-max-price; run pp-smoke-run --reap --run-id r1"
+    )
+    assert in_face(setting("num_stages"), "pytest") == "--ppsmoke-stages"

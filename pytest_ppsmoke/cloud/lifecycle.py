@@ -16,8 +16,8 @@ alive in every member's view within 2 minutes), *load* (every node's worker read
 
 Teardown destroys every instance this run created on every path: success, a failed phase, a
 cancellation (Ctrl-C, a budget) and a create whose answer was lost (found by its label). A
-destroy that fails is reported, not hidden; the nodes' own time-to-live and ``pp-smoke-run
---reap`` are the next lines of defence.
+destroy that fails is reported, not hidden; the nodes' own time-to-live and the reap (``reap``)
+are the next lines of defence.
 """
 
 from __future__ import annotations
@@ -35,7 +35,16 @@ from typing import Any
 
 from .. import DEFAULT_IMAGE
 from ..nodeenv import DEFAULTS, NodeEnv
-from ..protocol import BOOT_POLL_INTERVAL, BOOT_POLLS, CONVERGE_TIMEOUT, RESOLVE_TIMEOUT, STATUS_ACTOR, PhaseError
+from ..protocol import (
+    BOOT_POLL_INTERVAL,
+    BOOT_POLLS,
+    CONVERGE_TIMEOUT,
+    RESOLVE_TIMEOUT,
+    STATUS_ACTOR,
+    PhaseError,
+    reap_advice,
+    setting,
+)
 from ..runtime.cluster import converge, resolve_names
 from ..runtime.codec import ActorAddress, MemberStatus, NodeStatus, NodeStatusQuery
 from ..runtime.errors import RemoteError
@@ -246,7 +255,7 @@ class Deployment(Resource):
             raise PhaseError(
                 "rent",
                 f"{len(offers)} offer(s) match ({c.query.describe()}); {c.num_stages} are needed. "
-                "Relax --gpu-ram, --max-price or --min-reliability",
+                f"Relax {setting('gpu_ram')}, {setting('max_price')} or {setting('min_reliability')}",
             )
         tried: set[int] = set()
         for stage in range(c.num_stages):
@@ -269,7 +278,8 @@ class Deployment(Resource):
                 raise PhaseError(
                     "rent",
                     f"no matching offer left for stage {stage}: {len(offers)} matched, and {taken} were taken "
-                    "between search and create. Relax --gpu-ram, --max-price or --min-reliability, or try again",
+                    f"between search and create. Relax {setting('gpu_ram')}, {setting('max_price')} or "
+                    f"{setting('min_reliability')}, or try again",
                 )
             tried.add(offer.id)
             inst = RentedInstance(stage, offer, f"{self.label_prefix}stage{stage}")
@@ -459,8 +469,7 @@ class Deployment(Resource):
         problems = [f"{i.name} was NOT destroyed: {i.destroy_error}" for i in failed] + self.teardown_errors
         if problems:
             advice = (
-                f". Something may still be billing: run pp-smoke-run --reap --run-id {self.run_id}, "
-                "or check the vast.ai console"
+                f". Something may still be billing: run {reap_advice(self.run_id)}, or check the vast.ai console"
                 if self.creates_sent
                 else " (no instance was ever created)"
             )

@@ -41,7 +41,7 @@ from ..runtime.errors import RemoteError
 from ..runtime.resource import Resource
 from .pipeline import InferenceResult, request_reference, run_inference
 from .report import ReferenceFigures, Report
-from .settings import STEPS, Settings
+from .settings import STEPS, Settings, in_face
 
 if TYPE_CHECKING:
     from ..network import NetworkSpec
@@ -129,8 +129,9 @@ async def _unless_lost(step: Awaitable[None], dep: Deployment) -> None:
 
 
 class SmokeRun(Resource):
-    def __init__(self, settings: Settings, on_phase: OnPhase | None = None) -> None:
+    def __init__(self, settings: Settings, on_phase: OnPhase | None = None, face: str = "cli") -> None:
         self.settings = settings
+        self.face = face  # whose flags the report's messages name: pp-smoke-run's (cli) or the plugin's (pytest)
         self.on_phase = on_phase
         s = settings
         self.report = Report(s.mode, s.model, s.prompt, s.max_tokens, s.num_stages, s.wire_dtype)
@@ -171,7 +172,7 @@ class SmokeRun(Resource):
 
     def fail(self, phase: str | None, message: str) -> None:
         """Record a failure from outside (a signal, a test's timeout): the first one is the cause."""
-        self.report.fail(phase, message)
+        self.report.fail(phase, in_face(message, self.face))
 
     # --- start -----------------------------------------------------------------------------
 
@@ -248,7 +249,7 @@ class SmokeRun(Resource):
 
     def _failed(self, step: str, e: PhaseError) -> None:
         self.failure, self.failed_step = e, step
-        self.report.fail(e.phase, str(e))
+        self.report.fail(e.phase, in_face(str(e), self.face))
         raise e
 
     async def _do(self, step: str, dep: Deployment) -> None:
@@ -379,8 +380,8 @@ class SmokeRun(Resource):
                 try:
                     await self.deployment.close()
                 except PhaseError as e:
-                    r.teardown_error = str(e)
-                    r.fail(e.phase, str(e))
+                    r.teardown_error = in_face(str(e), self.face)
+                    r.fail(e.phase, r.teardown_error)
                     if self.failure is None:
                         self.failure = e
                 finally:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -420,6 +421,21 @@ def read(
             "raise the budget or lower the teardown's deadline"
         )
     return s
+
+
+def flag(name: str, face: str) -> str:
+    """The flag of option ``name`` on ``face`` (pytest or cli), or its name where it has none there."""
+    opt = next((o for o in OPTIONS if o.name == name), None)
+    if opt is None:
+        return name
+    return (opt.pytest if face == "pytest" else opt.cli) or opt.name
+
+
+def in_face(text: str, face: str) -> str:
+    """A lower layer's message as ``face`` shows it: each setting it names (``protocol.setting``) as
+    this face's flag, the reap advice (``protocol.reap_advice``) as the command."""
+    text = re.sub(r"<setting:(\w+)>", lambda m: flag(m[1], face), text)
+    return re.sub(r"<reap:([^>]*)>", lambda m: f"pp-smoke-run --reap --run-id {m[1]}", text)
 
 
 def _named(name: str, sources: Mapping[str, str], face: str) -> str:
