@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import DEFAULT_IMAGE
+from .. import DEFAULT_IMAGE, checks
 from ..nodeenv import DEFAULTS as NODE
 from ..protocol import BOOT_POLL_INTERVAL, BOOT_POLLS, CONVERGE_TIMEOUT, RESOLVE_TIMEOUT
 from .gridspec import grid_spec
@@ -52,20 +52,20 @@ def _checked(kind: Callable[[str], Any], ok: Callable[[Any], bool], expected: st
 
 
 def _int_at_least(low: int) -> Callable[[str], int]:
-    return _checked(int, lambda v: v >= low, f"an integer of at least {low}")
+    return _checked(lambda t: checks.integer(t, low), lambda v: True, f"an integer of at least {low}")
 
 
-_positive = _checked(float, lambda v: v > 0, "a positive number")
-_fraction = _checked(float, lambda v: 0 <= v <= 1, "a number between 0 and 1")
+_positive = _checked(lambda t: checks.number(t, above=0), lambda v: True, "a positive number")
+_fraction = _checked(lambda t: checks.number(t, least=0, most=1), lambda v: True, "a number between 0 and 1")
 _number = _checked(float, lambda v: True, "a number")
 
 
 def _one_of(choices: tuple[str, ...], what: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
-        value = text.strip().lower()
-        if value not in choices:
-            raise SettingError(f"unknown {what} {text!r}; expected one of {', '.join(choices)}")
-        return value
+        try:
+            return checks.one_of(text.strip().lower(), choices)
+        except ValueError:
+            raise SettingError(f"unknown {what} {text!r}; expected one of {', '.join(choices)}") from None
 
     return parse
 
