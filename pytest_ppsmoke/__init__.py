@@ -1,11 +1,9 @@
 """pytest-ppsmoke: prove a pipeline-parallel LLM deployment works across machines.
 
-The layers, each importing only those below it: ``plugin`` and ``spec`` (the pytest face),
-``harness`` (the one run driver, settings, report, CLI, pytest session), ``cloud`` (vast.ai
-client, emulator, deployment), ``stage`` (tinygrad stage model, worker bridge, ``pp-gpu-node``),
-``runtime`` (transport, codec, SWIM, names, actors, child processes), and ``protocol``,
-``nodeenv`` and ``failpoints``, which both sides of the wire share. Importing this package
-imports only the standard library.
+The package is a stack of layers, each importing only its own and those below it, from the
+faces (the pytest plugin, ``pp-smoke-run``) down to what both sides of the wire share:
+``docs/code.md`` lists them, with each module's role. Importing this package imports only the
+standard library.
 """
 
 from importlib import metadata

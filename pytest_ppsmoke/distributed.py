@@ -45,8 +45,8 @@ from xdist.scheduler import (
     WorkStealingScheduling,
 )
 
-from .plugin import XDIST_SUFFIX as SUFFIX
-from .plugin import plain_nodeid as plain
+from .nodeids import XDIST_SUFFIX as SUFFIX
+from .nodeids import plain_nodeid as plain
 
 UNIT = "ppsmoke: the deployment's tests"  # the work unit they form (no file, module or group has this name)
 

@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import checks
 from .protocol import VAST_DOCUMENTED_LIMITS, VAST_ENDPOINTS
 
 ENV = "PP_FAILPOINTS"
@@ -70,21 +71,11 @@ def _flag(v: Any) -> bool:
 
 
 def _count(v: Any) -> int:
-    if isinstance(v, (bool, float)):
-        raise ValueError
-    n = int(v)
-    if n < 0:
-        raise ValueError
-    return n
+    return checks.integer(v, 0)
 
 
 def _seconds(v: Any) -> float:
-    if isinstance(v, bool):
-        raise ValueError
-    s = float(v)
-    if not s >= 0:  # also refuses NaN
-        raise ValueError
-    return s
+    return checks.number(v, least=0)  # also refuses NaN
 
 
 def _numbers(v: Any) -> frozenset[int]:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import failpoints
+from . import checks, failpoints
 
 WIRE_DTYPES = ("bf16", "f16", "f32")  # runtime/codec.py's WireDtype names; a test keeps them equal
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -47,26 +47,34 @@ def _integer(least: int, expected: str = "") -> Form:
     expected = expected or f"an integer >= {least}"
 
     def convert(raw: str) -> int:
-        n = int(raw)
-        if n < least:
-            raise ValueError
-        return n
+        try:
+            return checks.integer(raw, least)
+        except ValueError:
+            raise ValueError from None  # the form's words, not the check's
 
     def check(v: Any) -> str | None:
-        ok = isinstance(v, int) and not isinstance(v, bool) and v >= least
+        ok = isinstance(v, int) and _passes(lambda: checks.integer(v, least))
         return None if ok else f"must be {expected}, got {v!r}"
 
     return Form(expected, convert, check)
 
 
+def _passes(check: Callable[[], Any]) -> bool:
+    try:
+        check()
+    except ValueError:
+        return False
+    return True
+
+
 def _check_seconds(v: Any) -> str | None:
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+    ok = isinstance(v, (int, float)) and _passes(lambda: checks.number(v, above=0))
     return None if ok else f"must be a positive number of seconds, got {v!r}"
 
 
 def _choice(options: tuple[str, ...], expected: str, unknown: str = "") -> Form:
     def check(v: Any) -> str | None:
-        if v in options:
+        if isinstance(v, str) and _passes(lambda: checks.one_of(v, options)):
             return None
         return (
             f"names an unknown {unknown} {v!r}; expected one of {expected}"
@@ -99,7 +107,7 @@ def _check_key(v: Any) -> str | None:
 
 
 def _csv(raw: str) -> tuple[str, ...]:
-    return tuple(p.strip() for p in raw.split(",") if p.strip())
+    return checks.items(raw)
 
 
 def _check_ids(v: Any) -> str | None:
@@ -186,14 +194,14 @@ class NodeEnv:
         "PP_WEIGHT_CACHE",
         TEXT,
         "the directory of realized stage weights (empty: ~/.cache/ppsmoke/weights; off: no cache)",
-        "the orchestrator (--weight-cache)",
+        "the orchestrator (the weight_cache setting)",
     )
     program_cache: bool = _var(
         True,
         "PP_PROGRAM_CACHE",
         FLAG,
         "1: keep tinygrad's generated programs in its disk cache; 0: do not",
-        "the orchestrator (--program-cache)",
+        "the orchestrator (the program_cache setting)",
     )
     worker: str = _var(
         "", "PP_WORKER", TEXT, "the worker script (empty: the installed pp_tinygrad_worker.py)", "the user"

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from .harness.settings import OPTIONS, STEPS, SettingError, Settings, read
+from .nodeids import XDIST_SUFFIX, plain_nodeid
 
 if TYPE_CHECKING:
     from .cloud.lifecycle import Deployment
@@ -73,14 +74,6 @@ STEP_OF = {
     "ppsmoke_reference": "reference",
 }
 FIXTURES = ("ppsmoke_session", *STEP_OF, "ppsmoke_teardown")
-
-# under pytest-xdist: appended to the node id of each test that uses the deployment in the workers,
-# taken off on the controller (pytest_ppsmoke.distributed says why)
-XDIST_SUFFIX = "@ppsmoke"
-
-
-def plain_nodeid(nodeid: str) -> str:
-    return nodeid.removesuffix(XDIST_SUFFIX)
 
 
 class _State:

@@ -15,6 +15,12 @@ STAGE_ACTOR = "stage"  # a node's pipeline stage: StageActivation, NextToken, In
 STATUS_ACTOR = "status"  # a node's health: NodeStatusQuery
 ORCHESTRATOR_ACTOR = "orchestrator"  # the seed's collector of FirstToken and InferenceResponse
 
+# the spec's lifecycle deadlines: the settings table's defaults, and cloud.lifecycle.RunConfig's
+BOOT_POLLS = 60  # status polls until an instance is running
+BOOT_POLL_INTERVAL = 3.0  # seconds between them, on vast.ai
+CONVERGE_TIMEOUT = 120.0  # SWIM: every member alive in every view
+RESOLVE_TIMEOUT = 60.0  # every stage name
+
 
 # vast.ai's endpoints, by the names its rate limits are given in (``vast.rate_limit``) and the
 # client's figures are counted under: (method, route) -> name. A route's ``{id}`` is any number.
@@ -31,6 +37,18 @@ VAST_ENDPOINTS: dict[tuple[str, str], str] = {
 }
 # the intervals vast.ai's documentation gives, in seconds: (threshold between calls, penalty once exceeded)
 VAST_DOCUMENTED_LIMITS: dict[str, tuple[float, float]] = {"create": (4.5, 12.0), "show": (2.0, 0.0)}
+
+
+def setting(name: str) -> str:
+    """A run's setting as a lower layer names it in a message, by its field name: the face that
+    shows the message writes its own flag there (``harness.settings.in_face``: ``--gpu-ram`` for
+    ``pp-smoke-run``, ``--ppsmoke-gpu-ram`` for pytest). Lower layers name no flag themselves."""
+    return f"<setting:{name}>"
+
+
+def reap_advice(run_id: str) -> str:
+    """How a lower layer tells the user to sweep what a run may have left: the face writes the command."""
+    return f"<reap:{run_id}>"
 
 
 def stage_name(stage: int) -> str:

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from pytest_ppsmoke.layout.grid import GridSpec, _check_weights, prompt_text, run_grid
+from pytest_ppsmoke.harness.gridspec import GridSpec
+from pytest_ppsmoke.layout.grid import _check_weights, prompt_text, run_grid
 from pytest_ppsmoke.layout.points import Grid
 from pytest_ppsmoke.stage.synth import SHAPES, write
 

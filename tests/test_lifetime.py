@@ -13,7 +13,6 @@ import pytest
 from pytest_ppsmoke.cloud.fake_vast import FakeVast
 from pytest_ppsmoke.cloud.vast import OfferQuery, VastClient
 from pytest_ppsmoke.nodeenv import NodeEnv
-from pytest_ppsmoke.runtime.codec import WireDtype
 from pytest_ppsmoke.runtime.node import Node, NodeConfig
 from pytest_ppsmoke.stage.gpu_node import Settings, guard_lifetime
 
@@ -24,7 +23,8 @@ pytestmark = pytest.mark.local
 
 def settings(config: NodeConfig, ttl: float, grace: float) -> Settings:
     container = NodeEnv.from_env(only=("container_id", "container_api_key", "vast_url"))  # as rented() set them
-    return Settings(config, 1, 2, WireDtype.bf16, Path(__file__), 10, ttl, grace, container)
+    env = container.replace(stage=1, num_stages=2, worker_ready_timeout=10, ttl=ttl, orphan_grace=grace)
+    return Settings(env, config, Path(__file__))
 
 
 async def rented(fake: FakeVast, monkeypatch: pytest.MonkeyPatch) -> int:

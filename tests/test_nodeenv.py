@@ -114,6 +114,26 @@ def test_one_default_per_variable_for_every_side() -> None:
     assert LocalCluster().load_timeout == DEFAULTS.worker_ready_timeout
 
 
+def test_the_lower_records_are_derived_from_the_settings_not_copied() -> None:
+    """RunConfig from the settings by field name, with the same defaults as its own (and
+    OfferQuery's); every node's NodeEnv from the RunConfig; RunConfig's defaults for what a node
+    also reads are NodeEnv's (a node joins within the run's convergence deadline, not its own)."""
+    from pytest_ppsmoke.cloud.lifecycle import NODE_FIELDS
+    from pytest_ppsmoke.harness.driver import run_config
+    from pytest_ppsmoke.harness.settings import VASTAI_MODEL, Settings
+
+    assert run_config(Settings.resolve({"api_key": "k"})) == RunConfig(model=VASTAI_MODEL, network="wan")
+    s = Settings.resolve({"mode": "local", "num_stages": 3, "node_ttl": 5.0, "polls": 7, "converge_timeout": 9.0})
+    rc = run_config(s)
+    assert (rc.num_stages, rc.node_ttl, rc.polls, rc.converge_timeout) == (3, 5.0, 7, 9.0)
+    node = rc.node_env()
+    assert (node.num_stages, node.ttl, node.join_timeout, node.network) == (3, 5.0, 9.0, "local")
+    rc = RunConfig()
+    for name, var in NODE_FIELDS.items():
+        if name != "converge_timeout":
+            assert getattr(rc, name) == getattr(DEFAULTS, var), name
+
+
 def test_the_docs_list_every_variable_with_its_default() -> None:
     lines = [line.split("|") for line in DOCS.read_text().splitlines() if line.startswith("| `")]
     defaults = {cells[1].strip(" `"): cells[3].strip() for cells in lines}  # variable -> default column

@@ -16,8 +16,8 @@ alive in every member's view within 2 minutes), *load* (every node's worker read
 
 Teardown destroys every instance this run created on every path: success, a failed phase, a
 cancellation (Ctrl-C, a budget) and a create whose answer was lost (found by its label). A
-destroy that fails is reported, not hidden; the nodes' own time-to-live and ``pp-smoke-run
---reap`` are the next lines of defence.
+destroy that fails is reported, not hidden; the nodes' own time-to-live and the reap (``reap``)
+are the next lines of defence.
 """
 
 from __future__ import annotations
@@ -35,7 +35,16 @@ from typing import Any
 
 from .. import DEFAULT_IMAGE
 from ..nodeenv import DEFAULTS, NodeEnv
-from ..protocol import STATUS_ACTOR, PhaseError
+from ..protocol import (
+    BOOT_POLL_INTERVAL,
+    BOOT_POLLS,
+    CONVERGE_TIMEOUT,
+    RESOLVE_TIMEOUT,
+    STATUS_ACTOR,
+    PhaseError,
+    reap_advice,
+    setting,
+)
 from ..runtime.cluster import converge, resolve_names
 from ..runtime.codec import ActorAddress, MemberStatus, NodeStatus, NodeStatusQuery
 from ..runtime.errors import RemoteError
@@ -51,22 +60,40 @@ LOST_STATES = ("offline", "exited", "unknown")  # vast.ai's states a running ins
 NEXT_PHASE = {"rent": "boot", "boot": "converge", "converge": "load", "load": "resolve", "resolve": "prefill"}
 
 
+# RunConfig's fields that every node's NodeEnv carries, by the NodeEnv field each becomes
+NODE_FIELDS = {
+    "num_stages": "num_stages",
+    "model": "model",
+    "wire_dtype": "wire_dtype",
+    "weight_cache": "weight_cache",
+    "program_cache": "program_cache",
+    "network": "network",
+    "converge_timeout": "join_timeout",  # a node joins within the run's convergence deadline
+    "load_timeout": "worker_ready_timeout",
+    "node_ttl": "ttl",
+    "orphan_grace": "orphan_grace",
+}
+
+
 @dataclass
 class RunConfig:
+    """What a deployment needs: the harness builds it from its settings (``driver.run_config``); a
+    value that a node also reads takes ``NodeEnv``'s default, a deadline of the spec's ``protocol``'s."""
+
     num_stages: int = DEFAULTS.num_stages
     model: str = DEFAULTS.model
     wire_dtype: str = DEFAULTS.wire_dtype
     weight_cache: str = DEFAULTS.weight_cache  # the nodes' PP_WEIGHT_CACHE ("": their default directory)
     program_cache: bool = DEFAULTS.program_cache  # the nodes' PP_PROGRAM_CACHE
     image: str = DEFAULT_IMAGE
-    disk_gb: float = 20.0
+    disk_gb: float = OfferQuery.disk_gb
     query: OfferQuery = field(default_factory=OfferQuery)
     network: str = DEFAULTS.network  # local: loopback, relays off, the seed a ticket; wan: ids, discovery, relays
-    polls: int = 60  # the spec's boot polls
-    poll_interval: float = 3.0
-    converge_timeout: float = 120.0  # the spec's SWIM deadline
+    polls: int = BOOT_POLLS  # the spec's boot polls
+    poll_interval: float = BOOT_POLL_INTERVAL
+    converge_timeout: float = CONVERGE_TIMEOUT  # the spec's SWIM deadline
     load_timeout: float = DEFAULTS.worker_ready_timeout  # the workers' ready deadline
-    resolve_timeout: float = 60.0  # the spec's name deadline
+    resolve_timeout: float = RESOLVE_TIMEOUT  # the spec's name deadline
     node_ttl: float = DEFAULTS.ttl  # a node removes itself after this long, whatever happens
     orphan_grace: float = DEFAULTS.orphan_grace  # ... or once it has lost the orchestrator for this long
     extra_env: Mapping[str, str] = field(default_factory=dict)  # raw variables over each node's NodeEnv
@@ -84,6 +111,10 @@ class RunConfig:
             raise ValueError(f"polls must be at least 1, got {self.polls}")
         if self.offer_races < 0:
             raise ValueError(f"offer_races must be at least 0, got {self.offer_races}")
+
+    def node_env(self) -> NodeEnv:
+        """The part of every node's ``NodeEnv`` that this config gives (:data:`NODE_FIELDS`)."""
+        return NodeEnv(**{var: getattr(self, name) for name, var in NODE_FIELDS.items()})
 
     @property
     def swim(self) -> SwimConfig:
@@ -224,7 +255,7 @@ class Deployment(Resource):
             raise PhaseError(
                 "rent",
                 f"{len(offers)} offer(s) match ({c.query.describe()}); {c.num_stages} are needed. "
-                "Relax --gpu-ram, --max-price or --min-reliability",
+                f"Relax {setting('gpu_ram')}, {setting('max_price')} or {setting('min_reliability')}",
             )
         tried: set[int] = set()
         for stage in range(c.num_stages):
@@ -247,7 +278,8 @@ class Deployment(Resource):
                 raise PhaseError(
                     "rent",
                     f"no matching offer left for stage {stage}: {len(offers)} matched, and {taken} were taken "
-                    "between search and create. Relax --gpu-ram, --max-price or --min-reliability, or try again",
+                    f"between search and create. Relax {setting('gpu_ram')}, {setting('max_price')} or "
+                    f"{setting('min_reliability')}, or try again",
                 )
             tried.add(offer.id)
             inst = RentedInstance(stage, offer, f"{self.label_prefix}stage{stage}")
@@ -289,22 +321,12 @@ class Deployment(Resource):
     def _env(self, stage: int) -> dict[str, str]:
         c = self.config
         assert self.seed is not None
-        node = NodeEnv(
+        node = c.node_env().replace(
             stage=stage,
-            num_stages=c.num_stages,
             seed=self.seed.ticket() if c.network == "local" else self.seed.id,
-            model=c.model,
             node_key=self.keys.keys[1 + stage],
             allowed_ids=tuple(self.keys.ids),
-            network=c.network,
             swim=c.swim.to_env(),
-            wire_dtype=c.wire_dtype,
-            weight_cache=c.weight_cache,
-            program_cache=c.program_cache,
-            join_timeout=c.converge_timeout,
-            worker_ready_timeout=c.load_timeout,
-            ttl=c.node_ttl,
-            orphan_grace=c.orphan_grace,
         )
         return {**node.to_env(), **c.extra_env}
 
@@ -447,8 +469,7 @@ class Deployment(Resource):
         problems = [f"{i.name} was NOT destroyed: {i.destroy_error}" for i in failed] + self.teardown_errors
         if problems:
             advice = (
-                f". Something may still be billing: run pp-smoke-run --reap --run-id {self.run_id}, "
-                "or check the vast.ai console"
+                f". Something may still be billing: run {reap_advice(self.run_id)}, or check the vast.ai console"
                 if self.creates_sent
                 else " (no instance was ever created)"
             )

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -40,7 +41,7 @@ from ..runtime.errors import RemoteError
 from ..runtime.resource import Resource
 from .pipeline import InferenceResult, request_reference, run_inference
 from .report import ReferenceFigures, Report
-from .settings import STEPS, Settings
+from .settings import STEPS, Settings, in_face
 
 if TYPE_CHECKING:
     from ..network import NetworkSpec
@@ -55,14 +56,15 @@ OnPhase = Callable[[str, float, str], None]
 LATE_TEARDOWN = 0.5  # the share of teardown_timeout a teardown gets even when the budget is spent
 
 
+# RunConfig's fields that the settings give under the same name (Settings.network is the emulated
+# network; RunConfig.network, local or wan, follows from the mode)
+_SAME = ({f.name for f in dataclasses.fields(RunConfig)} & {f.name for f in dataclasses.fields(Settings)}) - {"network"}
+
+
 def run_config(s: Settings) -> RunConfig:
+    """The deployment's config from the settings: each field of the same name, then the rest."""
     return RunConfig(
-        num_stages=s.num_stages,
-        model=s.model,
-        wire_dtype=s.wire_dtype,
-        weight_cache=s.weight_cache,
-        program_cache=s.program_cache,
-        image=s.image,
+        **{name: getattr(s, name) for name in sorted(_SAME)},
         disk_gb=s.disk,
         query=OfferQuery(
             gpu_ram_gb=s.gpu_ram,
@@ -72,13 +74,6 @@ def run_config(s: Settings) -> RunConfig:
             disk_gb=s.disk,
         ),
         network="local" if s.local else "wan",
-        polls=s.polls,
-        poll_interval=s.poll_interval,
-        converge_timeout=s.converge_timeout,
-        load_timeout=s.load_timeout,
-        resolve_timeout=s.resolve_timeout,
-        node_ttl=s.node_ttl,
-        orphan_grace=s.orphan_grace,
     )
 
 
@@ -134,8 +129,9 @@ async def _unless_lost(step: Awaitable[None], dep: Deployment) -> None:
 
 
 class SmokeRun(Resource):
-    def __init__(self, settings: Settings, on_phase: OnPhase | None = None) -> None:
+    def __init__(self, settings: Settings, on_phase: OnPhase | None = None, face: str = "cli") -> None:
         self.settings = settings
+        self.face = face  # whose flags the report's messages name: pp-smoke-run's (cli) or the plugin's (pytest)
         self.on_phase = on_phase
         s = settings
         self.report = Report(s.mode, s.model, s.prompt, s.max_tokens, s.num_stages, s.wire_dtype)
@@ -176,7 +172,7 @@ class SmokeRun(Resource):
 
     def fail(self, phase: str | None, message: str) -> None:
         """Record a failure from outside (a signal, a test's timeout): the first one is the cause."""
-        self.report.fail(phase, message)
+        self.report.fail(phase, in_face(message, self.face))
 
     # --- start -----------------------------------------------------------------------------
 
@@ -253,7 +249,7 @@ class SmokeRun(Resource):
 
     def _failed(self, step: str, e: PhaseError) -> None:
         self.failure, self.failed_step = e, step
-        self.report.fail(e.phase, str(e))
+        self.report.fail(e.phase, in_face(str(e), self.face))
         raise e
 
     async def _do(self, step: str, dep: Deployment) -> None:
@@ -384,8 +380,8 @@ class SmokeRun(Resource):
                 try:
                     await self.deployment.close()
                 except PhaseError as e:
-                    r.teardown_error = str(e)
-                    r.fail(e.phase, str(e))
+                    r.teardown_error = in_face(str(e), self.face)
+                    r.fail(e.phase, r.teardown_error)
                     if self.failure is None:
                         self.failure = e
                 finally:

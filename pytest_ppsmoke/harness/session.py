@@ -60,7 +60,7 @@ class LoopThread:
 class SmokeSession:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.run = SmokeRun(settings)
+        self.run = SmokeRun(settings, face="pytest")
         self.loop = LoopThread()
         self.started = False
         self.closed = False

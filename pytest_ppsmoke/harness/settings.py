@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import DEFAULT_IMAGE
+from .. import DEFAULT_IMAGE, checks
 from ..nodeenv import DEFAULTS as NODE
+from ..protocol import BOOT_POLL_INTERVAL, BOOT_POLLS, CONVERGE_TIMEOUT, RESOLVE_TIMEOUT
+from .gridspec import grid_spec
 
 # the run's steps, in order: the driver runs them, the plugin maps its fixtures to them
 STEPS = ("rent", "boot", "converge", "load", "resolve", "infer", "reference")
@@ -49,20 +52,20 @@ def _checked(kind: Callable[[str], Any], ok: Callable[[Any], bool], expected: st
 
 
 def _int_at_least(low: int) -> Callable[[str], int]:
-    return _checked(int, lambda v: v >= low, f"an integer of at least {low}")
+    return _checked(lambda t: checks.integer(t, low), lambda v: True, f"an integer of at least {low}")
 
 
-_positive = _checked(float, lambda v: v > 0, "a positive number")
-_fraction = _checked(float, lambda v: 0 <= v <= 1, "a number between 0 and 1")
+_positive = _checked(lambda t: checks.number(t, above=0), lambda v: True, "a positive number")
+_fraction = _checked(lambda t: checks.number(t, least=0, most=1), lambda v: True, "a number between 0 and 1")
 _number = _checked(float, lambda v: True, "a number")
 
 
 def _one_of(choices: tuple[str, ...], what: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
-        value = text.strip().lower()
-        if value not in choices:
-            raise SettingError(f"unknown {what} {text!r}; expected one of {', '.join(choices)}")
-        return value
+        try:
+            return checks.one_of(text.strip().lower(), choices)
+        except ValueError:
+            raise SettingError(f"unknown {what} {text!r}; expected one of {', '.join(choices)}") from None
 
     return parse
 
@@ -121,8 +124,6 @@ def _network(text: str) -> str:
 
 
 def _grid(text: str) -> str:
-    from ..layout.grid import grid_spec  # the layout package loads only for a grid
-
     try:
         grid_spec(text, "")
     except ValueError as e:
@@ -176,12 +177,18 @@ OPTIONS: tuple[Option, ...] = (
     ),
     _opt("prompt", "the prompt (default 'Say hello')", _text, "Say hello"),
     _opt("max_tokens", "tokens to generate (default 64)", _int_at_least(1), 64),
-    _opt("num_stages", "pipeline stages, at least 2 (default 2)", _int_at_least(2), 2, pytest="--ppsmoke-stages"),
+    _opt(
+        "num_stages",
+        f"pipeline stages, at least 2 (default {NODE.num_stages})",
+        _int_at_least(2),
+        NODE.num_stages,
+        pytest="--ppsmoke-stages",
+    ),
     _opt(
         "wire_dtype",
         "hidden states on the wire: bf16 (default), f16, f32",
         _one_of(WIRE_DTYPES, "wire dtype"),
-        "bf16",
+        NODE.wire_dtype,
         choices=WIRE_DTYPES,
     ),
     _opt(
@@ -218,13 +225,13 @@ OPTIONS: tuple[Option, ...] = (
         "each node's cache of realized stage weights: a directory on the node, or off "
         "(default: ~/.cache/ppsmoke/weights there; a warm load is a read)",
         _text,
-        "",
+        NODE.weight_cache,
     ),
     _opt(
         "program_cache",
         "each node keeps tinygrad's generated programs in tinygrad's disk cache: on (default) or off",
         _on_off,
-        True,
+        NODE.program_cache,
         choices=("on", "off"),
     ),
     _opt(
@@ -256,14 +263,26 @@ OPTIONS: tuple[Option, ...] = (
         12.4,
         group="instances",
     ),
-    _opt("polls", "status polls until running (default 60)", _int_at_least(1), 60, group="deadlines"),
+    _opt(
+        "polls",
+        f"status polls until running (default {BOOT_POLLS})",
+        _int_at_least(1),
+        BOOT_POLLS,
+        group="deadlines",
+    ),
     _opt(
         "poll_interval",
-        "seconds between polls (default 3; local 0.25, 1 with --runtime image)",
+        f"seconds between polls (default {BOOT_POLL_INTERVAL:g}; local 0.25, 1 with --runtime image)",
         _positive,
         group="deadlines",
     ),
-    _opt("converge_timeout", "SWIM convergence, seconds (default 120)", _positive, 120.0, group="deadlines"),
+    _opt(
+        "converge_timeout",
+        f"SWIM convergence, seconds (default {CONVERGE_TIMEOUT:g})",
+        _positive,
+        CONVERGE_TIMEOUT,
+        group="deadlines",
+    ),
     _opt(
         "load_timeout",
         f"workers ready, seconds (default {NODE.worker_ready_timeout:.0f})",
@@ -271,7 +290,13 @@ OPTIONS: tuple[Option, ...] = (
         NODE.worker_ready_timeout,
         group="deadlines",
     ),
-    _opt("resolve_timeout", "stage names, seconds (default 60)", _positive, 60.0, group="deadlines"),
+    _opt(
+        "resolve_timeout",
+        f"stage names, seconds (default {RESOLVE_TIMEOUT:g})",
+        _positive,
+        RESOLVE_TIMEOUT,
+        group="deadlines",
+    ),
     _opt(
         "teardown_timeout",
         "destroying everything, seconds; kept back from the budget for the teardown (default 60)",
@@ -296,42 +321,45 @@ OPTIONS: tuple[Option, ...] = (
 )
 
 
+_DEFAULT: dict[str, Any] = {o.name: o.default for o in OPTIONS}
+
+
 @dataclass(frozen=True)
 class Settings:
     """One run's settings, resolved: every field has its final value."""
 
     mode: str = "local"
     api_key: str = field(default="", repr=False)
-    vast_url: str | None = None  # None: vast.ai's in vastai mode, an embedded emulator in local mode
+    vast_url: str | None = _DEFAULT["vast_url"]  # None: vast.ai's in vastai mode, an embedded emulator in local mode
     model: str = LOCAL_MODEL
-    prompt: str = "Say hello"
-    max_tokens: int = 64
-    num_stages: int = 2
-    wire_dtype: str = "bf16"
-    budget: float = 300.0
-    reference: bool = True
-    report: Path | None = None
-    grid: str = "off"  # a layout grid to measure in the pytest session (layout/grid.py's grid_spec)
-    grid_out: Path = Path("ppsmoke-layout")
-    weight_cache: str = ""  # "": the node's default directory; "off"; or a directory
-    program_cache: bool = True
-    network: str = "loopback"
-    gpus: str = ""
-    runtime: str = "processes"
-    image: str = DEFAULT_IMAGE
-    disk: float = 20.0
-    gpu_ram: float = 8.0
-    max_price: float = 2.0
-    min_reliability: float = 0.95
-    min_cuda: float = 12.4
-    polls: int = 60
+    prompt: str = _DEFAULT["prompt"]
+    max_tokens: int = _DEFAULT["max_tokens"]
+    num_stages: int = _DEFAULT["num_stages"]
+    wire_dtype: str = _DEFAULT["wire_dtype"]
+    budget: float = _DEFAULT["budget"]
+    reference: bool = _DEFAULT["reference"]
+    report: Path | None = _DEFAULT["report"]
+    grid: str = _DEFAULT["grid"]  # a layout grid to measure in the pytest session (harness/gridspec.py's grid_spec)
+    grid_out: Path = _DEFAULT["grid_out"]
+    weight_cache: str = _DEFAULT["weight_cache"]  # "": the node's default directory; "off"; or a directory
+    program_cache: bool = _DEFAULT["program_cache"]
+    network: str = _DEFAULT["network"]
+    gpus: str = _DEFAULT["gpus"]
+    runtime: str = _DEFAULT["runtime"]
+    image: str = _DEFAULT["image"]
+    disk: float = _DEFAULT["disk"]
+    gpu_ram: float = _DEFAULT["gpu_ram"]
+    max_price: float = _DEFAULT["max_price"]
+    min_reliability: float = _DEFAULT["min_reliability"]
+    min_cuda: float = _DEFAULT["min_cuda"]
+    polls: int = _DEFAULT["polls"]
     poll_interval: float = 0.25
-    converge_timeout: float = 120.0
-    load_timeout: float = NODE.worker_ready_timeout
-    resolve_timeout: float = 60.0
-    teardown_timeout: float = 60.0
-    node_ttl: float = NODE.ttl
-    orphan_grace: float = NODE.orphan_grace
+    converge_timeout: float = _DEFAULT["converge_timeout"]
+    load_timeout: float = _DEFAULT["load_timeout"]
+    resolve_timeout: float = _DEFAULT["resolve_timeout"]
+    teardown_timeout: float = _DEFAULT["teardown_timeout"]
+    node_ttl: float = _DEFAULT["node_ttl"]
+    orphan_grace: float = _DEFAULT["orphan_grace"]
 
     @property
     def local(self) -> bool:
@@ -361,7 +389,7 @@ class Settings:
             v["model"] = LOCAL_MODEL if local else VASTAI_MODEL
         if v["poll_interval"] is None:
             # a working container of the image takes seconds to make (its files are copied)
-            v["poll_interval"] = (1.0 if v.get("runtime") == "image" else 0.25) if local else 3.0
+            v["poll_interval"] = (1.0 if v.get("runtime") == "image" else 0.25) if local else BOOT_POLL_INTERVAL
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: x for k, x in v.items() if k in names})
 
@@ -393,6 +421,21 @@ def read(
             "raise the budget or lower the teardown's deadline"
         )
     return s
+
+
+def flag(name: str, face: str) -> str:
+    """The flag of option ``name`` on ``face`` (pytest or cli), or its name where it has none there."""
+    opt = next((o for o in OPTIONS if o.name == name), None)
+    if opt is None:
+        return name
+    return (opt.pytest if face == "pytest" else opt.cli) or opt.name
+
+
+def in_face(text: str, face: str) -> str:
+    """A lower layer's message as ``face`` shows it: each setting it names (``protocol.setting``) as
+    this face's flag, the reap advice (``protocol.reap_advice``) as the command."""
+    text = re.sub(r"<setting:(\w+)>", lambda m: flag(m[1], face), text)
+    return re.sub(r"<reap:([^>]*)>", lambda m: f"pp-smoke-run --reap --run-id {m[1]}", text)
 
 
 def _named(name: str, sources: Mapping[str, str], face: str) -> str:

@@ -21,7 +21,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .grid import GridSpec, grid_spec, hold_out, new_grid, run_grid
+from ..harness.gridspec import GridSpec, grid_spec
+from .grid import hold_out, new_grid, run_grid
 from .points import WIRE_BYTES, Grid
 
 if TYPE_CHECKING:

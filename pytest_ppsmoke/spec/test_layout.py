@@ -23,8 +23,9 @@ pytestmark = [pytest.mark.local, pytest.mark.vastai]
 def test_layout_grid_fits_its_cost_model_and_writes_the_report(
     ppsmoke_settings: Settings, request: pytest.FixtureRequest
 ) -> None:
+    from pytest_ppsmoke.harness.gridspec import grid_spec
     from pytest_ppsmoke.layout.fit import fit
-    from pytest_ppsmoke.layout.grid import grid_spec, run_grid
+    from pytest_ppsmoke.layout.grid import run_grid
     from pytest_ppsmoke.layout.report import layout_name, predictions, recommendations, write_report
 
     s = ppsmoke_settings

@@ -549,34 +549,46 @@ class StatusActor:
 
 @dataclass(frozen=True)
 class Settings:
+    """What the node runs with: its environment (every value and its default: ``NodeEnv``), the
+    node's config made from it, and the worker script found."""
+
+    env: NodeEnv
     config: NodeConfig = field(repr=False)
-    stage: int
-    num_stages: int
-    wire: WireDtype
     worker: Path
-    ready_timeout: float
-    ttl: float  # a hard limit on the node's life
-    orphan_grace: float  # how long the node lives on once it has lost the orchestrator (the seed)
-    env: NodeEnv = field(default_factory=NodeEnv)  # what the rest came from (the worker's part, the container)
+
+    @property
+    def stage(self) -> int:
+        return self.env.stage
+
+    @property
+    def num_stages(self) -> int:
+        return self.env.num_stages
+
+    @property
+    def wire(self) -> WireDtype:
+        return WireDtype.parse(self.env.wire_dtype)
+
+    @property
+    def ready_timeout(self) -> float:
+        return self.env.worker_ready_timeout
+
+    @property
+    def ttl(self) -> float:  # a hard limit on the node's life
+        return self.env.ttl
+
+    @property
+    def orphan_grace(self) -> float:  # how long the node lives on once it has lost the orchestrator (the seed)
+        return self.env.orphan_grace
 
     @classmethod
     def from_env(cls) -> Settings:
         """Everything the node reads from its environment, checked before anything starts."""
         env = NodeEnv.from_env()
+        WireDtype.parse(env.wire_dtype)
         worker = Path(env.worker) if env.worker else default_worker_path()
         if not worker.is_file():
             raise ValueError(f"worker script {worker} not found; set {NodeEnv.var('worker')} to pp_tinygrad_worker.py")
-        return cls(
-            NodeConfig.from_nodeenv(env),
-            env.stage,
-            env.num_stages,
-            WireDtype.parse(env.wire_dtype),
-            worker,
-            env.worker_ready_timeout,
-            env.ttl,
-            env.orphan_grace,
-            env,
-        )
+        return cls(env, NodeConfig.from_nodeenv(env), worker)
 
 
 async def guard_lifetime(node: Node, settings: Settings, stop: asyncio.Event) -> None:
@@ -639,7 +651,7 @@ async def run(settings: Settings) -> None:
     node = Node(settings.config)
     status = StatusActor(stage)
     node.add_actor(STATUS_ACTOR, status)  # answers as soon as the node has joined
-    worker_env = settings.env.replace(stage=stage, num_stages=num_stages, wire_dtype=settings.wire.name).for_worker()
+    worker_env = settings.env.for_worker()
     argv = [sys.executable, str(settings.worker)]
     if failpoints.on("node.stall_worker"):  # a worker that never prints its ready line
         argv = [sys.executable, "-c", "import time; time.sleep(3600)"]

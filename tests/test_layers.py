@@ -1,0 +1,182 @@
+"""The package's layers (docs/code.md): every import, at module level or inside a function, points
+down the list or within its layer, and no two modules import each other, directly or round a loop.
+Loading the plugin imports only the standard library, pytest and the settings table."""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest_ppsmoke
+
+PACKAGE = Path(pytest_ppsmoke.__file__).parent
+
+# top to bottom, as docs/code.md lists them; a module is in the layer of its longest prefix here
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("face", ("plugin", "distributed", "nodeids", "spec", "harness.cli")),
+    ("layout", ("layout",)),
+    ("harness", ("harness",)),
+    ("stage", ("stage",)),
+    ("cloud", ("cloud",)),
+    ("network", ("network",)),
+    ("messages", ("messages",)),  # arriving from another branch; absent until then
+    ("runtime", ("runtime",)),
+    ("shared", ("", "protocol", "nodeenv", "failpoints", "checks")),  # "": the package's __init__
+)
+
+
+def modules() -> dict[str, Path]:
+    """Every module of the package, by dotted name below the package ("" for its __init__)."""
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def layer_of(module: str) -> int:
+    best, found = -1, None
+    for i, (_, prefixes) in enumerate(LAYERS):
+        for p in prefixes:
+            if (module == p or module.startswith(p + ".") or p == "") and len(p) > best:
+                best, found = len(p), i
+    assert found is not None, f"{module} is in no layer"
+    return found
+
+
+def imports(module: str, path: Path, known: dict[str, Path]) -> list[tuple[int, str]]:
+    """(line, module imported) for every import of the package in ``path``, functions' included."""
+    is_pkg = path.name == "__init__.py"
+    here = module.split(".") if module else []
+    package = here if is_pkg else here[:-1]
+    found = []
+
+    def resolve(name: str) -> str:
+        while name not in known and name:
+            name = name.rpartition(".")[0]
+        return name
+
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == "pytest_ppsmoke" or alias.name.startswith("pytest_ppsmoke."):
+                    found.append((node.lineno, resolve(alias.name.removeprefix("pytest_ppsmoke").lstrip("."))))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - (node.level - 1)] if node.level > 1 else package
+                target = ".".join([*base, *([node.module] if node.module else [])])
+            elif node.module == "pytest_ppsmoke" or (node.module or "").startswith("pytest_ppsmoke."):
+                target = (node.module or "").removeprefix("pytest_ppsmoke").lstrip(".")
+            else:
+                continue
+            for alias in node.names:  # `from . import failpoints` imports a module
+                sub = f"{target}.{alias.name}" if target else alias.name
+                found.append((node.lineno, sub if sub in known else resolve(target)))
+    return [(line, t) for line, t in found if t != module]
+
+
+def graph() -> dict[str, list[tuple[int, str]]]:
+    known = modules()
+    return {m: imports(m, p, known) for m, p in known.items()}
+
+
+def where(module: str) -> str:
+    return str(modules()[module].relative_to(PACKAGE.parent))
+
+
+def up_arrows(edges: dict[str, list[tuple[int, str]]]) -> list[str]:
+    out = []
+    for m, targets in edges.items():
+        for line, t in targets:
+            if layer_of(t) < layer_of(m):
+                out.append(
+                    f"{where(m)}:{line} imports pytest_ppsmoke.{t} ({LAYERS[layer_of(t)][0]}), "
+                    f"above its own layer ({LAYERS[layer_of(m)][0]})"
+                )
+    return out
+
+
+def cycles(edges: dict[str, list[tuple[int, str]]]) -> list[str]:
+    """Each import cycle once, as its modules with the file and line of each arrow."""
+    out, seen = [], set()
+    succ = {m: {t: line for line, t in reversed(ts)} for m, ts in edges.items()}
+    for start in sorted(succ):
+        stack = [(start, [start])]
+        while stack:
+            node, path = stack.pop()
+            for nxt in sorted(succ.get(node, {})):
+                if nxt == start:
+                    key = frozenset(path)
+                    if key not in seen:
+                        seen.add(key)
+                        loop = [*path, start]
+                        out.append(
+                            " -> ".join(f"{where(a)}:{succ[a][b]}" for a, b in itertools.pairwise(loop))
+                            + f" -> {where(start)}"
+                        )
+                elif nxt not in path and nxt > start:
+                    stack.append((nxt, [*path, nxt]))
+    return out
+
+
+def test_every_module_is_in_a_layer() -> None:
+    for m in modules():
+        layer_of(m)
+
+
+def test_no_import_points_up() -> None:
+    problems = up_arrows(graph())
+    assert not problems, "imports against the layers (docs/code.md):\n" + "\n".join(problems)
+
+
+def test_no_import_cycle() -> None:
+    problems = cycles(graph())
+    assert not problems, "import cycles:\n" + "\n".join(problems)
+
+
+def test_the_checks_see_a_deliberate_break() -> None:
+    """The two checks on a graph with an arrow from the runtime up to the harness, closing a loop."""
+    edges = graph()
+    edges["runtime.node"] = [*edges["runtime.node"], (1, "harness.driver")]
+    up = [p for p in up_arrows(edges) if "runtime/node.py:1 imports pytest_ppsmoke.harness.driver" in p]
+    assert len(up) == 1, up_arrows(edges)
+    assert any("runtime/node.py:1" in c for c in cycles(edges)), cycles(edges)
+
+
+def test_the_layers_are_written_down_once() -> None:
+    """docs/code.md names every layer of the list above, in its order, and the package's
+    docstring points to it."""
+    doc = (PACKAGE.parent / "docs" / "code.md").read_text()
+    positions = [doc.find(f"**{name}**") for name, _ in LAYERS]
+    assert -1 not in positions and positions == sorted(positions), list(zip(LAYERS, positions, strict=True))
+    assert "docs/code.md" in (pytest_ppsmoke.__doc__ or "")
+
+
+def test_loading_the_plugin_imports_only_stdlib_pytest_and_the_settings_table() -> None:
+    probe = (
+        "import sys, pytest; before = set(sys.modules); import pytest_ppsmoke.plugin; "
+        "print('\\n'.join(sorted(set(sys.modules) - before)))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
+    loaded = {m for m in out.stdout.split() if m}
+    ours = {m for m in loaded if m == "pytest_ppsmoke" or m.startswith("pytest_ppsmoke.")}
+    allowed = {
+        "pytest_ppsmoke",
+        "pytest_ppsmoke.plugin",
+        "pytest_ppsmoke.nodeids",
+        "pytest_ppsmoke.harness",
+        "pytest_ppsmoke.harness.settings",
+        "pytest_ppsmoke.harness.gridspec",
+        "pytest_ppsmoke.nodeenv",
+        "pytest_ppsmoke.failpoints",
+        "pytest_ppsmoke.protocol",
+        "pytest_ppsmoke.checks",
+    }
+    assert ours <= allowed, sorted(ours - allowed)
+    others = {m.split(".")[0] for m in loaded - ours} - set(sys.stdlib_module_names)
+    assert not others, sorted(others)  # beyond what pytest itself loaded
