@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from pytest_ppsmoke import DEFAULT_IMAGE
-from pytest_ppsmoke.cloud import fake_vast, image
-from pytest_ppsmoke.cloud.fake_vast import FakeVast
+from pytest_ppsmoke.cloud import image
+from pytest_ppsmoke.cloud.emulator import server
+from pytest_ppsmoke.cloud.emulator.server import FakeVast
 from pytest_ppsmoke.harness import settings
 from tests.helpers import TEST_TAG, tagged_processes
 
@@ -67,7 +68,7 @@ def test_the_dockerfile_follows_its_rules() -> None:
 
 
 def test_the_runtimes_are_the_same_in_the_settings_and_the_emulator() -> None:
-    assert settings.RUNTIMES == fake_vast.RUNTIMES
+    assert settings.RUNTIMES == server.RUNTIMES
 
 
 @pytest.fixture(scope="module")

@@ -14,13 +14,15 @@ import time
 import traceback
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
 from aiohttp import web
 
 from pytest_ppsmoke import failpoints
-from pytest_ppsmoke.cloud.fake_vast import FakeVast, default_catalogue, match_offer
+from pytest_ppsmoke.cloud.emulator.catalogue import default_catalogue, match_offer
+from pytest_ppsmoke.cloud.emulator.server import FakeVast
 from pytest_ppsmoke.cloud.vast import Offer, OfferQuery, VastClient, VastError
 
 from .helpers import SLEEPER
@@ -209,14 +211,16 @@ async def test_every_call_has_a_timeout_and_a_dead_server_is_an_error() -> None:
 
 async def test_a_create_whose_answer_was_lost_is_found_by_its_label(fake: FakeVast) -> None:
     # the emulator rents the instance, then the answer is a 502 (a proxy dropped it)
-    real = fake.create_instance
+    @web.middleware
+    async def lossy(request: web.Request, handler: Any) -> web.StreamResponse:
+        resp: web.StreamResponse = await handler(request)
+        if request.method == "PUT" and request.path.startswith("/api/v0/asks/"):
+            return web.Response(status=502, text="Bad Gateway")
+        return resp
 
-    async def lossy(request: web.Request) -> web.Response:
-        await real(request)
-        return web.Response(status=502, text="Bad Gateway")
-
-    fake.create_instance = lossy  # type: ignore[method-assign]
-    runner = web.AppRunner(fake.app())
+    app = fake.app()
+    app.middlewares.append(lossy)  # inside the emulator's own: after its gate and the key
+    runner = web.AppRunner(app)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     try:
@@ -253,7 +257,7 @@ def vastai(fake_url: str, home: Path, *args: str) -> subprocess.CompletedProcess
 
 def test_the_official_vastai_cli_works_against_the_emulator(tmp_path: Path) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest_ppsmoke.cloud.fake_vast", "--node-command", shlex.join(SLEEPER)],
+        [sys.executable, "-m", "pytest_ppsmoke.cloud.emulator", "--node-command", shlex.join(SLEEPER)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "VAST_API_KEY": KEY},
     )  # fmt: skip
     try:

@@ -17,7 +17,8 @@ from contextlib import asynccontextmanager
 import pytest
 from aiohttp import web
 
-from pytest_ppsmoke.cloud.fake_vast import FakeVast, default_catalogue
+from pytest_ppsmoke.cloud.emulator.catalogue import default_catalogue
+from pytest_ppsmoke.cloud.emulator.server import FakeVast
 from pytest_ppsmoke.cloud.vast import (
     PACE_MARGIN,
     ApiStats,

@@ -32,7 +32,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from ..cloud.fake_vast import NETWORK_PATH, FakeVast
+from ..cloud.emulator.server import NETWORK_PATH, FakeVast
 from ..cloud.lifecycle import Deployment, RunConfig
 from ..cloud.vast import DEFAULT_URL, OfferQuery, VastClient, going_away
 from ..protocol import PhaseError
