@@ -17,10 +17,10 @@ import pytest
 
 from pytest_ppsmoke import DEFAULT_IMAGE
 from pytest_ppsmoke.cloud import image
-from pytest_ppsmoke.cloud.emulator import server
+from pytest_ppsmoke.cloud.emulator import registry, server
 from pytest_ppsmoke.cloud.emulator.catalogue import default_catalogue
 from pytest_ppsmoke.cloud.emulator.instances import Instance
-from pytest_ppsmoke.cloud.emulator.runtimes import Image
+from pytest_ppsmoke.cloud.emulator.runtimes import Image, NetworkMembers, Runtime
 from pytest_ppsmoke.cloud.emulator.server import FakeVast
 from pytest_ppsmoke.harness import settings
 from tests.helpers import TEST_TAG, tagged_processes
@@ -70,8 +70,26 @@ def test_the_dockerfile_follows_its_rules() -> None:
     assert "pip install /src" in runs and "rm -rf /var/lib/apt/lists/*" in runs
 
 
-def test_the_runtimes_are_the_same_in_the_settings_and_the_emulator() -> None:
-    assert settings.RUNTIMES == server.RUNTIMES
+def test_the_runtimes_are_listed_once_each_name_a_runtime_class() -> None:
+    assert settings.RUNTIMES is registry.NAMES is server.RUNTIMES  # one list: the registry's
+    assert registry.NAMES == ("processes", "image")
+    for name in registry.NAMES:
+        cls = registry.load(name)
+        assert issubclass(cls, Runtime) and cls.name == name, cls
+    with pytest.raises(ValueError, match="unknown runtime 'nat'; expected one of processes, image"):
+        FakeVast(runtime="nat")
+    with pytest.raises(ValueError, match=r"an emulated network \('wan'\) runs node processes; the runtime 'image'"):
+        FakeVast(runtime="image", network="wan")
+    assert isinstance(FakeVast(network="wan").runs, NetworkMembers)  # what processes is on a network
+
+
+def test_the_registry_imports_only_the_standard_library() -> None:
+    probe = (
+        "import json, sys; before = set(sys.modules); import pytest_ppsmoke.cloud.emulator.registry; "
+        "print(json.dumps(sorted(m for m in set(sys.modules) - before if not m.startswith('pytest_ppsmoke'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
+    assert all(m.split(".")[0] in sys.stdlib_module_names for m in json.loads(out.stdout)), out.stdout
 
 
 class TaggedImage(Image):
