@@ -23,7 +23,7 @@ from aiohttp import web
 from pytest_ppsmoke import failpoints
 from pytest_ppsmoke.cloud.emulator.catalogue import default_catalogue, match_offer
 from pytest_ppsmoke.cloud.emulator.server import FakeVast
-from pytest_ppsmoke.cloud.vast import Offer, OfferQuery, VastClient, VastError
+from pytest_ppsmoke.cloud.vast import Instance, Label, Offer, OfferQuery, VastClient, VastError
 
 from .helpers import SLEEPER
 
@@ -43,14 +43,14 @@ def client(fake: FakeVast, **kw: float) -> VastClient:
     return VastClient(KEY, fake.url, **kw)  # type: ignore[arg-type]
 
 
-async def wait_state(vast: VastClient, iid: int, state: str, seconds: float = 10) -> dict[str, object]:
+async def wait_state(vast: VastClient, iid: int, state: str, seconds: float = 10) -> Instance:
     deadline = time.monotonic() + seconds
     while True:
         rec = await vast.show_instance(iid)
         assert rec is not None
-        if rec["actual_status"] == state:
+        if rec.actual_status == state:
             return rec
-        assert time.monotonic() < deadline, f"instance {iid} still {rec['actual_status']!r}, wanted {state!r}"
+        assert time.monotonic() < deadline, f"instance {iid} still {rec.actual_status!r}, wanted {state!r}"
         await asyncio.sleep(0.02)
 
 
@@ -81,11 +81,14 @@ async def test_instance_lifecycle_create_show_label_list_destroy(fake: FakeVast)
             offer.id, image="img:1", env={"STAGE": "0", "MODEL": "m"}, label="ppsmoke-t-stage0", disk_gb=30
         )
         rec = await vast.show_instance(iid)
-        assert rec is not None and rec["actual_status"] in (None, "loading")
-        assert (rec["intended_status"], rec["cur_state"], rec["next_state"]) == ("running", "running", "running")
+        assert rec is not None and rec.actual_status in (None, "loading") and rec.id == iid
+        assert (rec.intended_status, rec.cur_state, rec.next_state) == ("running", "running", "running")
         rec = await wait_state(vast, iid, "running")
-        assert rec["label"] == "ppsmoke-t-stage0" and rec["dph_total"] == offer.dph_total
-        assert ["STAGE", "0"] in rec["extra_env"] and rec["disk_space"] == 30 and rec["image_uuid"] == "img:1"
+        assert rec.label == "ppsmoke-t-stage0" and rec.run_label == Label("t", 0)
+        assert rec.raw["dph_total"] == offer.dph_total == rec.machine().dph_total
+        assert (
+            ["STAGE", "0"] in rec.raw["extra_env"] and rec.raw["disk_space"] == 30 and rec.raw["image_uuid"] == "img:1"
+        )
         inst = fake.instances[iid]
         assert inst.proc is not None and inst.proc.proc is not None and inst.proc.proc.returncode is None
         assert inst.proc.env["CONTAINER_ID"] == str(iid) and inst.proc.env["VAST_URL"] == fake.url
@@ -94,7 +97,7 @@ async def test_instance_lifecycle_create_show_label_list_destroy(fake: FakeVast)
         with pytest.raises(VastError, match=r"HTTP 404: no_such_ask"):
             await vast.create_instance(offer.id, image="img:1", env={}, label="x")
         await vast.label_instance(iid, "renamed")
-        assert [(r["id"], r["label"]) for r in await vast.list_instances()] == [(iid, "renamed")]
+        assert [(r.id, r.label) for r in await vast.list_instances()] == [(iid, "renamed")]
         assert await vast.destroy_instance(iid) is True
         assert await vast.show_instance(iid) is None
         assert await vast.destroy_instance(iid) is False  # 404 not_found: already gone
@@ -108,9 +111,9 @@ async def test_status_goes_to_exited_when_the_process_dies() -> None:
         iid = await vast.create_instance(default_catalogue()[0]["id"], image="i", env={}, label="l")
         await wait_state(vast, iid, "running")
         rec = await wait_state(vast, iid, "exited")
-        assert rec["status_msg"] == "container exited with status 3"
+        assert rec.status_msg == "container exited with status 3"
         # crashed, not destroyed: still intended running, its contract stopped
-        assert (rec["intended_status"], rec["cur_state"], rec["next_state"]) == ("running", "stopped", "running")
+        assert (rec.intended_status, rec.cur_state, rec.next_state) == ("running", "stopped", "running")
         with pytest.raises(VastError, match=r"is exited \(container exited with status 3\); it will never run"):
             await vast.wait_running(iid, 60, 0.02)
         await vast.destroy_instance(iid)
@@ -133,7 +136,7 @@ async def test_list_follows_next_token_across_pages() -> None:
         o["id"] = 100 + i
     async with FakeVast(api_key=KEY, catalogue=catalogue, node_argv=SLEEPER) as fake, client(fake) as vast:
         ids = [await vast.create_instance(100 + i, image="i", env={}, label=f"l{i}") for i in range(30)]
-        assert sorted(r["id"] for r in await vast.list_instances()) == ids
+        assert sorted(r.id or 0 for r in await vast.list_instances()) == ids
         assert sum(1 for m, p, _ in fake.requests if p == "/api/v1/instances/") == 2  # 25 + 5
         for iid in ids:
             await vast.destroy_instance(iid)
