@@ -2,7 +2,8 @@
 that none of the processes it started (nodes, workers, emulators) is left running.
 
 Every process a test module starts inherits ``PPSMOKE_TEST_TAG=<session>-<module>`` (the
-emulator passes it on to its nodes, and the nodes to their workers), so a leak is found by its
+emulator's node processes inherit it, tests/test_image.py's runtime passes it into its containers,
+and the nodes pass it to their workers), so a leak is found by its
 tag, never confused with another run on the same machine, and killed so that it cannot slow or
 disturb the tests after it.
 """

@@ -6,7 +6,7 @@ serves. Points are off unless one environment variable names them::
     PP_FAILPOINTS="vast.reject_create=2;vast.boot_delay=0.05"     # the emulator's points
     PP_FAILPOINTS="node.no_names;node.empty_text"                  # a node's points
 
-``vast.*`` points are evaluated by the vast.ai emulator (``cloud/fake_vast.py``); ``node.*``
+``vast.*`` points are evaluated by the vast.ai emulator (``cloud/emulator/``); ``node.*``
 points by ``pp-gpu-node``. The emulator switches a node's points on by writing this variable into
 that node's environment (``NodeEnv.failpoints``); a real image never sets it. Code asks whether a
 point is on, and nothing else in the product reads fault settings::

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from pytest_ppsmoke.cloud.fake_vast import FakeVast
+from pytest_ppsmoke.cloud.emulator.server import FakeVast
 from pytest_ppsmoke.runtime.node import Node, NodeConfig
 
 from .helpers import PYTESTER_INI, TEST_TAG

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pytest_ppsmoke.cloud.fake_vast import FakeVast
+from pytest_ppsmoke.cloud.emulator.server import FakeVast
 
 from .helpers import CLI, SMOLLM2, node_processes
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pytest_ppsmoke import failpoints
-from pytest_ppsmoke.cloud.fake_vast import FakeVast
+from pytest_ppsmoke.cloud.emulator.server import FakeVast
 from pytest_ppsmoke.nodeenv import NodeEnv
 
 pytestmark = pytest.mark.local

@@ -19,7 +19,9 @@ import requests
 from vastai import VastAI
 
 from pytest_ppsmoke import failpoints
-from pytest_ppsmoke.cloud.fake_vast import FakeVast, Instance, RateLimiter
+from pytest_ppsmoke.cloud.emulator.faults import RateLimiter
+from pytest_ppsmoke.cloud.emulator.instances import Instance
+from pytest_ppsmoke.cloud.emulator.server import FakeVast
 
 from .helpers import SLEEPER
 from .test_vast import KEY, vastai

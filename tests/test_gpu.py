@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ppsmoke.cloud.fake_vast import FakeVast
+from pytest_ppsmoke.cloud.emulator.server import FakeVast
 from pytest_ppsmoke.cloud.lifecycle import Deployment, RunConfig
 from pytest_ppsmoke.cloud.vast import VastClient
 from pytest_ppsmoke.harness.pipeline import request_reference, run_inference

@@ -16,8 +16,12 @@ from pathlib import Path
 import pytest
 
 from pytest_ppsmoke import DEFAULT_IMAGE
-from pytest_ppsmoke.cloud import fake_vast, image
-from pytest_ppsmoke.cloud.fake_vast import FakeVast
+from pytest_ppsmoke.cloud import image
+from pytest_ppsmoke.cloud.emulator import registry, server
+from pytest_ppsmoke.cloud.emulator.catalogue import default_catalogue
+from pytest_ppsmoke.cloud.emulator.instances import Instance
+from pytest_ppsmoke.cloud.emulator.runtimes import Image, NetworkMembers, Runtime
+from pytest_ppsmoke.cloud.emulator.server import FakeVast
 from pytest_ppsmoke.harness import settings
 from tests.helpers import TEST_TAG, tagged_processes
 
@@ -66,8 +70,45 @@ def test_the_dockerfile_follows_its_rules() -> None:
     assert "pip install /src" in runs and "rm -rf /var/lib/apt/lists/*" in runs
 
 
-def test_the_runtimes_are_the_same_in_the_settings_and_the_emulator() -> None:
-    assert settings.RUNTIMES == fake_vast.RUNTIMES
+def test_the_runtimes_are_listed_once_each_name_a_runtime_class() -> None:
+    assert settings.RUNTIMES is registry.NAMES is server.RUNTIMES  # one list: the registry's
+    assert registry.NAMES == ("processes", "image")
+    for name in registry.NAMES:
+        cls = registry.load(name)
+        assert issubclass(cls, Runtime) and cls.name == name, cls
+    with pytest.raises(ValueError, match="unknown runtime 'nat'; expected one of processes, image"):
+        FakeVast(runtime="nat")
+    with pytest.raises(ValueError, match=r"an emulated network \('wan'\) runs node processes; the runtime 'image'"):
+        FakeVast(runtime="image", network="wan")
+    assert isinstance(FakeVast(network="wan").runs, NetworkMembers)  # what processes is on a network
+
+
+def test_the_registry_imports_only_the_standard_library() -> None:
+    probe = (
+        "import json, sys; before = set(sys.modules); import pytest_ppsmoke.cloud.emulator.registry; "
+        "print(json.dumps(sorted(m for m in set(sys.modules) - before if not m.startswith('pytest_ppsmoke'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
+    assert all(m.split(".")[0] in sys.stdlib_module_names for m in json.loads(out.stdout)), out.stdout
+
+
+class TaggedImage(Image):
+    """The image runtime, its containers carrying the test's tag as well: the suite finds what a
+    test left running by it, and a container gets none of the emulator's environment."""
+
+    def container_env(self, inst: Instance) -> dict[str, str]:
+        return super().container_env(inst) | {TEST_TAG: os.environ[TEST_TAG]}
+
+
+def test_a_container_gets_the_instance_environment_and_no_other(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(TEST_TAG, "not-for-containers")
+    fake = FakeVast(runtime="image")
+    assert isinstance(fake.runs, Image) and fake.runtime == "image"
+    inst = Instance(7, 1, default_catalogue()[0], "img:1", {"STAGE": "1"}, None, 10.0, None, [], container_key="k")
+    env = fake.runs.container_env(inst)
+    assert env["STAGE"] == "1" and env["CONTAINER_ID"] == "7" and (env["CUDA"], env["CPU"]) == ("0", "1")
+    assert not {TEST_TAG, "PATH", "HOME"} & set(env)  # nothing of the emulator's own environment
+    assert TaggedImage(fake).container_env(inst)[TEST_TAG] == "not-for-containers"  # the suite's, in tests/
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +129,7 @@ def built_image() -> str:
 async def test_a_smoke_run_passes_with_both_nodes_in_the_image(
     built_image: str, tmp_path: Path, synth_model: str
 ) -> None:
-    async with FakeVast(runtime="image") as fake:
+    async with FakeVast(runtime=TaggedImage) as fake:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "pytest_ppsmoke.harness.cli", "--local", "--vast-url", fake.url,
             "--image", built_image, "--model", synth_model, "--max-tokens", "4", "--reference", "off",
@@ -112,5 +153,5 @@ async def test_a_smoke_run_passes_with_both_nodes_in_the_image(
         await fake.torn_down()  # the containers are removed after their processes end
         prefix = fake.container_prefix
         assert await asyncio.to_thread(image.containers, prefix) == [], "a working container was left"
-    # the containers' processes carry the test's tag (the emulator passes it in): none is left
+    # the containers' processes carry the test's tag (TaggedImage passes it in): none is left
     assert tagged_processes(os.environ[TEST_TAG]) == {}

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from pytest_ppsmoke import failpoints
-from pytest_ppsmoke.cloud.fake_vast import FakeVast
+from pytest_ppsmoke.cloud.emulator.server import FakeVast
 from pytest_ppsmoke.harness.pipeline import locate_stages
 from pytest_ppsmoke.harness.report import HINTS
 from pytest_ppsmoke.protocol import ORCHESTRATOR_ACTOR, STAGE_ACTOR

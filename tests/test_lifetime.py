@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from pytest_ppsmoke.cloud.fake_vast import FakeVast
+from pytest_ppsmoke.cloud.emulator.server import FakeVast
 from pytest_ppsmoke.cloud.vast import OfferQuery, VastClient
 from pytest_ppsmoke.nodeenv import NodeEnv
 from pytest_ppsmoke.runtime.node import Node, NodeConfig

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from pytest_ppsmoke.cloud.fake_vast import FakeVast
+from pytest_ppsmoke.cloud.emulator.server import FakeVast
 from pytest_ppsmoke.network import netns, unavailable
 
 from .smoke import Smoke, assert_nothing_left

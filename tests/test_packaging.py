@@ -25,7 +25,7 @@ def test_the_wheel_carries_the_worker_the_spec_tests_and_the_entry_points(repo_w
     for line in (
         "pp-smoke-run = pytest_ppsmoke.harness.cli:main",
         "pp-gpu-node = pytest_ppsmoke.stage.gpu_node:main",
-        "pp-fake-vast = pytest_ppsmoke.cloud.fake_vast:main",
+        "pp-fake-vast = pytest_ppsmoke.cloud.emulator.server:main",
         "ppsmoke = pytest_ppsmoke.plugin",
     ):
         assert line in entry_points, line

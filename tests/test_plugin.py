@@ -186,7 +186,7 @@ def test_the_spec_suite_passes_and_junit_carries_the_figures(
     is left out here (the suite runs the spec tests on SmolLM2 too, ``testpaths``)."""
     pushback = "vast.rate_limit=create:0.4:1.5,show:0.2;vast.race_offers=1:404;vast.destroy_linger=60"
     emulator = subprocess.Popen(
-        [sys.executable, "-m", "pytest_ppsmoke.cloud.fake_vast", "--faults", pushback],
+        [sys.executable, "-m", "pytest_ppsmoke.cloud.emulator", "--faults", pushback],
         stdout=subprocess.PIPE, text=True, env={**os.environ, "VAST_API_KEY": KEY},
     )  # fmt: skip
     try:

@@ -14,14 +14,16 @@ import time
 import traceback
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
 from aiohttp import web
 
 from pytest_ppsmoke import failpoints
-from pytest_ppsmoke.cloud.fake_vast import FakeVast, default_catalogue, match_offer
-from pytest_ppsmoke.cloud.vast import Offer, OfferQuery, VastClient, VastError
+from pytest_ppsmoke.cloud.emulator.catalogue import default_catalogue, match_offer
+from pytest_ppsmoke.cloud.emulator.server import FakeVast
+from pytest_ppsmoke.cloud.vast import Instance, Label, Offer, OfferQuery, VastClient, VastError
 
 from .helpers import SLEEPER
 
@@ -41,14 +43,14 @@ def client(fake: FakeVast, **kw: float) -> VastClient:
     return VastClient(KEY, fake.url, **kw)  # type: ignore[arg-type]
 
 
-async def wait_state(vast: VastClient, iid: int, state: str, seconds: float = 10) -> dict[str, object]:
+async def wait_state(vast: VastClient, iid: int, state: str, seconds: float = 10) -> Instance:
     deadline = time.monotonic() + seconds
     while True:
         rec = await vast.show_instance(iid)
         assert rec is not None
-        if rec["actual_status"] == state:
+        if rec.actual_status == state:
             return rec
-        assert time.monotonic() < deadline, f"instance {iid} still {rec['actual_status']!r}, wanted {state!r}"
+        assert time.monotonic() < deadline, f"instance {iid} still {rec.actual_status!r}, wanted {state!r}"
         await asyncio.sleep(0.02)
 
 
@@ -79,11 +81,14 @@ async def test_instance_lifecycle_create_show_label_list_destroy(fake: FakeVast)
             offer.id, image="img:1", env={"STAGE": "0", "MODEL": "m"}, label="ppsmoke-t-stage0", disk_gb=30
         )
         rec = await vast.show_instance(iid)
-        assert rec is not None and rec["actual_status"] in (None, "loading")
-        assert (rec["intended_status"], rec["cur_state"], rec["next_state"]) == ("running", "running", "running")
+        assert rec is not None and rec.actual_status in (None, "loading") and rec.id == iid
+        assert (rec.intended_status, rec.cur_state, rec.next_state) == ("running", "running", "running")
         rec = await wait_state(vast, iid, "running")
-        assert rec["label"] == "ppsmoke-t-stage0" and rec["dph_total"] == offer.dph_total
-        assert ["STAGE", "0"] in rec["extra_env"] and rec["disk_space"] == 30 and rec["image_uuid"] == "img:1"
+        assert rec.label == "ppsmoke-t-stage0" and rec.run_label == Label("t", 0)
+        assert rec.raw["dph_total"] == offer.dph_total == rec.machine().dph_total
+        assert (
+            ["STAGE", "0"] in rec.raw["extra_env"] and rec.raw["disk_space"] == 30 and rec.raw["image_uuid"] == "img:1"
+        )
         inst = fake.instances[iid]
         assert inst.proc is not None and inst.proc.proc is not None and inst.proc.proc.returncode is None
         assert inst.proc.env["CONTAINER_ID"] == str(iid) and inst.proc.env["VAST_URL"] == fake.url
@@ -92,7 +97,7 @@ async def test_instance_lifecycle_create_show_label_list_destroy(fake: FakeVast)
         with pytest.raises(VastError, match=r"HTTP 404: no_such_ask"):
             await vast.create_instance(offer.id, image="img:1", env={}, label="x")
         await vast.label_instance(iid, "renamed")
-        assert [(r["id"], r["label"]) for r in await vast.list_instances()] == [(iid, "renamed")]
+        assert [(r.id, r.label) for r in await vast.list_instances()] == [(iid, "renamed")]
         assert await vast.destroy_instance(iid) is True
         assert await vast.show_instance(iid) is None
         assert await vast.destroy_instance(iid) is False  # 404 not_found: already gone
@@ -106,9 +111,9 @@ async def test_status_goes_to_exited_when_the_process_dies() -> None:
         iid = await vast.create_instance(default_catalogue()[0]["id"], image="i", env={}, label="l")
         await wait_state(vast, iid, "running")
         rec = await wait_state(vast, iid, "exited")
-        assert rec["status_msg"] == "container exited with status 3"
+        assert rec.status_msg == "container exited with status 3"
         # crashed, not destroyed: still intended running, its contract stopped
-        assert (rec["intended_status"], rec["cur_state"], rec["next_state"]) == ("running", "stopped", "running")
+        assert (rec.intended_status, rec.cur_state, rec.next_state) == ("running", "stopped", "running")
         with pytest.raises(VastError, match=r"is exited \(container exited with status 3\); it will never run"):
             await vast.wait_running(iid, 60, 0.02)
         await vast.destroy_instance(iid)
@@ -131,7 +136,7 @@ async def test_list_follows_next_token_across_pages() -> None:
         o["id"] = 100 + i
     async with FakeVast(api_key=KEY, catalogue=catalogue, node_argv=SLEEPER) as fake, client(fake) as vast:
         ids = [await vast.create_instance(100 + i, image="i", env={}, label=f"l{i}") for i in range(30)]
-        assert sorted(r["id"] for r in await vast.list_instances()) == ids
+        assert sorted(r.id or 0 for r in await vast.list_instances()) == ids
         assert sum(1 for m, p, _ in fake.requests if p == "/api/v1/instances/") == 2  # 25 + 5
         for iid in ids:
             await vast.destroy_instance(iid)
@@ -209,14 +214,16 @@ async def test_every_call_has_a_timeout_and_a_dead_server_is_an_error() -> None:
 
 async def test_a_create_whose_answer_was_lost_is_found_by_its_label(fake: FakeVast) -> None:
     # the emulator rents the instance, then the answer is a 502 (a proxy dropped it)
-    real = fake.create_instance
+    @web.middleware
+    async def lossy(request: web.Request, handler: Any) -> web.StreamResponse:
+        resp: web.StreamResponse = await handler(request)
+        if request.method == "PUT" and request.path.startswith("/api/v0/asks/"):
+            return web.Response(status=502, text="Bad Gateway")
+        return resp
 
-    async def lossy(request: web.Request) -> web.Response:
-        await real(request)
-        return web.Response(status=502, text="Bad Gateway")
-
-    fake.create_instance = lossy  # type: ignore[method-assign]
-    runner = web.AppRunner(fake.app())
+    app = fake.app()
+    app.middlewares.append(lossy)  # inside the emulator's own: after its gate and the key
+    runner = web.AppRunner(app)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     try:
@@ -253,7 +260,7 @@ def vastai(fake_url: str, home: Path, *args: str) -> subprocess.CompletedProcess
 
 def test_the_official_vastai_cli_works_against_the_emulator(tmp_path: Path) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest_ppsmoke.cloud.fake_vast", "--node-command", shlex.join(SLEEPER)],
+        [sys.executable, "-m", "pytest_ppsmoke.cloud.emulator", "--node-command", shlex.join(SLEEPER)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "VAST_API_KEY": KEY},
     )  # fmt: skip
     try:

@@ -13,14 +13,18 @@ import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 import pytest
 from aiohttp import web
 
-from pytest_ppsmoke.cloud.fake_vast import FakeVast, default_catalogue
+from pytest_ppsmoke.cloud.emulator.catalogue import default_catalogue
+from pytest_ppsmoke.cloud.emulator.server import FakeVast
 from pytest_ppsmoke.cloud.vast import (
     PACE_MARGIN,
     ApiStats,
+    Instance,
+    Label,
     OfferGone,
     OfferQuery,
     VastClient,
@@ -116,7 +120,7 @@ async def test_pacing_learned_from_the_threshold_stops_further_429s() -> None:
         assert refused(fake) == 1 and vast.pace == {"show": pytest.approx(0.15 * PACE_MARGIN)}
         for _ in range(3):  # two instances polled together: sent one at a time, spaced
             recs = await asyncio.gather(vast.show_instance(a), vast.show_instance(b))
-            assert [r["id"] for r in recs if r] == [a, b]
+            assert [r.id for r in recs if r] == [a, b]
         show = vast.stats.of("show")
         assert refused(fake) == show.rate_limited == 1 and show.calls == 9 and show.pace_wait_s > 0
         # the other endpoints are not paced
@@ -255,16 +259,56 @@ async def test_destroy_of_an_instance_already_gone_is_false() -> None:
 
 
 def test_going_away_reads_the_state_fields() -> None:
+    def gone(record: dict[str, Any]) -> bool:
+        return going_away(Instance.from_json(record))
+
     lingering = {"actual_status": "running", "cur_state": "running", "intended_status": "stopped"}
-    assert going_away({**lingering, "next_state": "stopped"})
-    assert going_away({**lingering, "next_state": "stopped", "actual_status": "exited", "cur_state": "stopped"})
+    assert gone({**lingering, "next_state": "stopped"})
+    assert gone({**lingering, "next_state": "stopped", "actual_status": "exited", "cur_state": "stopped"})
     assert going_away(None)  # not listed at all
-    assert not going_away({**lingering, "next_state": "running"})  # still on its way up
-    assert not going_away({"actual_status": "exited", "intended_status": "running", "next_state": "running"})  # crashed
-    assert not going_away({"actual_status": "offline", "intended_status": "running", "next_state": "stopped"})
-    assert not going_away(lingering)  # next_state missing: nothing says it is going away
-    assert not going_away({"actual_status": "exited"})
-    assert not going_away({"intended_status": None, "next_state": "stopped"})
+    assert not gone({**lingering, "next_state": "running"})  # still on its way up
+    assert not gone({"actual_status": "exited", "intended_status": "running", "next_state": "running"})  # crashed
+    assert not gone({"actual_status": "offline", "intended_status": "running", "next_state": "stopped"})
+    assert not gone(lingering)  # next_state missing: nothing says it is going away
+    assert not gone({"actual_status": "exited"})
+    assert not gone({"intended_status": None, "next_state": "stopped"})
+    assert not gone({"intended_status": 0, "next_state": "stopped"})  # not a state: as if missing
+
+
+def test_an_instance_record_is_decoded_once_tolerating_missing_and_extra_fields() -> None:
+    record = {
+        "id": 7,
+        "label": "ppsmoke-20260101T000000-ab12cd-stage1",
+        "actual_status": "running",
+        "status_msg": None,
+        "start_date": 1.5,
+        "dph_total": 0.3,
+        "gpu_name": "RTX 4090",
+        "extra": [1],
+    }
+    inst = Instance.from_json(record)
+    assert (inst.id, inst.actual_status, inst.intended_status, inst.status_msg, inst.start_date) == (
+        7, "running", None, "", 1.5,
+    )  # fmt: skip
+    assert inst.run_label == Label("20260101T000000-ab12cd", 1) and inst.raw is record
+    assert inst.names() == {k: record.get(k) for k in ("id", "label", "actual_status", "intended_status", "next_state")}
+    assert (inst.machine().dph_total, inst.machine().gpu_name, inst.machine().num_gpus) == (0.3, "RTX 4090", 1)
+    bare = Instance.from_json({})
+    assert (bare.id, bare.label, bare.actual_status, bare.status_msg, bare.run_label) == (None, None, None, "", None)
+    assert (bare.machine().id, bare.machine().gpu_name, bare.machine().dph_total) == (0, "?", 0.0)
+    assert Instance.from_json({"start_date": 17, "id": True}).start_date is None  # not a float, not an id
+    with pytest.raises(VastError, match="expected an instance record, got a list of 0"):
+        Instance.from_json([])
+
+
+def test_a_label_is_formatted_and_parsed_in_one_place() -> None:
+    label = Label("20260101T000000-ab12cd", 3)
+    assert label.format() == str(label) == "ppsmoke-20260101T000000-ab12cd-stage3"
+    assert Label.parse(label.format()) == label and label.format().startswith(Label.prefix(label.run_id))
+    assert Label.prefix() == "ppsmoke-" and Label.prefix("r") == "ppsmoke-r-"
+    assert Label.parse("ppsmoke-r-stage12") == Label("r", 12)
+    for other in (None, "", "renamed", "ppsmoke-r-stage", "ppsmoke-r-stagex", "ppsmoke--stage1", "x-r-stage1"):
+        assert Label.parse(other) is None, other
 
 
 async def test_gpu_ram_is_sent_and_kept_in_mb() -> None:

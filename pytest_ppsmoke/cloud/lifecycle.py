@@ -52,7 +52,7 @@ from ..runtime.localproc import ClusterKeys
 from ..runtime.node import Node, NodeConfig
 from ..runtime.resource import Resource
 from ..runtime.swim import SwimConfig
-from .vast import LABEL_PREFIX, Offer, OfferGone, OfferQuery, VastClient, VastError, going_away
+from .vast import Instance, Label, Offer, OfferGone, OfferQuery, VastClient, VastError, going_away
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +159,10 @@ class RentedInstance:
     def cost_usd(self) -> float:
         return self.offer.dph_total * self.seconds() / 3600
 
+    def seen(self, record: Instance) -> None:
+        """What vast.ai last showed of it."""
+        self.state, self.status_msg = record.actual_status, record.status_msg
+
     def summary(self) -> dict[str, Any]:
         return {
             "id": self.id,
@@ -223,7 +227,7 @@ class Deployment(Resource):
 
     @property
     def label_prefix(self) -> str:
-        return f"{LABEL_PREFIX}{self.run_id}-"
+        return Label.prefix(self.run_id)
 
     async def start(self) -> None:
         await self.rent()
@@ -282,7 +286,7 @@ class Deployment(Resource):
                     f"{setting('min_reliability')}, or try again",
                 )
             tried.add(offer.id)
-            inst = RentedInstance(stage, offer, f"{self.label_prefix}stage{stage}")
+            inst = RentedInstance(stage, offer, Label(self.run_id, stage).format())
             inst.endpoint_id = self.keys.ids[1 + stage]
             self.creates_sent += 1
             self._uncertain_creates = True  # until its answer is in: cancelled now, it may still rent
@@ -337,9 +341,9 @@ class Deployment(Resource):
         async def one(inst: RentedInstance) -> None:
             assert inst.id is not None
 
-            def seen(poll: int, record: dict[str, Any] | None) -> None:
+            def seen(poll: int, record: Instance | None) -> None:
                 if record is not None:
-                    inst.state, inst.status_msg = record.get("actual_status"), str(record.get("status_msg") or "")
+                    inst.seen(record)
 
             try:
                 await self.vast.wait_running(inst.id, c.polls, c.poll_interval, seen)
@@ -360,7 +364,7 @@ class Deployment(Resource):
         while not lost.done():
             await asyncio.sleep(self.config.poll_interval)
             try:
-                listed = {r.get("id"): r for r in await self.vast.list_instances(self.label_prefix)}
+                listed = {r.id: r for r in await self.vast.list_instances(self.label_prefix)}
             except VastError as e:
                 log.info("watching the run's instances: %s", e)
                 continue
@@ -375,11 +379,10 @@ class Deployment(Resource):
                     what = "vast.ai no longer lists the instance (destroyed from elsewhere, or its node's time-to-live)"
                 else:
                     missing.pop(inst.id, None)
-                    state = record.get("actual_status")
-                    if state not in LOST_STATES:
+                    if record.actual_status not in LOST_STATES:
                         continue
-                    inst.state, inst.status_msg = state, str(record.get("status_msg") or "")
-                    what = f"vast.ai reports the instance {state} ({inst.status_msg or 'no status message'})"
+                    inst.seen(record)
+                    what = f"vast.ai reports the instance {inst.state} ({inst.status_msg or 'no status message'})"
                 lost.set_result(PhaseError(self.phase, f"{inst.where}: {what}; its host was lost mid-run"))
                 return
 
@@ -501,7 +504,7 @@ class Deployment(Resource):
             if record is None or going_away(record):
                 inst.state = "destroyed" if record is None else "destroying"
                 return
-            inst.state, inst.status_msg = record.get("actual_status"), str(record.get("status_msg") or "")
+            inst.seen(record)
             log.warning("%s: destroy accepted, but vast.ai still shows it intended running", inst.name)
             if attempt < self.config.redestroys:
                 await asyncio.sleep(min(2.0, self.config.poll_interval))
@@ -526,30 +529,19 @@ class Deployment(Resource):
                 return
             known = {i.id for i in self.instances}
             for record in listed:
-                if record.get("id") not in known:
+                if record.id not in known:
                     await self._destroy(self._adopt(record))
             if look < looks - 1:
                 await asyncio.sleep(min(2.0, self.config.poll_interval))
 
-    def _adopt(self, record: dict[str, Any]) -> RentedInstance:
-        label = str(record.get("label"))
-        log.warning("destroying instance %s (%s): created by this run, its answer lost", record.get("id"), label)
-        tail = label.rsplit("stage", 1)[-1]
-        stage = int(tail) if tail.isdigit() else -1
-        price = record.get("dph_total")
-        offer = Offer(
-            int(record.get("bundle_id") or 0),
-            str(record.get("gpu_name") or "?"),
-            int(record.get("num_gpus") or 1),
-            float(record.get("gpu_ram") or 0),
-            float(price) if isinstance(price, (int, float)) else 0.0,
-            float(record.get("reliability2") or 0),
-            str(record.get("geolocation") or "?"),
-            {},
-        )
-        start = record.get("start_date")
-        orphan = RentedInstance(stage, offer, label, int(record["id"]), start if isinstance(start, float) else None)
-        orphan.state = record.get("actual_status")
+    def _adopt(self, record: Instance) -> RentedInstance:
+        label = str(record.label)
+        log.warning("destroying instance %s (%s): created by this run, its answer lost", record.id, label)
+        stage = record.run_label.stage if record.run_label is not None else -1
+        if record.id is None:
+            raise VastError("GET", "/api/v1/instances/", 200, f"a record labelled {label} without an id")
+        orphan = RentedInstance(stage, record.machine(), label, record.id, record.start_date)
+        orphan.state = record.actual_status
         if 0 <= stage < self.config.num_stages:
             orphan.endpoint_id = self.keys.ids[1 + stage]
         self.instances.append(orphan)
@@ -584,13 +576,18 @@ async def _all(coros: Any) -> list[Any]:
 
 async def reap(vast: VastClient, run_id: str | None = None) -> list[dict[str, Any]]:
     """Destroy every instance labelled by this tool (of one run, if ``run_id`` is given)."""
-    prefix = f"{LABEL_PREFIX}{run_id}-" if run_id else LABEL_PREFIX
     out = []
-    for record in await vast.list_instances(prefix):
-        status = record.get("actual_status")
-        entry = {"id": record.get("id"), "label": record["label"], "status": status, "destroyed": False}
+    for record in await vast.list_instances(Label.prefix(run_id)):
+        entry: dict[str, Any] = {
+            "id": record.id,
+            "label": record.label,
+            "status": record.actual_status,
+            "destroyed": False,
+        }
         try:
-            await vast.destroy_instance(int(record["id"]))
+            if record.id is None:
+                raise VastError("GET", "/api/v1/instances/", 200, f"a record labelled {record.label} without an id")
+            await vast.destroy_instance(record.id)
             entry["destroyed"] = True
         except VastError as e:
             entry["error"] = str(e)

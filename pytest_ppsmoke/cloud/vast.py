@@ -41,7 +41,7 @@ import math
 import random
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from types import TracebackType
 from typing import Any
@@ -77,16 +77,117 @@ def endpoint_name(method: str, path: str) -> str:
     return VAST_ENDPOINTS.get((method, route), f"{method} {route}")
 
 
-def going_away(record: Mapping[str, Any] | None) -> bool:
+@dataclass(frozen=True)
+class Label:
+    """The label this tool gives an instance, ``ppsmoke-<run id>-stage<i>``: how a run finds its
+    instances again (a create whose answer was lost, a sweep, ``--reap``). :meth:`format` writes it,
+    :meth:`parse` reads it back; :meth:`prefix` is what a run's (or every run's) labels start with."""
+
+    run_id: str
+    stage: int
+
+    def format(self) -> str:
+        return f"{self.prefix(self.run_id)}stage{self.stage}"
+
+    def __str__(self) -> str:
+        return self.format()
+
+    @staticmethod
+    def prefix(run_id: str | None = None) -> str:
+        """What the labels of run ``run_id`` start with; of every run of this tool if None."""
+        return f"{LABEL_PREFIX}{run_id}-" if run_id else LABEL_PREFIX
+
+    @classmethod
+    def parse(cls, text: str | None) -> Label | None:
+        """The run id and stage of a label :meth:`format` wrote; None for any other text."""
+        if not text or not text.startswith(LABEL_PREFIX):
+            return None
+        run_id, sep, stage = text[len(LABEL_PREFIX) :].rpartition("-stage")
+        if not sep or not run_id or not (stage.isascii() and stage.isdigit()):
+            return None
+        return cls(run_id, int(stage))
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+@dataclass(frozen=True)
+class Instance:
+    """An instance as vast.ai shows it (show, list), decoded once by :meth:`from_json`: the fields
+    this tool reads. A field the record lacks (or holds as another type) is None, ``status_msg``
+    then ""; fields it does not read stay in ``raw`` (never shown: a record holds the instance's
+    key and its ``extra_env``)."""
+
+    id: int | None
+    label: str | None  # vast.ai's text; ``run_label`` is it parsed, if this tool wrote it
+    actual_status: str | None  # null (new), loading, running, exited, offline, unknown, ...
+    intended_status: str | None  # what the owner wants: running, or stopped once destroyed
+    cur_state: str | None
+    next_state: str | None
+    status_msg: str
+    start_date: float | None
+    raw: Mapping[str, Any] = field(repr=False, compare=False)
+
+    @property
+    def run_label(self) -> Label | None:
+        return Label.parse(self.label)
+
+    @classmethod
+    def from_json(cls, record: Any, method: str = "GET", path: str = "/api/v1/instances/") -> Instance:
+        """The record vast.ai answered (for ``method`` ``path``); VastError if it is not an object."""
+        if not isinstance(record, Mapping):
+            raise VastError(method, path, 200, f"expected an instance record, got {_shape(record)}")
+        iid = record.get("id")
+        start = record.get("start_date")
+        return cls(
+            id=iid if isinstance(iid, int) and not isinstance(iid, bool) else None,
+            label=_text(record.get("label")),
+            actual_status=_text(record.get("actual_status")),
+            intended_status=_text(record.get("intended_status")),
+            cur_state=_text(record.get("cur_state")),
+            next_state=_text(record.get("next_state")),
+            status_msg=str(record.get("status_msg") or ""),
+            start_date=start if isinstance(start, float) else None,
+            raw=record,
+        )
+
+    def names(self) -> dict[str, Any]:
+        """What names it and its state, for a report (nothing secret)."""
+        return {
+            "id": self.id,
+            "label": self.label,
+            "actual_status": self.actual_status,
+            "intended_status": self.intended_status,
+            "next_state": self.next_state,
+        }
+
+    def machine(self) -> Offer:
+        """The machine it runs on, as an offer (for the cost of an instance found by its label)."""
+        r = self.raw
+        price = r.get("dph_total")
+        return Offer(
+            int(r.get("bundle_id") or 0),
+            str(r.get("gpu_name") or "?"),
+            int(r.get("num_gpus") or 1),
+            float(r.get("gpu_ram") or 0),
+            float(price) if isinstance(price, (int, float)) else 0.0,
+            float(r.get("reliability2") or 0),
+            str(r.get("geolocation") or "?"),
+            {},
+        )
+
+
+def going_away(inst: Instance | None) -> bool:
     """Whether a destroyed instance that vast.ai still lists counts as gone: its record says it is
     on its way out (``intended_status`` and ``next_state`` both present and neither ``running``).
     ``cur_state`` and ``actual_status`` may still say running while it stops, so they are not
     asked; an instance whose host crashed keeps ``intended_status`` running and is not going away.
     None (no longer listed at all) is gone."""
-    if record is None:
+    if inst is None:
         return True
-    intended, nxt = record.get("intended_status"), record.get("next_state")
-    return isinstance(intended, str) and isinstance(nxt, str) and "running" not in (intended, nxt)
+    intended, nxt = inst.intended_status, inst.next_state
+    return intended is not None and nxt is not None and "running" not in (intended, nxt)
 
 
 _THRESHOLD = re.compile(r"threshold\s*=\s*([0-9]+(?:\.[0-9]+)?)")
@@ -463,13 +564,13 @@ class VastClient:
         to be listed). A list that fails raises: renting again blind could rent twice."""
         for look in range(looks):
             for inst in await self.list_instances(label):
-                if inst.get("label") == label:
-                    return int(inst["id"])
+                if inst.label == label and inst.id is not None:
+                    return inst.id
             if look < looks - 1:
                 await asyncio.sleep(self.backoff * 2)
         return None
 
-    async def show_instance(self, instance_id: int) -> dict[str, Any] | None:
+    async def show_instance(self, instance_id: int) -> Instance | None:
         """The instance's record, or None once it no longer exists."""
         path = f"/api/v0/instances/{instance_id}/"
         status, data = await self._call("GET", path, params={"owner": "me"})
@@ -478,8 +579,10 @@ class VastClient:
         if not 200 <= status < 300 or not isinstance(data, dict):
             raise VastError("GET", path, status, _error_text(data))
         inst = data.get("instances")
-        if inst is None or isinstance(inst, dict):
-            return inst
+        if inst is None:
+            return None
+        if isinstance(inst, dict):
+            return Instance.from_json(inst, "GET", path)
         raise VastError("GET", path, status, f"expected {{'instances': {{...}}}}, got {_shape(data)}")
 
     async def destroy_instance(self, instance_id: int) -> bool:
@@ -497,10 +600,10 @@ class VastClient:
     async def label_instance(self, instance_id: int, label: str) -> None:
         await self._ok("PUT", f"/api/v0/instances/{instance_id}/", body={"label": label})
 
-    async def list_instances(self, label_prefix: str | None = None) -> list[dict[str, Any]]:
+    async def list_instances(self, label_prefix: str | None = None) -> list[Instance]:
         """Every instance of this account (``/api/v1/instances/``, following ``next_token``), or
         those whose label starts with ``label_prefix``."""
-        out: list[dict[str, Any]] = []
+        out: list[Instance] = []
         params = {"limit": "25"}
         for _ in range(1000):  # a bound on pages: 25,000 instances
             data = await self._ok("GET", "/api/v1/instances/", params=params)
@@ -508,19 +611,25 @@ class VastClient:
             if not isinstance(page, list):
                 what = f"expected {{'instances': [...]}}, got {_shape(data)}"
                 raise VastError("GET", "/api/v1/instances/", 200, what)
-            out.extend(page)
+            out.extend(Instance.from_json(r) for r in page)
             token = data.get("next_token")
             if not token:
                 if label_prefix is None:
                     return out
-                return [i for i in out if str(i.get("label") or "").startswith(label_prefix)]
+                return [i for i in out if (i.label or "").startswith(label_prefix)]
             params = {"limit": "25", "after_token": str(token)}
         raise VastError("GET", "/api/v1/instances/", 200, "more than 1000 pages of instances")
 
-    async def wait_running(self, instance_id: int, polls: int, interval: float, on_poll: Any = None) -> dict[str, Any]:
+    async def wait_running(
+        self,
+        instance_id: int,
+        polls: int,
+        interval: float,
+        on_poll: Callable[[int, Instance | None], None] | None = None,
+    ) -> Instance:
         """Poll until ``actual_status`` is ``running``; at most ``polls`` polls (the spec: 60).
         Fails at once on a state that never becomes running (exited, unknown, offline)."""
-        last: dict[str, Any] | None = None
+        last: Instance | None = None
         started = time.monotonic()
         for poll in range(1, polls + 1):
             last = await self.show_instance(instance_id)
@@ -531,7 +640,7 @@ class VastClient:
             if last is None:
                 await asyncio.sleep(interval)
                 continue
-            state = last.get("actual_status")
+            state = last.actual_status
             if state == "running":
                 return last
             if state in ("exited", "unknown", "offline"):
@@ -539,13 +648,12 @@ class VastClient:
                     "GET",
                     f"/api/v0/instances/{instance_id}/",
                     200,
-                    f"instance {instance_id} is {state} ({last.get('status_msg') or 'no status message'}); "
-                    "it will never run",
+                    f"instance {instance_id} is {state} ({last.status_msg or 'no status message'}); it will never run",
                 )
             if poll < polls:
                 await asyncio.sleep(interval)
-        state = last.get("actual_status") if last else None
-        msg = (last or {}).get("status_msg") or "no status message"
+        state = last.actual_status if last else None
+        msg = (last.status_msg if last else "") or "no status message"
         raise TimeoutError(
             f"instance {instance_id} not running after {polls} polls in {time.monotonic() - started:.1f} s "
             f"(last status {state!r}: {msg})"

@@ -33,7 +33,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from ..cloud.fake_vast import NETWORK_PATH, FakeVast
+from ..cloud.emulator.server import NETWORK_PATH, FakeVast
 from ..cloud.lifecycle import Deployment, RunConfig
 from ..cloud.vast import DEFAULT_URL, OfferQuery, VastClient, going_away
 from ..protocol import PhaseError
@@ -392,9 +392,8 @@ class SmokeRun(Resource):
                             left = await self.vast.list_instances(self.deployment.label_prefix)
                         # only what names them: a record also holds the instance's own key; one still
                         # listed but on its way out (its state fields say so) is gone, and shown apart
-                        keys = ("id", "label", "actual_status", "intended_status", "next_state")
-                        r.left_after_teardown = [{k: i.get(k) for k in keys} for i in left if not going_away(i)]
-                        r.going_after_teardown = [{k: i.get(k) for k in keys} for i in left if going_away(i)]
+                        r.left_after_teardown = [i.names() for i in left if not going_away(i)]
+                        r.going_after_teardown = [i.names() for i in left if going_away(i)]
                     except Exception as e:  # TimeoutError included: the teardown's deadline has passed
                         log.warning("could not list the run's instances after teardown: %r", e)
         finally:

@@ -88,7 +88,7 @@ def samples(r: Any, num_blocks: int, num_stages: int) -> tuple[list[HopSample], 
 
 async def _emulated_points(spec: GridSpec, network: str, grid: Grid, log: Log, settings: Settings | None) -> None:
     """Every split layout on ``network``, emulated here: one emulator, its instances on this machine."""
-    from ..cloud.fake_vast import FakeVast
+    from ..cloud.emulator.server import FakeVast
     from ..cloud.lifecycle import RunConfig
     from ..cloud.vast import VastClient
     from ..harness.driver import rtt_of, run_config

@@ -1,0 +1,5 @@
+"""``python -m pytest_ppsmoke.cloud.emulator``: ``pp-fake-vast``."""
+
+from .server import main
+
+main()

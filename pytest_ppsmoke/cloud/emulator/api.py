@@ -1,0 +1,315 @@
+"""The emulator's HTTP face: vast.ai's paths, methods, JSON fields and error codes (as its official
+client, ``vastai`` 1.9, calls them), its authentication and, at the door, the faults of
+:mod:`.faults` (429 bursts, rate limits, an orchestrator cut off).
+
+Every call needs ``Authorization: Bearer <key>`` (or ``api_key=``): the account's key, or an
+instance's container key, which may act on that instance only. The handlers find the emulator as
+``request.app[EMULATOR]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from ...protocol import VAST_ENDPOINTS
+from . import catalogue, faults
+from .instances import Instance, parse_env
+
+if TYPE_CHECKING:
+    from .server import FakeVast
+
+log = logging.getLogger(__name__)
+
+NETWORK_PATH = "/ppsmoke/network"  # the emulator's own path: the emulated network's host address
+EMULATOR: web.AppKey[FakeVast] = web.AppKey("emulator")
+
+
+def app(vast: FakeVast) -> web.Application:
+    """The API of ``vast``, as an aiohttp application."""
+    a = web.Application(middlewares=[_gate])
+    a[EMULATOR] = vast
+    r = a.router
+    r.add_get("/api/v0/gpu_names/unique/", gpu_names)  # the CLI asks at start, with no key
+    r.add_get("/api/v0/users/current", current_user)
+    r.add_get("/api/v0/instances/filters/", instance_filters)
+    r.add_post("/api/v0/bundles/", search_offers)
+    r.add_delete("/api/v0/instances/", destroy_instances)
+    r.add_put("/api/v0/asks/{id}/", create_instance)
+    r.add_get("/api/v0/instances/", list_v0)
+    r.add_get("/api/v1/instances/", list_v1)
+    r.add_get("/api/v0/instances/{id}/", show_instance)
+    r.add_put("/api/v0/instances/{id}/", update_instance)
+    r.add_delete("/api/v0/instances/{id}/", destroy_instance)
+    r.add_get(NETWORK_PATH, network_info)  # the emulator's own, not vast.ai's
+    return a
+
+
+def key_of(request: web.Request) -> str:
+    """The key a call carries: ``Authorization: Bearer <key>``, or the ``api_key`` parameter."""
+    auth = request.headers.get("Authorization", "")
+    return auth[7:].strip() if auth.startswith("Bearer ") else request.query.get("api_key", "")
+
+
+def identity(request: web.Request) -> str:
+    """Who a rate limit counts a call against: the key it carries and the address it came from."""
+    return f"{key_of(request)}@{request.remote}"
+
+
+def endpoint_of(request: web.Request) -> str | None:
+    """The request's endpoint name in :data:`VAST_ENDPOINTS` (None: a path it does not name)."""
+    info = request.match_info.route.resource
+    return VAST_ENDPOINTS.get((request.method, info.canonical)) if info is not None else None
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    # exactly "application/json": the official CLI rejects the offers answer otherwise, and
+    # aiohttp's json_response would add "; charset=utf-8"
+    return web.Response(body=json.dumps(data).encode(), status=status, headers={"Content-Type": "application/json"})
+
+
+def _error(status: int, error: str, msg: str) -> web.Response:
+    return _json({"success": False, "error": error, "msg": msg}, status)
+
+
+# --- the door: faults, then the key ---------------------------------------------------------
+
+
+@web.middleware
+async def _gate(request: web.Request, handler: Callable[[web.Request], Any]) -> web.StreamResponse:
+    vast = request.app[EMULATOR]
+    if faults.burst(vast.faults, len(vast.requests)):
+        vast.requests.append((request.method, request.path, 429))
+        return web.Response(status=429, text="Too Many Requests")  # plain text, no Retry-After
+    if time.monotonic() < vast.isolated_until and identity(request).startswith(vast.api_key + "@"):
+        # the orchestrator's network is down: its calls get no answer (the nodes' still do)
+        vast.requests.append((request.method, request.path, 0))
+        if request.transport is not None:
+            request.transport.abort()
+        return web.Response(status=503)  # never sent: the connection is gone
+    limits = vast.faults.value("vast.rate_limit")
+    if limits != vast.limiter.limits:  # faults changed since (a test may set them on a running emulator)
+        vast.limiter = faults.RateLimiter(limits)
+    endpoint = endpoint_of(request)
+    refused = vast.limiter.refuse(endpoint, identity(request)) if endpoint else None
+    if refused is not None:
+        vast.requests.append((request.method, request.path, 429))
+        return web.Response(status=429, text=refused)  # plain text, no Retry-After, as vast.ai's
+    resp = await _authorized(vast, request, handler)
+    vast.requests.append((request.method, request.path, resp.status))
+    if vast.faults.value("vast.api_latency"):
+        await asyncio.sleep(vast.faults.value("vast.api_latency"))
+    return resp
+
+
+async def _authorized(
+    vast: FakeVast, request: web.Request, handler: Callable[[web.Request], Any]
+) -> web.StreamResponse:
+    if request.path == "/api/v0/gpu_names/unique/":
+        public: web.StreamResponse = await handler(request)  # public on vast.ai too
+        return public
+    key = key_of(request)
+    if not key:
+        return _error(401, "auth_error", "authentication required: send Authorization: Bearer <api key>")
+    if not secrets.compare_digest(key, vast.api_key):
+        own = next((i for i in vast.listed() if secrets.compare_digest(key, i.container_key)), None)
+        if own is None or request.path != f"/api/v0/instances/{own.id}/":
+            return _error(401, "auth_error", "invalid api key")
+    try:
+        resp: web.StreamResponse = await handler(request)
+    except json.JSONDecodeError as e:
+        return _error(400, "invalid_args", f"the body is not JSON: {e}")
+    return resp
+
+
+# --- account and catalogue --------------------------------------------------------------------
+
+
+async def gpu_names(request: web.Request) -> web.Response:
+    return _json({"gpu_names": sorted({o["gpu_name"] for o in request.app[EMULATOR].catalogue})})
+
+
+async def current_user(request: web.Request) -> web.Response:
+    return _json({"id": 1, "username": "ppsmoke", "email": "ppsmoke@localhost", "host_agreement_accepted": False})
+
+
+async def instance_filters(request: web.Request) -> web.Response:
+    records = [i.record() for i in request.app[EMULATOR].listed()]
+    keys = ("actual_status", "verification", "gpu_name")
+    return _json({"filters": [{k: r[k] for k in keys} for r in records]})
+
+
+async def network_info(request: web.Request) -> web.Response:
+    """The emulated network an orchestrator of these instances must join (``pp-smoke-run
+    --local --vast-url URL --network ...``): its description and the host address to bind."""
+    net = request.app[EMULATOR].network
+    if net is None:
+        return _error(404, "no_network", "this emulator runs its nodes on loopback (start it with --network)")
+    return _json({"spec": net.spec.name, "host_addr": net.host_addr, "subnet": net.subnet})
+
+
+async def search_offers(request: web.Request) -> web.Response:
+    vast = request.app[EMULATOR]
+    query = await request.json() if request.can_read_body else {}
+    if not isinstance(query, dict):
+        return _error(400, "invalid_args", f"the query must be an object, got {type(query).__name__}")
+    if isinstance(query.get("q"), dict):  # some clients wrap the query
+        query = query["q"]
+    vast.purge()
+    try:
+        found = catalogue.search(vast.catalogue, query)
+    except ValueError as e:
+        return _error(400, "invalid_args", str(e))
+    try:
+        limit = int(query.get("limit") or 64)
+    except (TypeError, ValueError):
+        return _error(400, "invalid_args", f"limit must be a number, got {query.get('limit')!r}")
+    if vast.faults.on("vast.offers"):
+        limit = min(limit, vast.faults.value("vast.offers"))
+    return _json({"offers": found[:limit]})
+
+
+# --- instances --------------------------------------------------------------------------------
+
+
+async def create_instance(request: web.Request) -> web.Response:
+    vast = request.app[EMULATOR]
+    vast.creates += 1
+    n = vast.creates
+    body = await request.json()
+    if not isinstance(body, dict):
+        return _error(400, "invalid_args", "the body must be a JSON object")
+    if n in vast.faults.value("vast.reject_create"):
+        return _error(400, "invalid_args", f"create call {n} rejected (failpoint vast.reject_create)")
+    vast.purge()
+    offer = next((o for o in vast.catalogue if str(o["id"]) == request.match_info["id"]), None)
+    raced = vast.faults.value("vast.race_offers").get(n)
+    if offer is not None and offer["rentable"] and raced is not None:
+        # someone else rented it between the search and this call, and keeps it
+        catalogue.rent(offer)
+        log.info("create call %d: offer %d taken by someone else (failpoint vast.race_offers)", n, offer["id"])
+        gone = "is not available" if raced == 404 else "is no longer available"
+        return _error(raced, "no_such_ask", f"Offer {offer['id']} {gone}")
+    if offer is None or not offer["rentable"]:
+        return _error(404, "no_such_ask", f"Offer {request.match_info['id']} is not available")
+    image = body.get("image")
+    if not isinstance(image, str) or not image:
+        return _error(400, "invalid_args", "image is required")
+    try:
+        env = parse_env(body.get("env"))
+        disk = float(body.get("disk") or 10)
+    except (TypeError, ValueError) as e:
+        return _error(400, "invalid_args", str(e))
+    inst = vast.rent(
+        Instance(
+            vast.new_id(),
+            n,
+            offer,
+            image,
+            env,
+            body.get("label") or None,
+            disk,
+            body.get("onstart") or None,
+            [str(a) for a in body.get("args") or []],
+            container_key=secrets.token_hex(32),
+        )
+    )
+    if n in vast.faults.value("vast.hold_create"):  # rented, but the answer is held (a lost answer)
+        await vast.held()
+    return _json({"success": True, "new_contract": inst.id, "instance_api_key": inst.container_key})
+
+
+def _find(request: web.Request, lingering: bool = True) -> Instance | None:
+    """The instance the path names: a live one, or (``lingering``) a destroyed one still listed."""
+    try:
+        iid = int(request.match_info["id"])
+    except ValueError:
+        return None
+    return request.app[EMULATOR].find(iid, lingering)
+
+
+async def show_instance(request: web.Request) -> web.Response:
+    inst = _find(request)
+    return _json({"instances": inst.record() if inst else None})
+
+
+async def update_instance(request: web.Request) -> web.Response:
+    inst = _find(request, lingering=False)
+    if inst is None:
+        return _error(404, "not_found", "Instance not found")
+    body = await request.json()
+    if not isinstance(body, dict) or not ({"label", "state"} & set(body)):
+        return _error(400, "invalid_args", "expected a body with 'label' or 'state'")
+    if "label" in body:
+        inst.label = str(body["label"])
+    if "state" in body:
+        return _error(400, "invalid_args", f"state changes ({body['state']!r}) are not emulated")
+    return _json({"success": True})
+
+
+async def destroy_instance(request: web.Request) -> web.Response:
+    vast = request.app[EMULATOR]
+    inst = _find(request)
+    if inst is None:
+        return _error(404, "not_found", "Instance not found")  # vast.ai's answer: already gone
+    if inst.destroyed_at is not None:
+        return _json({"success": True})  # lingering: already on its way out
+    outcome = faults.destroy_outcome(vast.faults, inst)  # counted now (destroy_attempts), answered after any wait
+    if vast.faults.value("vast.slow_destroy"):
+        await asyncio.sleep(vast.faults.value("vast.slow_destroy"))
+    if outcome == "failed":
+        return _error(500, "server_error", f"destroy of {inst.id} failed (failpoint vast.destroy_fails)")
+    if outcome == "done":
+        vast.destroy(inst)  # vast.ai answers at once and tears the container down behind the answer
+    return _json({"success": True})  # "ignored" too: accepted, and nothing happens
+
+
+async def destroy_instances(request: web.Request) -> web.Response:
+    vast = request.app[EMULATOR]
+    body = await request.json()
+    ids = body.get("instance_ids") if isinstance(body, dict) else None
+    if not isinstance(ids, list):
+        return _error(400, "invalid_args", "expected {'instance_ids': [...]}")
+    failed = []
+    for i in ids:
+        inst = vast.instances.get(int(i)) if str(i).isdigit() else None
+        outcome = faults.destroy_outcome(vast.faults, inst) if inst is not None else "gone"
+        if inst is not None and outcome == "done":
+            vast.destroy(inst)
+        elif outcome == "failed":
+            failed.append(str(i))
+    if failed:
+        return _error(500, "server_error", f"destroy of {', '.join(failed)} failed (failpoint vast.destroy_fails)")
+    return _json({"success": True})
+
+
+async def list_v0(request: web.Request) -> web.Response:
+    return _json({"instances": [i.record() for i in request.app[EMULATOR].listed()]})
+
+
+async def list_v1(request: web.Request) -> web.Response:
+    try:
+        limit = min(int(request.query.get("limit", "25")), 25)
+        after = int(request.query.get("after_token") or 0)
+        filters = json.loads(request.query.get("select_filters") or "{}")
+    except ValueError as e:
+        return _error(400, "invalid_args", f"bad list parameters: {e}")
+    listed = request.app[EMULATOR].listed()
+    records = [i.record() for i in listed if i.id > after]
+    try:
+        records = [r for r in records if catalogue.match_offer(r, filters)]
+    except ValueError as e:
+        return _error(400, "invalid_args", str(e))
+    page = records[:limit]
+    token = str(page[-1]["id"]) if len(records) > limit else None
+    labels: dict[str, int] = {}
+    for i in listed:
+        labels[i.label or ""] = labels.get(i.label or "", 0) + 1
+    return _json({"instances": page, "next_token": token, "total_instances": len(listed), "label_counts": labels})

@@ -1,0 +1,27 @@
+"""The emulator's runtimes, by name: what an instance is on its host. Each name is one class of
+:mod:`.runtimes` (a :class:`~.runtimes.Runtime`); a new runtime is a new class there and its line
+here. ``pp-fake-vast --runtime``, ``FakeVast(runtime=...)`` and the smoke run's ``runtime``
+setting all take these names.
+
+Standard library only: the plugin's settings (read when pytest loads the plugin) list the names.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+RUNTIMES: dict[str, str] = {
+    "processes": "pytest_ppsmoke.cloud.emulator.runtimes:Processes",  # a node process of this Python
+    "image": "pytest_ppsmoke.cloud.emulator.runtimes:Image",  # the image the create call names, in a container
+}
+NAMES = tuple(RUNTIMES)
+
+
+def load(name: str) -> Any:
+    """The runtime class named ``name``; ValueError, naming the choices, for a name not listed."""
+    try:
+        module, _, qualname = RUNTIMES[name].partition(":")
+    except KeyError:
+        raise ValueError(f"unknown runtime {name!r}; expected one of {', '.join(RUNTIMES)}") from None
+    return getattr(importlib.import_module(module), qualname)
