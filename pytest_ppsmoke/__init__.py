@@ -3,7 +3,8 @@
 The layers, each importing only those below it: ``plugin`` and ``spec`` (the pytest face),
 ``harness`` (the one run driver, settings, report, CLI, pytest session), ``cloud`` (vast.ai
 client, emulator, deployment), ``stage`` (tinygrad stage model, worker bridge, ``pp-gpu-node``),
-``runtime`` (transport, codec, SWIM, names, actors, child processes), and ``protocol``,
+``messages`` (the pipeline's messages, registered with the runtime's codec), ``runtime``
+(transport, codec, SWIM, names, actors, child processes), and ``protocol``,
 ``nodeenv`` and ``failpoints``, which both sides of the wire share. Importing this package
 imports only the standard library.
 """

@@ -15,6 +15,11 @@ STAGE_ACTOR = "stage"  # a node's pipeline stage: StageActivation, NextToken, In
 STATUS_ACTOR = "status"  # a node's health: NodeStatusQuery
 ORCHESTRATOR_ACTOR = "orchestrator"  # the seed's collector of FirstToken and InferenceResponse
 
+# the dtypes of hidden states on the wire, the spec's default first: the one list (the settings,
+# the node's environment and ``messages.WireDtype`` take it from here; stdlib only, so that the
+# pytest plugin can read it without numpy)
+WIRE_DTYPES = ("bf16", "f16", "f32")
+
 
 # vast.ai's endpoints, by the names its rate limits are given in (``vast.rate_limit``) and the
 # client's figures are counted under: (method, route) -> name. A route's ``{id}`` is any number.

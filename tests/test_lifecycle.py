@@ -22,16 +22,9 @@ from pytest_ppsmoke import failpoints
 from pytest_ppsmoke.cloud.fake_vast import FakeVast
 from pytest_ppsmoke.harness.pipeline import locate_stages
 from pytest_ppsmoke.harness.report import HINTS
+from pytest_ppsmoke.messages import InferenceRequest, InferenceResponse, NextToken, WireDtype
 from pytest_ppsmoke.protocol import ORCHESTRATOR_ACTOR, STAGE_ACTOR
-from pytest_ppsmoke.runtime.codec import (
-    ActorAddress,
-    InferenceRequest,
-    InferenceResponse,
-    MemberState,
-    MemberStatus,
-    NextToken,
-    WireDtype,
-)
+from pytest_ppsmoke.runtime.codec import ActorAddress, MemberState, MemberStatus
 from pytest_ppsmoke.runtime.swim import MemberEvent
 from pytest_ppsmoke.runtime.transport import TransportError
 from pytest_ppsmoke.stage.gpu_node import StageActor

@@ -12,8 +12,8 @@ import pytest
 
 from pytest_ppsmoke.cloud.fake_vast import FakeVast
 from pytest_ppsmoke.cloud.vast import OfferQuery, VastClient
+from pytest_ppsmoke.messages import WireDtype
 from pytest_ppsmoke.nodeenv import NodeEnv
-from pytest_ppsmoke.runtime.codec import WireDtype
 from pytest_ppsmoke.runtime.node import Node, NodeConfig
 from pytest_ppsmoke.stage.gpu_node import Settings, guard_lifetime
 

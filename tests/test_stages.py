@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from tinygrad import Tensor
 
-from pytest_ppsmoke.runtime.codec import WireDtype, round_to_wire
+from pytest_ppsmoke.messages import WireDtype, round_to_wire
 from pytest_ppsmoke.stage import model as model_module
 from pytest_ppsmoke.stage.model import (
     ModelError,
@@ -94,7 +94,7 @@ def test_the_smollm2_chat_turn_matches_its_gguf_template(smollm2_loaded: tuple[A
 @pytest.mark.parametrize("wire", [WireDtype.bf16, WireDtype.f16])
 def test_rounding_in_the_graph_is_the_codecs_bit_for_bit(wire: WireDtype) -> None:
     """The reference rounds its hidden state inside tinygrad's graph; the pipeline rounds on the
-    wire (``codec.round_to_wire``). The two must agree on every finite float32: magnitudes from
+    wire (``messages.round_to_wire``). The two must agree on every finite float32: magnitudes from
     subnormal to the largest, random bit patterns, exact ties, and values that overflow f16."""
     rng = np.random.default_rng(7)
     scaled = rng.standard_normal(50_000) * 10.0 ** rng.integers(-40, 38, 50_000)

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pytest_ppsmoke.runtime.codec import Hidden, WireDtype, digest
+from pytest_ppsmoke.messages import Hidden, WireDtype, digest
 
 from .helpers import SMOLLM2, SYNTH
 

@@ -11,7 +11,7 @@ decode is compiled from its first token; ``programs`` counts the programs it rea
 program cache and generated (``stage/cache.py``), and so does the ``shutdown`` reply, for the
 worker's whole life. Hidden states are base64 of raw little-endian bytes in the wire dtype, shape
 ``[seq_len, dim]``; a reply that carries one has ``hidden_digest``, and a reply to a request that
-carried one has ``received_digest``: the hex blake2b (``codec.digest``) of the raw bytes this
+carried one has ``received_digest``: the hex blake2b (``messages.digest``) of the raw bytes this
 worker produced, before base64, and of those it decoded, so that a stage can show that an
 activation arrived as it was sent. ``"prefill": true`` (default false) on a compute call at
 position 0 begins a sequence (``StageModel``: caches zeroed, writes recorded, the prompt's
@@ -71,8 +71,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from pytest_ppsmoke.messages import Hidden, WireDtype, digest
 from pytest_ppsmoke.nodeenv import NodeEnv
-from pytest_ppsmoke.runtime.codec import Hidden, WireDtype, digest
 from pytest_ppsmoke.stage.cache import WeightCache, install_program_cache
 from pytest_ppsmoke.stage.model import StageModel, Tokenizer, realized_model, run_reference
 

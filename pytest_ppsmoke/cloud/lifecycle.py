@@ -34,10 +34,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import DEFAULT_IMAGE
+from ..messages import NodeStatus, NodeStatusQuery
 from ..nodeenv import DEFAULTS, NodeEnv
 from ..protocol import STATUS_ACTOR, PhaseError
 from ..runtime.cluster import converge, resolve_names
-from ..runtime.codec import ActorAddress, MemberStatus, NodeStatus, NodeStatusQuery
+from ..runtime.codec import ActorAddress, MemberStatus
 from ..runtime.errors import RemoteError
 from ..runtime.localproc import ClusterKeys
 from ..runtime.node import Node, NodeConfig

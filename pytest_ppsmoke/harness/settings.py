@@ -21,12 +21,12 @@ from typing import Any
 
 from .. import DEFAULT_IMAGE
 from ..nodeenv import DEFAULTS as NODE
+from ..protocol import WIRE_DTYPES
 
 # the run's steps, in order: the driver runs them, the plugin maps its fixtures to them
 STEPS = ("rent", "boot", "converge", "load", "resolve", "infer", "reference")
 MODES = ("local", "vastai")
 RUNTIMES = ("processes", "image")  # cloud.fake_vast.RUNTIMES (a test keeps them equal)
-WIRE_DTYPES = ("bf16", "f16", "f32")  # runtime.codec.WireDtype's names (a test keeps them equal)
 VAST_URL = "https://console.vast.ai"
 LOCAL_MODEL, VASTAI_MODEL = "smollm2:135m", "llama3.2:1b"
 

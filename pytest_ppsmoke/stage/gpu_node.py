@@ -47,11 +47,8 @@ from typing import Any, NoReturn
 
 from .. import failpoints
 from ..cloud.vast import DEFAULT_URL, VastClient, VastError
-from ..nodeenv import NodeEnv, inherited
-from ..protocol import STAGE_ACTOR, STATUS_ACTOR, stage_names
-from ..runtime.codec import (
+from ..messages import (
     Accepted,
-    ActorAddress,
     BlockCache,
     ComputeRecord,
     FirstToken,
@@ -62,8 +59,6 @@ from ..runtime.codec import (
     InferenceResponse,
     KvInfo,
     KvInfoQuery,
-    MemberStatus,
-    Message,
     NextToken,
     NodeStatus,
     NodeStatusQuery,
@@ -77,6 +72,9 @@ from ..runtime.codec import (
     StageStatsQuery,
     WireDtype,
 )
+from ..nodeenv import NodeEnv, inherited
+from ..protocol import STAGE_ACTOR, STATUS_ACTOR, stage_names
+from ..runtime.codec import ActorAddress, MemberStatus, Message
 from ..runtime.localproc import configure_child_logging, emit, stop_event
 from ..runtime.node import Context, Node, NodeConfig
 from ..runtime.swim import MemberEvent

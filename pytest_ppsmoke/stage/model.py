@@ -41,8 +41,8 @@ from tinygrad import Device, GlobalCounters, Tensor, TinyJit, UOp, dtypes, nn
 from tinygrad.apps.llm import SimpleTokenizer as _SimpleTokenizer
 from tinygrad.apps.llm import Transformer, models
 
+from ..messages import WireDtype, digest
 from ..protocol import layer_range, reference_method
-from ..runtime.codec import WireDtype, digest
 from .cache import CacheError, Part, WeightCache, WeightLoad, tinygrad_key
 
 _DTYPES = {np.dtype(np.int32).str: "int32", np.dtype(np.float32).str: "float32"}  # decode inputs
@@ -498,7 +498,7 @@ def unsplit_generate(model: Transformer, prompt_ids: list[int], max_tokens: int,
 
 
 def round_in_graph(x: Tensor, wire: WireDtype) -> Tensor:
-    """``codec.round_to_wire`` as tinygrad operations, so that a compiled ``generate`` keeps
+    """``messages.round_to_wire`` as tinygrad operations, so that a compiled ``generate`` keeps
     running: bf16 by its bits (round to nearest, ties to even, as the codec does), f16 by a cast
     there and back (IEEE rounding on every backend). tests/test_stages.py checks both against
     the codec bit for bit."""
