@@ -18,10 +18,12 @@ import builtins
 import enum
 import hashlib
 from dataclasses import dataclass, field
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
 from .protocol import WIRE_DTYPES
+from .runtime import codec
 from .runtime.codec import F64, U8, U32, U64, ActorAddress, Message, message, wire_struct
 
 MAX_DIMS = 8  # of a hidden state; bounds the work a crafted shape can cause
@@ -205,10 +207,12 @@ class KvInfoQuery(Message):
 @wire_struct
 @dataclass(frozen=True)
 class Span:
-    """Positions ``[start, end)`` of a sequence."""
+    """Positions ``[start, end)`` of a sequence (in JSON: ``[start, end]``)."""
 
     start: U32
     end: U32
+
+    _json_list: ClassVar[bool] = True
 
 
 @wire_struct
@@ -316,12 +320,72 @@ class NodeStatusQuery(Message):
     pass
 
 
+@wire_struct
+@dataclass(frozen=True)
+class WeightLoad:
+    """How a worker realized its owned tensors (``stage/model.realized_model``): ``source`` is
+    ``cache`` or ``gguf``. The one record from the worker's ready line (``to_json``) through
+    ``NodeStatus.load`` to the orchestrator, which reads its fields."""
+
+    source: str
+    seconds: F64
+    nbytes: U64
+    path: str = ""  # the cache file read or written ("" with the cache off)
+    note: str = ""  # why a cache file was not used, or could not be written
+    dtype: str = ""  # the blocks' weights: f16 (tinygrad's HALF=1, its default), or the GGUF's with HALF=0
+    half: U8 = 1  # tinygrad's HALF as the load saw it
+
+
+@wire_struct
+@dataclass(frozen=True)
+class ProgramCounts:
+    """tinygrad programs a worker read from the program cache (``hits``) and generated (``misses``)."""
+
+    hits: U32
+    misses: U32
+
+
+@wire_struct
+@dataclass(frozen=True)
+class LoadFigures:
+    """A worker's load, from its ready line (``from_ready``): its weights and its programs."""
+
+    weights: WeightLoad | None = None
+    programs: ProgramCounts | None = None
+
+    @classmethod
+    def from_ready(cls, ready: dict[str, Any]) -> LoadFigures:
+        """The figures of a worker's ready line (``weights``, ``programs``: either may be absent)."""
+        w, p = ready.get("weights"), ready.get("programs")
+        return cls(
+            from_json(WeightLoad, w, "weights") if w is not None else None,
+            from_json(ProgramCounts, p, "programs") if p is not None else None,
+        )
+
+    def describe(self) -> str:
+        """One line for people, e.g. ``weights from the cache in 0.98 s, f16; programs: 41 cached,
+        0 generated`` (derived from the fields; nothing reads it back)."""
+        parts = []
+        if (w := self.weights) is not None:
+            where = "the cache" if w.source == "cache" else "the GGUF"
+            parts.append(
+                f"weights from {where} in {w.seconds:.2f} s"
+                + (f", {w.dtype}" if w.dtype else "")
+                + ("" if w.half else " (HALF=0)")
+                + (f" ({w.note})" if w.note else "")
+            )
+        if (p := self.programs) is not None:
+            parts.append(f"programs: {p.hits} cached, {p.misses} generated")
+        return "; ".join(parts)
+
+
 @message(46)
 @dataclass(frozen=True)
 class NodeStatus(Message):
     """Where a stage node is: ``loading`` (its worker is starting), ``ready`` (names registered;
     the worker's hidden size, its blocks ``[first_block, end_block)`` and its context are set),
-    or ``failed`` (``detail`` says why, e.g. the worker's exit status and stderr)."""
+    or ``failed`` (``detail`` says why, e.g. the worker's exit status and stderr). ``load``: the
+    worker's load figures, as fields (``LoadFigures.describe`` is their line for people)."""
 
     stage: U32
     state: str
@@ -331,6 +395,7 @@ class NodeStatus(Message):
     first_block: U32 = 0
     end_block: U32 = 0  # exclusive
     max_context: U32 = 0
+    load: LoadFigures | None = None  # once ready: how the worker loaded
 
 
 @message(47)
@@ -393,3 +458,74 @@ class ReferenceResult(Message):
     generate_s: F64
     mem_before: U64 = 0
     mem_after: U64 = 0
+    weights: WeightLoad | None = None  # how the reference's own weights were realized
+
+
+# --- the same records as JSON (the node <-> worker pipe, a subprocess's last line) ---------------
+
+R = TypeVar("R")
+
+
+class RecordError(ValueError):
+    """A JSON value that is not the record it should be; the message names the field."""
+
+
+def to_json(record: Any) -> Any:
+    """A wire struct as JSON values, by its wire schema: tuples as lists, bytes as hex, a nested
+    struct as an object (a ``Span`` as ``[start, end]``). :func:`from_json` reads it back."""
+    return _to_json(record._wire_struct, record)
+
+
+def from_json(cls: type[R], obj: Any, where: str = "") -> R:
+    """The record ``cls`` from :func:`to_json`'s form, each value checked as the wire checks it
+    (keys the record does not have are ignored; a missing field without a default is an error)."""
+    return _from_json(cls._wire_struct, obj, where or cls.__name__)  # type: ignore[attr-defined,no-any-return]
+
+
+def _to_json(kind: codec._Kind, value: Any) -> Any:
+    if value is None:
+        return None
+    if isinstance(kind, codec._Optional):
+        return _to_json(kind.inner, value)
+    if isinstance(kind, codec._List):
+        return [_to_json(kind.inner, v) for v in value]
+    if isinstance(kind, codec._Bytes):
+        return bytes(value).hex()
+    if isinstance(kind, codec._Struct):
+        fields = kind.cls._wire_fields  # type: ignore[attr-defined]
+        if getattr(kind.cls, "_json_list", False):
+            return [_to_json(k, getattr(value, n)) for n, k in fields]
+        return {n: _to_json(k, getattr(value, n)) for n, k in fields}
+    return value
+
+
+def _from_json(kind: codec._Kind, obj: Any, where: str) -> Any:
+    if isinstance(kind, codec._Optional):
+        return None if obj is None else _from_json(kind.inner, obj, where)
+    if isinstance(kind, codec._List):
+        if not isinstance(obj, list):
+            raise RecordError(f"{where} must be a list, got {obj!r:.80}")
+        return tuple(_from_json(kind.inner, v, f"{where}[{i}]") for i, v in enumerate(obj))
+    if isinstance(kind, codec._Bytes):
+        try:
+            return bytes.fromhex(obj)
+        except (TypeError, ValueError):
+            raise RecordError(f"{where} must be hex, got {obj!r:.80}") from None
+    if isinstance(kind, codec._Struct):
+        cls, fields = kind.cls, kind.cls._wire_fields  # type: ignore[attr-defined]
+        if getattr(cls, "_json_list", False):
+            if not isinstance(obj, list) or len(obj) != len(fields):
+                raise RecordError(f"{where} must be a list of {len(fields)}, got {obj!r:.80}")
+            obj = {n: v for (n, _), v in zip(fields, obj, strict=True)}
+        if not isinstance(obj, dict):
+            raise RecordError(f"{where} must be an object, got {obj!r:.80}")
+        values = {n: _from_json(k, obj[n], f"{where}.{n}") for n, k in fields if n in obj}
+        try:
+            return cls(**values)
+        except (TypeError, ValueError) as e:
+            raise RecordError(f"{where}: {e}") from None
+    try:
+        kind.encode(bytearray(), obj)  # the wire's own check of a scalar
+    except codec.MalformedMessage as e:
+        raise RecordError(f"{where}: {e}") from None
+    return obj

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import json
 import struct
 
 import ml_dtypes
@@ -83,6 +84,31 @@ def test_every_message_type_round_trips(cls: type[codec.Message], data: st.DataO
     code, length = codec.parse_header(frame[: codec.HEADER_SIZE])
     assert code == cls.type_code
     assert length == len(frame) - codec.HEADER_SIZE
+
+
+@pytest.mark.parametrize("cls", sorted(MESSAGE_TYPES.values(), key=lambda c: c.type_code), ids=lambda c: c.__name__)
+@settings(max_examples=30)
+@given(data=st.data())
+def test_every_message_type_round_trips_as_json_by_the_same_schema(
+    cls: type[codec.Message], data: st.DataObject
+) -> None:
+    """``messages.to_json`` / ``from_json``: the node <-> worker pipe's form of the same records,
+    through a real JSON text, from the same schema as the frames."""
+    msg = data.draw(struct_strategy(cls))
+    assert messages.from_json(cls, json.loads(json.dumps(messages.to_json(msg)))) == msg
+
+
+def test_a_json_record_that_is_not_the_record_names_the_field() -> None:
+    good = messages.to_json(messages.KvInfo(1, 0, 2, 0, (messages.Span(0, 3),), ()))
+    with pytest.raises(messages.RecordError, match=r"KvInfo.writes\[0\] must be a list of 2, got \[0\]"):
+        messages.from_json(messages.KvInfo, {**good, "writes": [[0]]})
+    with pytest.raises(messages.RecordError, match=r"KvInfo.prefill_len: u32 field needs an int .*, got 'x'"):
+        messages.from_json(messages.KvInfo, {**good, "prefill_len": "x"})
+    with pytest.raises(messages.RecordError, match="missing 1 required positional argument: 'stage'"):
+        messages.from_json(messages.KvInfo, {k: v for k, v in good.items() if k != "stage"})
+    with pytest.raises(messages.RecordError, match=r"BlockCache\.digest must be hex, got 'zz'"):
+        block = messages.to_json(messages.BlockCache(0, True, True, True))
+        messages.from_json(messages.BlockCache, {**block, "digest": "zz"})
 
 
 @settings(max_examples=200)

@@ -73,9 +73,9 @@ def test_a_stage_realizes_only_what_it_owns(smollm2_loaded: tuple[Any, dict[str,
     assert stage.token_embd is None and stage.output is not None
     # what kv_info reads from tinygrad's objects: stage 0's blocks are gone, stage 1's realized, no cache yet
     info = stage.kv_info()
-    assert (info["range"], info["prefill_len"], info["writes"]) == ([15, 30], 0, [])
-    seen = [(b["block"], b["owned"], b["present"], b["weights_realized"], b["cache_shape"]) for b in info["blocks"]]
-    assert seen == [(i, i >= 15, i >= 15, i >= 15, []) for i in range(30)]
+    assert (info.stage, info.first_block, info.end_block, info.prefill_len, info.writes) == (1, 15, 30, 0, ())
+    seen = [(b.block, b.owned, b.present, b.weights_realized, b.cache_shape) for b in info.blocks]
+    assert seen == [(i, i >= 15, i >= 15, i >= 15, ()) for i in range(30)]
     with pytest.raises(ValueError, match="stage 1 has no embedding"):
         stage.embed_and_forward([1, 2], 0)
 
