@@ -101,7 +101,7 @@ def breakdown(stages: list[Any]) -> dict[str, float]:
     med = statistics.median
 
     def calls(stage: Any, op: str) -> list[Any]:
-        """``stage``: a codec.StageStats; its compute records of ``op`` in decode."""
+        """``stage``: a messages.StageStats; its compute records of ``op`` in decode."""
         return [c for c in stage.compute if c.op == op and (c.position or 0) > 0][SKIP:]
 
     s0, s1 = calls(stages[0], "decode_step"), calls(stages[-1], "forward_and_sample")

@@ -20,7 +20,7 @@ import time
 import numpy as np
 from tinygrad import Tensor
 
-from pytest_ppsmoke.runtime.codec import WireDtype, round_to_wire
+from pytest_ppsmoke.messages import WireDtype, round_to_wire
 from pytest_ppsmoke.stage.model import StageModel, Tokenizer, load_model
 
 

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import checks, failpoints
+from .protocol import WIRE_DTYPES
 
-WIRE_DTYPES = ("bf16", "f16", "f32")  # runtime/codec.py's WireDtype names; a test keeps them equal
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 NETWORKS = ("local", "wan")
 _HEX64 = re.compile(r"[0-9a-f]{64}")

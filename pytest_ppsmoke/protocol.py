@@ -21,6 +21,11 @@ BOOT_POLL_INTERVAL = 3.0  # seconds between them, on vast.ai
 CONVERGE_TIMEOUT = 120.0  # SWIM: every member alive in every view
 RESOLVE_TIMEOUT = 60.0  # every stage name
 
+# the dtypes of hidden states on the wire, the spec's default first: the one list (the settings,
+# the node's environment and ``messages.WireDtype`` take it from here; stdlib only, so that the
+# pytest plugin can read it without numpy)
+WIRE_DTYPES = ("bf16", "f16", "f32")
+
 
 # vast.ai's endpoints, by the names its rate limits are given in (``vast.rate_limit``) and the
 # client's figures are counted under: (method, route) -> name. A route's ``{id}`` is any number.

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pytest_ppsmoke.runtime.codec import Hidden, digest
+from pytest_ppsmoke.messages import Hidden, digest
 from pytest_ppsmoke.stage.bridge import WorkerBridge, WorkerDied, WorkerError
 
 from .helpers import SYNTH

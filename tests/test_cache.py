@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from tinygrad import nn
 
+from pytest_ppsmoke.messages import LoadFigures
 from pytest_ppsmoke.stage import cache as cache_mod
 from pytest_ppsmoke.stage.cache import Part, WeightCache
 from pytest_ppsmoke.stage.model import StageModel, load_model, realized_model
@@ -53,9 +54,9 @@ def test_a_warm_load_holds_the_same_tensors_and_builds_no_block_it_does_not_own(
             assert np.array_equal(*out)
         else:
             assert s_cold.forward_and_sample(x, 0, True) == s_warm.forward_and_sample(x, 0, True)
-        info = s_warm.kv_info()["blocks"]
-        assert [b["present"] for b in info] == [part.lo <= i < part.hi for i in range(SYNTH.blocks)]
-        assert all(b["weights_realized"] for b in info if b["owned"])
+        info = s_warm.kv_info().blocks
+        assert [b.present for b in info] == [part.lo <= i < part.hi for i in range(SYNTH.blocks)]
+        assert all(b.weights_realized for b in info if b.owned)
 
 
 def test_another_model_a_changed_file_or_another_tinygrad_is_never_served_from_the_cache(
@@ -115,7 +116,7 @@ def test_a_damaged_or_misplaced_file_is_ignored_said_and_written_again(
         path.write_bytes(bytes(raw))
     load = realized_model(synth_model, 64, 0, 2, cache)[2]
     assert load.source == "gguf" and reason in load.note and str(path) in load.note, load
-    assert "weight cache not used" in load.describe()
+    assert "weight cache not used" in LoadFigures(load).describe()  # the line a person sees
     assert realized_model(synth_model, 64, 0, 2, cache)[2].source == "cache"  # written again, whole
 
 
@@ -192,7 +193,7 @@ def test_a_warm_worker_reads_its_weights_generates_no_program_and_answers_the_sa
     (_, p0, s0, r0, _), (_, p1, s1, r1, _) = answers
     assert p0["hidden_digest"] == p1["hidden_digest"]
     assert [s["hidden_digest"] for s in s0] == [s["hidden_digest"] for s in s1]
-    assert "realized from the GGUF" in r0["weights"] and "read from the weight cache" in r1["weights"]
+    assert r0["weights"]["source"] == "gguf" and r1["weights"]["source"] == "cache"  # the reference's own load
     assert r0["token_ids"] == r1["token_ids"] and len(r0["token_ids"]) == 4
 
 

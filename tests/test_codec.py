@@ -1,10 +1,12 @@
-"""Frames: every message round-trips, hidden states keep their bytes, bad frames raise typed errors."""
+"""Frames: every message round-trips (the runtime's and the pipeline's, ``pytest_ppsmoke.messages``),
+hidden states keep their bytes, bad frames raise typed errors."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import hashlib
+import json
 import struct
 
 import ml_dtypes
@@ -13,17 +15,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pytest_ppsmoke import messages
+from pytest_ppsmoke.messages import Hidden, StageActivation, WireDtype
 from pytest_ppsmoke.runtime import codec
-from pytest_ppsmoke.runtime.codec import (
-    MESSAGE_TYPES,
-    ActorAddress,
-    Envelope,
-    FrameReader,
-    Hidden,
-    MemberState,
-    StageActivation,
-    WireDtype,
-)
+from pytest_ppsmoke.runtime.codec import MESSAGE_TYPES, ActorAddress, Envelope, FrameReader, MemberState
 
 pytestmark = pytest.mark.local
 
@@ -76,7 +71,7 @@ def struct_strategy(cls: type) -> st.SearchStrategy[object]:
 
 
 envelopes = st.builds(Envelope, st.text(max_size=10), st.text(max_size=10), st.integers(0, 2**64 - 1), st.booleans())
-messages = st.sampled_from(sorted(MESSAGE_TYPES.values(), key=lambda c: c.type_code)).flatmap(struct_strategy)
+any_message = st.sampled_from(sorted(MESSAGE_TYPES.values(), key=lambda c: c.type_code)).flatmap(struct_strategy)
 
 
 @pytest.mark.parametrize("cls", sorted(MESSAGE_TYPES.values(), key=lambda c: c.type_code), ids=lambda c: c.__name__)
@@ -89,6 +84,31 @@ def test_every_message_type_round_trips(cls: type[codec.Message], data: st.DataO
     code, length = codec.parse_header(frame[: codec.HEADER_SIZE])
     assert code == cls.type_code
     assert length == len(frame) - codec.HEADER_SIZE
+
+
+@pytest.mark.parametrize("cls", sorted(MESSAGE_TYPES.values(), key=lambda c: c.type_code), ids=lambda c: c.__name__)
+@settings(max_examples=30)
+@given(data=st.data())
+def test_every_message_type_round_trips_as_json_by_the_same_schema(
+    cls: type[codec.Message], data: st.DataObject
+) -> None:
+    """``messages.to_json`` / ``from_json``: the node <-> worker pipe's form of the same records,
+    through a real JSON text, from the same schema as the frames."""
+    msg = data.draw(struct_strategy(cls))
+    assert messages.from_json(cls, json.loads(json.dumps(messages.to_json(msg)))) == msg
+
+
+def test_a_json_record_that_is_not_the_record_names_the_field() -> None:
+    good = messages.to_json(messages.KvInfo(1, 0, 2, 0, (messages.Span(0, 3),), ()))
+    with pytest.raises(messages.RecordError, match=r"KvInfo.writes\[0\] must be a list of 2, got \[0\]"):
+        messages.from_json(messages.KvInfo, {**good, "writes": [[0]]})
+    with pytest.raises(messages.RecordError, match=r"KvInfo.prefill_len: u32 field needs an int .*, got 'x'"):
+        messages.from_json(messages.KvInfo, {**good, "prefill_len": "x"})
+    with pytest.raises(messages.RecordError, match="missing 1 required positional argument: 'stage'"):
+        messages.from_json(messages.KvInfo, {k: v for k, v in good.items() if k != "stage"})
+    with pytest.raises(messages.RecordError, match=r"BlockCache\.digest must be hex, got 'zz'"):
+        block = messages.to_json(messages.BlockCache(0, True, True, True))
+        messages.from_json(messages.BlockCache, {**block, "digest": "zz"})
 
 
 @settings(max_examples=200)
@@ -117,10 +137,10 @@ def test_hidden_state_round_trips_in_every_dtype(dtype: WireDtype, seq: int, dim
 @given(st.integers(0, 2**32 - 1))
 def test_bf16_rounds_like_the_reference_for_any_bit_pattern(bits: int) -> None:
     x = np.array([bits], dtype=np.uint32).view(np.float32)
-    ours = codec.f32_to_bf16_bits(x)
+    ours = messages.f32_to_bf16_bits(x)
     ref = x.astype(ml_dtypes.bfloat16).view(np.uint16)
     if np.isnan(x[0]):
-        assert np.isnan(codec.bf16_bits_to_f32(ours)[0])
+        assert np.isnan(messages.bf16_bits_to_f32(ours)[0])
     else:
         assert ours[0] == ref[0], f"bits {bits:#010x}: ours {ours[0]:#06x}, reference {ref[0]:#06x}"
 
@@ -141,7 +161,7 @@ def test_hidden_state_with_wrong_byte_count_names_the_shape() -> None:
 
 def _frame() -> bytes:
     addr = ActorAddress("ab" * 32, "orchestrator")
-    return codec.encode_frame(Envelope("stage", "", 9, False), codec.InferenceRequest(addr, "Say hello", 64))
+    return codec.encode_frame(Envelope("stage", "", 9, False), messages.InferenceRequest(addr, "Say hello", 64))
 
 
 def test_truncated_frame() -> None:
@@ -177,7 +197,7 @@ def test_unknown_type_keeps_the_envelope_so_the_sender_can_be_told() -> None:
 
 def test_malformed_body_names_the_field() -> None:
     env = Envelope("stage", "", 0, False)
-    frame = bytearray(codec.encode_frame(env, codec.NextToken(1, 2, 3, True)))
+    frame = bytearray(codec.encode_frame(env, messages.NextToken(1, 2, 3, True)))
     frame[-1] = 7
     with pytest.raises(codec.MalformedMessage, match=r"NextToken.done: bool byte must be 0 or 1, got 7"):
         codec.decode_frame(bytes(frame))
@@ -193,7 +213,7 @@ def test_garbage_raises_only_frame_errors(data: bytes) -> None:
 
 
 @settings(max_examples=100)
-@given(st.lists(messages, min_size=1, max_size=5), st.data())
+@given(st.lists(any_message, min_size=1, max_size=5), st.data())
 def test_reader_reassembles_frames_from_any_chunking(msgs: list[codec.Message], data: st.DataObject) -> None:
     env = Envelope("a", "b", 1, False)
     stream = b"".join(codec.encode_frame(env, m) for m in msgs)
@@ -208,13 +228,13 @@ def test_reader_reassembles_frames_from_any_chunking(msgs: list[codec.Message], 
 
 def test_encoding_rejects_values_that_do_not_fit() -> None:
     with pytest.raises(codec.MalformedMessage, match=r"u32 field needs an int in \[0, 4294967295\], got -1"):
-        codec.encode_frame(Envelope("a", "", 0, False), codec.NextToken(1, -1, 0, False))
+        codec.encode_frame(Envelope("a", "", 0, False), messages.NextToken(1, -1, 0, False))
     with pytest.raises(codec.MalformedMessage, match="endpoint id needs 64 hex characters"):
         codec.encode_frame(Envelope("a", "", 0, False), codec.PingReq(1, "nothex"))
 
 
 def test_message_dataclasses_are_frozen() -> None:
-    msg = codec.NextToken(1, 2, 3, False)
+    msg = messages.NextToken(1, 2, 3, False)
     with pytest.raises(dataclasses.FrozenInstanceError):
         msg.token_id = 5  # type: ignore[misc]
 
@@ -225,10 +245,10 @@ def test_a_hidden_state_with_too_many_dimensions_is_refused_cheaply() -> None:
 
 
 def test_a_stage_figure_that_is_not_a_finite_number_is_refused_both_ways() -> None:
-    bad = codec.StageStats(1, 7, float("nan"))
+    bad = messages.StageStats(1, 7, float("nan"))
     with pytest.raises(codec.MalformedMessage, match="f64 field needs a finite number, got nan"):
         codec.encode_frame(Envelope("stage", "", 0, True), bad)
-    good = codec.encode_frame(Envelope("stage", "", 0, True), codec.StageStats(1, 7, 1.5))
+    good = codec.encode_frame(Envelope("stage", "", 0, True), messages.StageStats(1, 7, 1.5))
     nan = bytes(good).replace(struct.pack(">d", 1.5), struct.pack(">d", float("inf")))
     with pytest.raises(codec.MalformedMessage, match="f64 field must be finite, got inf"):
         codec.decode_frame(nan)
@@ -236,7 +256,7 @@ def test_a_stage_figure_that_is_not_a_finite_number_is_refused_both_ways() -> No
 
 def test_the_digest_is_blake2b_of_16_bytes_and_sees_one_flipped_bit() -> None:
     data = bytearray(np.arange(4096, dtype=np.uint8).tobytes())
-    assert codec.digest(data) == hashlib.blake2b(data, digest_size=16).digest() and codec.DIGEST_SIZE == 16
+    assert messages.digest(data) == hashlib.blake2b(data, digest_size=16).digest() and messages.DIGEST_SIZE == 16
     flipped = bytearray(data)
     flipped[1234] ^= 1
-    assert codec.digest(flipped) != codec.digest(data)
+    assert messages.digest(flipped) != messages.digest(data)

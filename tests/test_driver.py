@@ -16,10 +16,11 @@ from typing import Any
 
 import pytest
 
+from pytest_ppsmoke import protocol
 from pytest_ppsmoke.harness import cli, driver
 from pytest_ppsmoke.harness.report import Report
 from pytest_ppsmoke.harness.settings import OPTIONS, WIRE_DTYPES, Settings
-from pytest_ppsmoke.runtime.codec import ReferenceResult, WireDtype
+from pytest_ppsmoke.messages import ReferenceResult
 
 pytestmark = pytest.mark.local
 
@@ -100,7 +101,7 @@ def test_the_cli_and_the_plugin_write_the_same_report(
 
 def test_one_table_makes_both_faces_options() -> None:
     """Every option has a flag on at least one face; the CLI's defaults are the table's; the
-    plugin has the deadlines the CLI has; the wire dtypes are the codec's."""
+    plugin has the deadlines the CLI has; the wire dtypes are protocol's one list."""
     flags = {a.dest: a for a in cli.parser()._actions}
     for opt in OPTIONS:
         assert opt.cli or opt.pytest, opt.name
@@ -110,7 +111,7 @@ def test_one_table_makes_both_faces_options() -> None:
     deadlines = {o.name for o in OPTIONS if o.group == "deadlines"}
     assert {"converge_timeout", "load_timeout", "resolve_timeout", "teardown_timeout"} <= deadlines
     assert all(o.pytest for o in OPTIONS if o.group == "deadlines")
-    assert tuple(d.name for d in WireDtype) == WIRE_DTYPES
+    assert WIRE_DTYPES is protocol.WIRE_DTYPES
     _, s = cli.parse_args(["--local", "--model", "smollm2:135m"])
     assert s == Settings.resolve({"mode": "local", "model": "smollm2:135m"})
     assert (s.poll_interval, s.budget, s.num_stages, s.wire_dtype, s.reference) == (0.25, 300.0, 2, "bf16", True)

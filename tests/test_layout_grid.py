@@ -14,6 +14,7 @@ import pytest
 from pytest_ppsmoke.harness.gridspec import GridSpec
 from pytest_ppsmoke.layout.grid import _check_weights, prompt_text, run_grid
 from pytest_ppsmoke.layout.points import Grid
+from pytest_ppsmoke.messages import WeightLoad
 from pytest_ppsmoke.stage.synth import SHAPES, write
 
 from .helpers import SYNTH
@@ -83,15 +84,16 @@ def test_a_prompt_is_sized_from_the_template_and_the_word() -> None:
     with pytest.raises(ValueError, match="weights 'f32': expected one of f16, native"):
         GridSpec(weights="f32").check()
     native = GridSpec(weights="native")
-    assert _check_weights(native, ["weights from the cache in 1.00 s, f32 (HALF=0); programs: 3 cached"]) == "f32"
-    assert _check_weights(GridSpec(), ["weights read from the weight cache in 1.00 s, f16"] * 2) == "f16"
-    loads = ["weights from the cache in 1.00 s, f32 (HALF=0)", "weights from the GGUF in 2.00 s, f16"]
-    with pytest.raises(
-        RuntimeError, match=r"asked for native weights \(HALF=0\) but a worker loaded: 'weights from the G"
-    ):
-        _check_weights(native, loads)
-    with pytest.raises(RuntimeError, match=r"asked for f16 weights \(HALF=1\) but a worker loaded: 'programs"):
-        _check_weights(GridSpec(), ["programs: 3 cached, 0 generated"])  # a worker that did not say
+    f32 = WeightLoad("cache", 1.0, 10, dtype="f32", half=0)
+    f16_gguf, f16_cache = WeightLoad("gguf", 2.0, 10, dtype="f16"), WeightLoad("cache", 1.0, 10, dtype="f16")
+    assert _check_weights(native, [f32]) == "f32"
+    assert _check_weights(GridSpec(), [f16_cache, f16_gguf]) == "f16"  # from the cache or not: one record
+    with pytest.raises(RuntimeError, match=r"asked for native weights \(HALF=0\) but a worker loaded: f16 with HALF=1"):
+        _check_weights(native, [f32, f16_gguf])
+    with pytest.raises(RuntimeError, match=r"asked for f16 weights \(HALF=1\) but a worker loaded: nothing"):
+        _check_weights(GridSpec(), [f16_cache, None])  # a worker that did not say
+    with pytest.raises(RuntimeError, match=r"different dtypes: \['bf16', 'f16'\]"):
+        _check_weights(GridSpec(), [f16_cache, WeightLoad("gguf", 1.0, 10, dtype="bf16")])
 
 
 async def test_pp_smoke_run_grid_rents_where_the_run_would(emulator: Callable[..., Any], tmp_path: Path) -> None:

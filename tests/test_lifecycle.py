@@ -20,18 +20,21 @@ import pytest
 
 from pytest_ppsmoke import failpoints
 from pytest_ppsmoke.cloud.emulator.server import FakeVast
+from pytest_ppsmoke.cloud.lifecycle import load_totals
 from pytest_ppsmoke.harness.pipeline import locate_stages
 from pytest_ppsmoke.harness.report import HINTS
-from pytest_ppsmoke.protocol import ORCHESTRATOR_ACTOR, STAGE_ACTOR
-from pytest_ppsmoke.runtime.codec import (
-    ActorAddress,
+from pytest_ppsmoke.messages import (
     InferenceRequest,
     InferenceResponse,
-    MemberState,
-    MemberStatus,
+    LoadFigures,
     NextToken,
+    NodeStatus,
+    ProgramCounts,
+    WeightLoad,
     WireDtype,
 )
+from pytest_ppsmoke.protocol import ORCHESTRATOR_ACTOR, STAGE_ACTOR
+from pytest_ppsmoke.runtime.codec import ActorAddress, MemberState, MemberStatus
 from pytest_ppsmoke.runtime.swim import MemberEvent
 from pytest_ppsmoke.runtime.transport import TransportError
 from pytest_ppsmoke.stage.gpu_node import StageActor
@@ -371,3 +374,16 @@ async def test_vast_ais_pushback_is_absorbed_and_reported(emulator: Callable[[st
     assert {(g["intended_status"], g["next_state"]) for g in going} == {("stopped", "stopped")}
     assert "2 of 2 instance(s) destroyed" in smoke.stderr
     await assert_nothing_left(fake, smoke, 2)
+
+
+def test_the_load_line_sums_the_nodes_load_figures_as_fields() -> None:
+    """``load_totals`` reads each ready node's ``NodeStatus.load`` (no text parsed back): the
+    stages whose weights came from the cache, and the programs cached and generated."""
+    cache, gguf = WeightLoad("cache", 1.0, 10, dtype="f16"), WeightLoad("gguf", 2.0, 10, dtype="f16")
+    ready = [
+        NodeStatus(0, "ready", "", 1, load=LoadFigures(cache, ProgramCounts(40, 1))),
+        NodeStatus(1, "ready", "", 1, load=LoadFigures(gguf, ProgramCounts(2, 30))),
+        NodeStatus(2, "ready", "", 1, load=LoadFigures(cache, None)),
+    ]
+    assert load_totals(ready) == "; weights from the cache on 2 of 3; programs 42 cached, 31 generated"
+    assert load_totals([NodeStatus(0, "ready", "", 1), NodeStatus(1, "ready", "", 1, load=LoadFigures())]) == ""

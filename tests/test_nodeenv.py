@@ -7,11 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ppsmoke import nodeenv
+from pytest_ppsmoke import nodeenv, protocol
 from pytest_ppsmoke.cloud.lifecycle import RunConfig
 from pytest_ppsmoke.nodeenv import DEFAULTS, NodeEnv
 from pytest_ppsmoke.runtime.cluster import LocalCluster
-from pytest_ppsmoke.runtime.codec import WireDtype
 
 pytestmark = pytest.mark.local
 
@@ -103,7 +102,7 @@ def test_a_child_inherits_no_node_variable_and_no_vast_key() -> None:
 
 
 def test_one_default_per_variable_for_every_side() -> None:
-    assert set(nodeenv.WIRE_DTYPES) == {d.name for d in WireDtype}
+    assert nodeenv.WIRE_DTYPES is protocol.WIRE_DTYPES
     rc = RunConfig()
     assert (rc.load_timeout, rc.node_ttl, rc.orphan_grace) == (
         DEFAULTS.worker_ready_timeout,

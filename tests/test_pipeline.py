@@ -25,14 +25,9 @@ import pytest
 import pytest_asyncio
 
 from pytest_ppsmoke.harness.pipeline import InferenceResult, run_inference
+from pytest_ppsmoke.messages import InferenceRequest, InferenceResponse, StageStats, StageStatsQuery
 from pytest_ppsmoke.protocol import PhaseError
 from pytest_ppsmoke.runtime.cluster import LocalCluster
-from pytest_ppsmoke.runtime.codec import (
-    InferenceRequest,
-    InferenceResponse,
-    StageStats,
-    StageStatsQuery,
-)
 from pytest_ppsmoke.runtime.errors import RemoteError
 from pytest_ppsmoke.runtime.swim import SwimConfig
 

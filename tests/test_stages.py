@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from tinygrad import Tensor
 
-from pytest_ppsmoke.runtime.codec import WireDtype, round_to_wire
+from pytest_ppsmoke.messages import WireDtype, round_to_wire
 from pytest_ppsmoke.stage import model as model_module
 from pytest_ppsmoke.stage.model import (
     ModelError,
@@ -73,9 +73,9 @@ def test_a_stage_realizes_only_what_it_owns(smollm2_loaded: tuple[Any, dict[str,
     assert stage.token_embd is None and stage.output is not None
     # what kv_info reads from tinygrad's objects: stage 0's blocks are gone, stage 1's realized, no cache yet
     info = stage.kv_info()
-    assert (info["range"], info["prefill_len"], info["writes"]) == ([15, 30], 0, [])
-    seen = [(b["block"], b["owned"], b["present"], b["weights_realized"], b["cache_shape"]) for b in info["blocks"]]
-    assert seen == [(i, i >= 15, i >= 15, i >= 15, []) for i in range(30)]
+    assert (info.stage, info.first_block, info.end_block, info.prefill_len, info.writes) == (1, 15, 30, 0, ())
+    seen = [(b.block, b.owned, b.present, b.weights_realized, b.cache_shape) for b in info.blocks]
+    assert seen == [(i, i >= 15, i >= 15, i >= 15, ()) for i in range(30)]
     with pytest.raises(ValueError, match="stage 1 has no embedding"):
         stage.embed_and_forward([1, 2], 0)
 
@@ -94,7 +94,7 @@ def test_the_smollm2_chat_turn_matches_its_gguf_template(smollm2_loaded: tuple[A
 @pytest.mark.parametrize("wire", [WireDtype.bf16, WireDtype.f16])
 def test_rounding_in_the_graph_is_the_codecs_bit_for_bit(wire: WireDtype) -> None:
     """The reference rounds its hidden state inside tinygrad's graph; the pipeline rounds on the
-    wire (``codec.round_to_wire``). The two must agree on every finite float32: magnitudes from
+    wire (``messages.round_to_wire``). The two must agree on every finite float32: magnitudes from
     subnormal to the largest, random bit patterns, exact ties, and values that overflow f16."""
     rng = np.random.default_rng(7)
     scaled = rng.standard_normal(50_000) * 10.0 ** rng.integers(-40, 38, 50_000)
@@ -123,8 +123,8 @@ def test_the_reference_runs_no_stage_code(monkeypatch: pytest.MonkeyPatch, synth
     f32 = run_reference(synth_model, "Say hello", 6, WireDtype.f32, 2, 128)
     model, kv = load_model(synth_model, 128)
     tok = Tokenizer(kv)
-    assert f32.prompt_token_ids == tok.chat("Say hello")
-    assert f32.token_ids == unsplit_generate(model, tok.chat("Say hello"), 6, tok.end_ids)
+    assert list(f32.prompt_token_ids) == tok.chat("Say hello")  # a ReferenceResult: tuples
+    assert list(f32.token_ids) == unsplit_generate(model, tok.chat("Say hello"), 6, tok.end_ids)
     assert f32.method == "unsplit"
     bf16 = run_reference(synth_model, "Say hello", 6, WireDtype.bf16, 2, 128)
     assert bf16.method == "unsplit, boundaries rounded to bf16" and len(bf16.token_ids) == 6

@@ -10,8 +10,9 @@ import struct
 import iroh
 import pytest
 
+from pytest_ppsmoke.messages import NextToken
 from pytest_ppsmoke.runtime import _irohpatch, codec
-from pytest_ppsmoke.runtime.codec import Echo, Envelope, ErrorReply, NextToken
+from pytest_ppsmoke.runtime.codec import Echo, Envelope, ErrorReply
 from pytest_ppsmoke.runtime.node import Node, NodeConfig, RemoteError
 from pytest_ppsmoke.runtime.transport import ALPN, PeerAddr, Transport, TransportError, endpoint_id, endpoint_options
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pytest_ppsmoke.runtime.codec import Hidden, WireDtype, digest
+from pytest_ppsmoke.messages import Hidden, KvInfo, WireDtype, digest, from_json
 
 from .helpers import SMOLLM2, SYNTH
 
@@ -107,7 +107,8 @@ def test_bad_requests_get_errors_that_name_the_value_and_the_worker_goes_on(last
     assert reply["request_id"] == 11 and 0 <= reply["token_id"] < SMOLLM2.vocab
     assert reply["received_digest"] == digest(base64.b64decode(good)).hex()
     info = w.ask({"op": "kv_info", "request_id": 12})
-    assert (info["range"], info["prefill_len"], info["writes"]) == ([HALF, BLOCKS], 0, [[0, 2]])  # no prefill yet
+    span = (info["first_block"], info["end_block"], info["prefill_len"], info["writes"])
+    assert span == (HALF, BLOCKS, 0, [[0, 2]])  # no prefill yet
     assert w.ask({"op": "detokenize", "request_id": 13, "token_ids": [57, 5248, 2]})["text"] == "I'm"
 
 
@@ -288,9 +289,8 @@ def test_the_reference_op_leaves_the_stage_as_it_was(synth: dict[str, Worker]) -
     assert ref["request_id"] == 5 and len(ref["token_ids"]) == 4 and ref["prompt_token_ids"] == ids
     assert ref["device"] and ref["load_s"] > 0 and ref["generate_s"] > 0
     assert ref["mem_after"] <= ref["mem_before"], "the reference model's memory was not returned"
-    assert {
-        k: v for k, v in w.ask({"op": "kv_info", "request_id": 6}).items() if k in ("range", "blocks_cached", "filled")
-    } == {k: v for k, v in kv.items() if k in ("range", "blocks_cached", "filled")}
+    after = w.ask({"op": "kv_info", "request_id": 6})
+    assert from_json(KvInfo, after) == from_json(KvInfo, kv)  # every block's cache, its spans and digests
     again = w.ask({"op": "decode_step", "request_id": 7, "token_id": 7, "position": len(ids)})
     assert again["hidden_b64"] == first["hidden_b64"]
     for req, message in [

@@ -11,7 +11,7 @@ decode is compiled from its first token; ``programs`` counts the programs it rea
 program cache and generated (``stage/cache.py``), and so does the ``shutdown`` reply, for the
 worker's whole life. Hidden states are base64 of raw little-endian bytes in the wire dtype, shape
 ``[seq_len, dim]``; a reply that carries one has ``hidden_digest``, and a reply to a request that
-carried one has ``received_digest``: the hex blake2b (``codec.digest``) of the raw bytes this
+carried one has ``received_digest``: the hex blake2b (``messages.digest``) of the raw bytes this
 worker produced, before base64, and of those it decoded, so that a stage can show that an
 activation arrived as it was sent. ``"prefill": true`` (default false) on a compute call at
 position 0 begins a sequence (``StageModel``: caches zeroed, writes recorded, the prompt's
@@ -71,13 +71,13 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from pytest_ppsmoke.messages import Hidden, WireDtype, digest, to_json
 from pytest_ppsmoke.nodeenv import NodeEnv
-from pytest_ppsmoke.runtime.codec import Hidden, WireDtype, digest
+from pytest_ppsmoke.stage.bridge import FRAMINGS
 from pytest_ppsmoke.stage.cache import WeightCache, install_program_cache
 from pytest_ppsmoke.stage.model import StageModel, Tokenizer, realized_model, run_reference
 
 MAX_PAYLOAD = 256 << 20  # bytes: a prefill's hidden state at the largest context is far below
-FRAMINGS = ("json", "payload")  # what the ready line offers
 
 
 class RequestError(ValueError):
@@ -142,9 +142,9 @@ class Worker:
             "param_bytes": m.param_bytes,
             "load_s": round(self.load_s, 3),
             "warm_up_s": round(self.warm_up_s, 3),
-            "weights": {**dataclasses.asdict(self.weights), "seconds": round(self.weights.seconds, 3)},
+            "weights": to_json(dataclasses.replace(self.weights, seconds=round(self.weights.seconds, 3))),
             "programs": dataclasses.asdict(self.programs) if self.programs else None,
-            "framing": list(FRAMINGS),
+            "framing": list(FRAMINGS),  # what this worker offers: all of them
         }
 
     def _hidden_in(self, req: dict[str, Any], payload: bytes | None) -> tuple[np.ndarray, str]:
@@ -222,13 +222,13 @@ class Worker:
             text = self.tokenizer.decode(self._tokens(_field(req, "token_ids", list)))
             return {"request_id": rid, "text": text}, None
         if op == "kv_info":
-            return {"request_id": rid, **m.kv_info()}, None
+            return {"request_id": rid, **to_json(m.kv_info())}, None
         if op == "reference":
             prompt, max_tokens = _field(req, "prompt", str), _field(req, "max_tokens", int)
             ref = run_reference(
-                self.model_name, prompt, max_tokens, self.wire, self.num_stages, m.max_context, self.cache
+                self.model_name, prompt, max_tokens, self.wire, self.num_stages, m.max_context, self.cache, self.stage
             )
-            return {"request_id": rid, **dataclasses.asdict(ref)}, None
+            return {"request_id": rid, **to_json(ref)}, None
         if op == "shutdown":  # with the programs this process generated and read, over its life
             programs = dataclasses.asdict(self.programs) if self.programs else None
             return {"request_id": rid, "status": "bye", "programs": programs}, None

@@ -26,7 +26,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import re
 import secrets
 import time
 from collections.abc import Callable, Mapping
@@ -34,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import DEFAULT_IMAGE
+from ..messages import NodeStatus, NodeStatusQuery
 from ..nodeenv import DEFAULTS, NodeEnv
 from ..protocol import (
     BOOT_POLL_INTERVAL,
@@ -46,7 +46,7 @@ from ..protocol import (
     setting,
 )
 from ..runtime.cluster import converge, resolve_names
-from ..runtime.codec import ActorAddress, MemberStatus, NodeStatus, NodeStatusQuery
+from ..runtime.codec import ActorAddress, MemberStatus
 from ..runtime.errors import RemoteError
 from ..runtime.localproc import ClusterKeys
 from ..runtime.node import Node, NodeConfig
@@ -553,12 +553,13 @@ class Deployment(Resource):
 
 def load_totals(ready: list[NodeStatus]) -> str:
     """The load line's tail: how many stages read their weights from the cache, and the
-    programs cached and generated, summed from each node's ready detail (``load_summary``)."""
-    cached = sum("weights from the cache" in st.detail for st in ready)
-    nums = [re.search(r"programs: (\d+) cached, (\d+) generated", st.detail) for st in ready]
-    hits, misses = (sum(int(m.group(g)) for m in nums if m) for g in (1, 2))
-    if not any(st.detail for st in ready):
+    programs cached and generated, summed from each node's load figures (``NodeStatus.load``)."""
+    loads = [st.load for st in ready if st.load is not None]
+    if not any(load.weights or load.programs for load in loads):
         return ""
+    cached = sum(load.weights is not None and load.weights.source == "cache" for load in loads)
+    programs = [load.programs for load in loads if load.programs is not None]
+    hits, misses = sum(p.hits for p in programs), sum(p.misses for p in programs)
     return f"; weights from the cache on {cached} of {len(ready)}; programs {hits} cached, {misses} generated"
 
 

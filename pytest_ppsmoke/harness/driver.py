@@ -294,7 +294,8 @@ class SmokeRun(Resource):
                 "stage": i,
                 "blocks": [kv[i].first_block, kv[i].end_block] if i in kv else None,
                 "instance": inst.id,
-                "load": dep.ready[i].detail if i in dep.ready else None,  # weights cached or not, programs
+                # weights cached or not, programs: the line derived from the node's load figures
+                "load": ((st.load.describe() if st.load else "") if (st := dep.ready.get(i)) else None),
             }
             for i, inst in enumerate(dep.instances)
         ]

@@ -33,9 +33,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..protocol import ENTRY, ORCHESTRATOR_ACTOR, PhaseError
-from ..runtime.codec import (
-    MESSAGE_TYPES,
+from ..messages import (
     Accepted,
     BlockCache,
     FirstToken,
@@ -49,6 +47,8 @@ from ..runtime.codec import (
     StageStats,
     StageStatsQuery,
 )
+from ..protocol import ENTRY, ORCHESTRATOR_ACTOR, PhaseError
+from ..runtime.codec import MESSAGE_TYPES
 from ..runtime.errors import RemoteError
 from ..runtime.node import Context, Node
 from ..runtime.swim import MemberEvent

@@ -23,13 +23,12 @@ from typing import Any
 from .. import DEFAULT_IMAGE, checks
 from ..cloud.emulator.registry import NAMES as RUNTIMES  # the emulator's runtimes (stdlib only)
 from ..nodeenv import DEFAULTS as NODE
-from ..protocol import BOOT_POLL_INTERVAL, BOOT_POLLS, CONVERGE_TIMEOUT, RESOLVE_TIMEOUT
+from ..protocol import BOOT_POLL_INTERVAL, BOOT_POLLS, CONVERGE_TIMEOUT, RESOLVE_TIMEOUT, WIRE_DTYPES
 from .gridspec import grid_spec
 
 # the run's steps, in order: the driver runs them, the plugin maps its fixtures to them
 STEPS = ("rent", "boot", "converge", "load", "resolve", "infer", "reference")
 MODES = ("local", "vastai")
-WIRE_DTYPES = ("bf16", "f16", "f32")  # runtime.codec.WireDtype's names (a test keeps them equal)
 VAST_URL = "https://console.vast.ai"
 LOCAL_MODEL, VASTAI_MODEL = "smollm2:135m", "llama3.2:1b"
 

@@ -22,7 +22,6 @@ import dataclasses
 import json
 import os
 import platform
-import re
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..harness.gridspec import WEIGHTS, GridSpec
+from ..messages import WeightLoad, from_json
 from ..protocol import layer_range
 from .points import Grid, HopSample, Point, StageSample
 
@@ -149,7 +149,7 @@ async def _layouts(
                 word = max(1, two - one)
                 template = one - word
                 dim = dep.ready[0].dim  # every node said ready with its dim and blocks (load)
-                grid.weights = _check_weights(spec, [st.detail for st in dep.ready.values()])
+                grid.weights = _check_weights(spec, [st.load.weights if st.load else None for st in dep.ready.values()])
                 blocks = max(st.end_block for st in dep.ready.values())
                 for target in spec.prompts:
                     prompt = prompt_text(target, template, word)
@@ -172,25 +172,23 @@ async def _layouts(
                     grid.points.append(point)
 
 
-_LOADED = re.compile(r"weights (?:from|read from|realized from) [^,;]* s, (\w+)( \(HALF=0\))?")
-
-
-def _check_weights(spec: GridSpec, loads: list[str]) -> str:
-    """The weights' dtype every worker's load line names (``load_summary``), which must be one and
-    made with the grid's HALF, or the setting did not reach a worker (HALF is handed down as this
-    process's environment, which the process runtime's nodes inherit)."""
+def _check_weights(spec: GridSpec, loads: list[WeightLoad | None]) -> str:
+    """The weights' dtype of every worker's load (``NodeStatus.load.weights``; None: the worker
+    did not say), which must be one and made with the grid's HALF, or the setting did not reach a
+    worker (HALF is handed down as this process's environment, which the process runtime's nodes
+    inherit)."""
     half = WEIGHTS[spec.weights]
-    got = [_LOADED.search(line) for line in loads]
-    wrong = [line for line, m in zip(loads, got, strict=True) if m is None or bool(m.group(2)) != (half == "0")]
+    wrong = [w for w in loads if w is None or not w.dtype or str(w.half) != half]
     if wrong:
+        said = "nothing" if wrong[0] is None else f"{wrong[0].dtype or 'no dtype'} with HALF={wrong[0].half}"
         raise RuntimeError(
-            f"the grid asked for {spec.weights} weights (HALF={half}) but a worker loaded: {wrong[0]!r}; "
+            f"the grid asked for {spec.weights} weights (HALF={half}) but a worker loaded: {said}; "
             "start the nodes with this process's environment (the process runtime)"
         )
-    dtypes = sorted({m.group(1) for m in got if m is not None})
+    dtypes = sorted({w.dtype for w in loads if w is not None})
     if len(dtypes) != 1:
-        raise RuntimeError(f"the workers loaded their weights in different dtypes: {dtypes} ({loads})")
-    return str(dtypes[0])
+        raise RuntimeError(f"the workers loaded their weights in different dtypes: {dtypes}")
+    return dtypes[0]
 
 
 def _unsplit_points(spec: GridSpec, grid: Grid, log: Log) -> None:
@@ -211,7 +209,7 @@ def _unsplit_points(spec: GridSpec, grid: Grid, log: Log) -> None:
         if out.returncode:
             raise RuntimeError(f"the unsplit model failed at a {target}-token prompt: {out.stderr[-2000:]}")
         m = json.loads(out.stdout.strip().splitlines()[-1])
-        grid.weights = _check_weights(spec, [m["weights"]])
+        grid.weights = _check_weights(spec, [from_json(WeightLoad, m["weights"], "the unsplit model's weights")])
         for network in spec.networks:
             rtt = 0.0 if network == "loopback" else rtt_of(parse_network(network))
             point = Point(network, rtt * 1000, 1, "f32", m["prompt_tokens"], m["dim"], m["num_blocks"])

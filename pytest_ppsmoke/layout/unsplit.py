@@ -27,6 +27,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-tokens", type=int, default=12)
     p.add_argument("--repeats", type=int, default=2)
     a = p.parse_args(argv)
+    from ..messages import to_json
     from ..stage.cache import WeightCache, install_program_cache
     from ..stage.model import Tokenizer, realized_model
 
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> None:
         )
         decode = StageSample(0, blocks, True, True, "decode", 1, out["tpot_s"][-1], context=len(ids))
         out["compute"].append(dataclasses.asdict(decode))
-    weights = load.describe()
+    weights = to_json(load)  # the record; the grid reads its fields (messages.from_json)
     print(json.dumps({"prompt_tokens": len(ids), "dim": dim, "num_blocks": blocks, "weights": weights, **out}))
 
 

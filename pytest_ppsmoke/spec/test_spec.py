@@ -17,20 +17,9 @@ from pytest_ppsmoke.harness.pipeline import InferenceResult
 from pytest_ppsmoke.harness.report import ReferenceFigures
 from pytest_ppsmoke.harness.session import SmokeSession
 from pytest_ppsmoke.harness.settings import Settings
+from pytest_ppsmoke.messages import DIGEST_SIZE, Hidden, ProbeReport, RelayProbe, Span, StageStats, WireDtype
 from pytest_ppsmoke.protocol import STAGE_ACTOR, reference_method
-from pytest_ppsmoke.runtime.codec import (
-    DIGEST_SIZE,
-    ActorAddress,
-    Hidden,
-    MembersQuery,
-    MemberStatus,
-    MembersView,
-    ProbeReport,
-    RelayProbe,
-    Span,
-    StageStats,
-    WireDtype,
-)
+from pytest_ppsmoke.runtime.codec import ActorAddress, MembersQuery, MemberStatus, MembersView
 from pytest_ppsmoke.runtime.node import NODE_ACTOR
 
 pytestmark = [pytest.mark.local, pytest.mark.vastai]

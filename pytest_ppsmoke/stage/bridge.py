@@ -35,7 +35,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 _LINE_LIMIT = 256 << 20  # a prefill's hidden state in base64 is one line; also the largest payload
-FRAMINGS = ("json", "payload")
+FRAMINGS = ("json", "payload")  # of the hidden states on the pipe: the worker offers these, the bridge takes one
 
 
 def stderr_text(tail: str) -> str:

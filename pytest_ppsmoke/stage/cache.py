@@ -89,25 +89,6 @@ class Part:
         return f"blocks {self.lo}..{self.hi - 1}" + "".join(f" + {w}" for w in extra)
 
 
-@dataclass
-class WeightLoad:
-    """How a model's owned tensors were realized: ``source`` is ``cache`` or ``gguf``."""
-
-    source: str
-    seconds: float
-    nbytes: int
-    path: str = ""  # the cache file read or written ("" with the cache off)
-    note: str = ""  # why a cache file was not used, or could not be written
-    dtype: str = ""  # the blocks' weights: f16 (tinygrad's HALF=1, its default), or the GGUF's with HALF=0
-    half: int = 1  # tinygrad's HALF as the load saw it
-
-    def describe(self) -> str:
-        where = "read from the weight cache" if self.source == "cache" else "realized from the GGUF"
-        dtype = f", {self.dtype}" if self.dtype else ""
-        dtype += "" if self.half else " (HALF=0)"
-        return f"weights {where} in {self.seconds:.2f} s{dtype}" + (f" ({self.note})" if self.note else "")
-
-
 def tinygrad_key() -> dict[str, Any]:
     """What, besides the model file and the part, decides the bytes a realized tensor holds."""
     import importlib.metadata

@@ -47,12 +47,8 @@ from typing import Any, NoReturn
 
 from .. import failpoints
 from ..cloud.vast import DEFAULT_URL, VastClient, VastError
-from ..nodeenv import NodeEnv, inherited
-from ..protocol import STAGE_ACTOR, STATUS_ACTOR, stage_names
-from ..runtime.codec import (
+from ..messages import (
     Accepted,
-    ActorAddress,
-    BlockCache,
     ComputeRecord,
     FirstToken,
     FrameCount,
@@ -62,8 +58,7 @@ from ..runtime.codec import (
     InferenceResponse,
     KvInfo,
     KvInfoQuery,
-    MemberStatus,
-    Message,
+    LoadFigures,
     NextToken,
     NodeStatus,
     NodeStatusQuery,
@@ -71,12 +66,15 @@ from ..runtime.codec import (
     ReferenceQuery,
     ReferenceResult,
     RelayProbe,
-    Span,
     StageActivation,
     StageStats,
     StageStatsQuery,
     WireDtype,
+    from_json,
 )
+from ..nodeenv import NodeEnv, inherited
+from ..protocol import STAGE_ACTOR, STATUS_ACTOR, stage_names
+from ..runtime.codec import ActorAddress, MemberStatus, Message
 from ..runtime.localproc import configure_child_logging, emit, stop_event
 from ..runtime.node import Context, Node, NodeConfig
 from ..runtime.swim import MemberEvent
@@ -438,23 +436,10 @@ class StageActor:
         return reply
 
     async def on_kv_info_query(self, msg: KvInfoQuery, ctx: Context) -> KvInfo:
-        info = await self.bridge.call("kv_info", 30)
-        lo, hi = info["range"]
-        blocks = tuple(
-            BlockCache(
-                b["block"],
-                b["owned"],
-                b["present"],
-                b["weights_realized"],
-                tuple(b["cache_shape"]),
-                tuple(Span(*span) for span in b["filled"]),
-                bytes.fromhex(b["prefill_digest"]),
-                bytes.fromhex(b["digest"]),
-            )
-            for b in info["blocks"]
-        )
-        writes = tuple(Span(*span) for span in info["writes"])
-        return KvInfo(self.stage, lo, hi, info["prefill_len"], writes, blocks)
+        info = from_json(KvInfo, await self.bridge.call("kv_info", 30), "the worker's kv_info")
+        if info.stage != self.stage:
+            raise ValueError(f"the worker's kv_info is of stage {info.stage}, this node is stage {self.stage}")
+        return info
 
     def on_stage_stats_query(self, msg: StageStatsQuery, ctx: Context) -> StageStats:
         return self.stats.snapshot(self.node.frame_counts())
@@ -485,41 +470,16 @@ class StageActor:
         finally:
             if self.first:
                 self.reference_running = False
-        return ReferenceResult(
-            self.stage,
-            reply["method"],
-            reply["device"],
-            tuple(reply["prompt_token_ids"]),
-            tuple(reply["token_ids"]),
-            float(reply["load_s"]),
-            float(reply["generate_s"]),
-            int(reply["mem_before"]),
-            int(reply["mem_after"]),
-        )
+        ref = from_json(ReferenceResult, reply, "the worker's reference")
+        if ref.stage != self.stage:
+            raise ValueError(f"the worker's reference is of stage {ref.stage}, this node is stage {self.stage}")
+        return ref
 
 
 async def _slow_decode() -> None:
     """The failpoint ``node.slow_decode``: a decode step that takes this long more."""
     if failpoints.on("node.slow_decode"):
         await asyncio.sleep(failpoints.value("node.slow_decode"))
-
-
-def load_summary(ready: dict[str, Any]) -> str:
-    """One line from a worker's ready line: where its weights came from and how many programs
-    it generated, e.g. ``weights from the cache in 0.98 s, f16; programs: 41 cached, 0 generated``."""
-    w, p = ready.get("weights"), ready.get("programs")
-    parts = []
-    if isinstance(w, dict):
-        where = "the cache" if w.get("source") == "cache" else "the GGUF"
-        parts.append(
-            f"weights from {where} in {w.get('seconds', 0):.2f} s"
-            + (f", {w['dtype']}" if w.get("dtype") else "")
-            + ("" if w.get("half", 1) else " (HALF=0)")
-            + (f" ({w['note']})" if w.get("note") else "")
-        )
-    if isinstance(p, dict):
-        parts.append(f"programs: {p.get('hits', 0)} cached, {p.get('misses', 0)} generated")
-    return "; ".join(parts)
 
 
 class StatusActor:
@@ -531,20 +491,23 @@ class StatusActor:
         self.stage = stage
         self.state, self.detail = "loading", ""
         self.worker = (0, 0, 0, 0)  # dim, first block, end block, max context: once ready
+        self.load: LoadFigures | None = None  # how the worker loaded: once ready
         self.since = time.monotonic()
 
     def set(self, state: str, detail: str = "") -> None:
         self.state, self.detail, self.since = state, detail, time.monotonic()
 
     def ready(self, worker: dict[str, Any]) -> None:
-        """The worker's ready line (its ``dim``, block ``range`` and ``max_context``); the detail
-        says how it loaded (``load_summary``)."""
+        """The worker's ready line (its ``dim``, block ``range`` and ``max_context``), and how it
+        loaded (``LoadFigures``: fields, read as fields)."""
         lo, hi = worker["range"]
         self.worker = (worker["dim"], lo, hi, worker["max_context"])
-        self.set("ready", load_summary(worker))
+        self.load = LoadFigures.from_ready(worker)
+        self.set("ready")
 
     def on_node_status_query(self, msg: NodeStatusQuery, ctx: Context) -> NodeStatus:
-        return NodeStatus(self.stage, self.state, self.detail, int(time.monotonic() - self.since), *self.worker)
+        seconds = int(time.monotonic() - self.since)
+        return NodeStatus(self.stage, self.state, self.detail, seconds, *self.worker, load=self.load)
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,6 @@ import re
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +40,9 @@ from tinygrad import Device, GlobalCounters, Tensor, TinyJit, UOp, dtypes, nn
 from tinygrad.apps.llm import SimpleTokenizer as _SimpleTokenizer
 from tinygrad.apps.llm import Transformer, models
 
+from ..messages import BlockCache, KvInfo, ReferenceResult, Span, WeightLoad, WireDtype, digest
 from ..protocol import layer_range, reference_method
-from ..runtime.codec import WireDtype, digest
-from .cache import CacheError, Part, WeightCache, WeightLoad, tinygrad_key
+from .cache import CacheError, Part, WeightCache, tinygrad_key
 
 _DTYPES = {np.dtype(np.int32).str: "int32", np.dtype(np.float32).str: "float32"}  # decode inputs
 _TINY_DTYPES = {np.dtype(np.float16).str: dtypes.float16, np.dtype(np.float32).str: dtypes.float32}  # cached tensors
@@ -440,7 +439,7 @@ class StageModel:
             raise ValueError(f"hidden state of shape {tuple(hidden.shape)} does not match (seq_len, {self.dim})")
         return np.ascontiguousarray(hidden, dtype=np.float32)[None]
 
-    def kv_info(self) -> dict[str, Any]:
+    def kv_info(self) -> KvInfo:
         """Every block of the model as this stage holds it, read from tinygrad's objects: one
         device-to-host copy of each cache there is (SmolLM2: 1.5 MB a block), only when asked.
         A block's ``filled``: [start, end) spans of the positions whose K rows are non-zero."""
@@ -449,27 +448,32 @@ class StageModel:
             block = ref()
             state = nn.state.get_state_dict(block) if block is not None else {}
             weights = [t for name, t in state.items() if name != "cache_kv"]
-            entry: dict[str, Any] = {
-                "block": i,
-                "owned": self.lo <= i < self.hi,
-                "present": block is not None,
-                "weights_realized": bool(weights) and all(t.uop.is_realized for t in weights),
-                "cache_shape": [],
-                "filled": [],
-                "prefill_digest": self._prefill_digests.get(i, b"").hex(),
-                "digest": "",
-            }
+            shape: tuple[int, ...] = ()
+            filled: tuple[Span, ...] = ()
+            cache_digest = b""
             cache = getattr(block, "cache_kv", None)
             if cache is not None:
                 arr = cache.numpy()  # (2: K and V, batch, kv heads, context, head dim)
                 keys = arr[0]
                 rows = np.any(keys != 0, axis=tuple(a for a in range(keys.ndim) if a != keys.ndim - 2))
-                entry["cache_shape"] = [int(d) for d in arr.shape]
-                entry["filled"] = _spans(np.flatnonzero(rows))
+                shape = tuple(int(d) for d in arr.shape)
+                filled = _spans(np.flatnonzero(rows))
                 if self.prefill_len:
-                    entry["digest"] = digest(self._prefix(arr, self.prefill_len)).hex()
-            blocks.append(entry)
-        return {"range": [self.lo, self.hi], "prefill_len": self.prefill_len, "writes": self.writes, "blocks": blocks}
+                    cache_digest = digest(self._prefix(arr, self.prefill_len))
+            blocks.append(
+                BlockCache(
+                    block=i,
+                    owned=self.lo <= i < self.hi,
+                    present=block is not None,
+                    weights_realized=bool(weights) and all(t.uop.is_realized for t in weights),
+                    cache_shape=shape,
+                    filled=filled,
+                    prefill_digest=self._prefill_digests.get(i, b""),
+                    digest=cache_digest,
+                )
+            )
+        writes = tuple(Span(a, b) for a, b in self.writes)
+        return KvInfo(self.stage, self.lo, self.hi, self.prefill_len, writes, tuple(blocks))
 
 
 def _gone() -> None:
@@ -477,14 +481,14 @@ def _gone() -> None:
     return None
 
 
-def _spans(positions: np.ndarray) -> list[list[int]]:
+def _spans(positions: np.ndarray) -> tuple[Span, ...]:
     """Sorted positions as [start, end) spans of consecutive ones."""
     if positions.size == 0:
-        return []
+        return ()
     breaks = np.flatnonzero(np.diff(positions) != 1) + 1
     starts = positions[np.r_[0, breaks]]
     ends = positions[np.r_[breaks - 1, positions.size - 1]] + 1
-    return [[int(a), int(b)] for a, b in zip(starts, ends, strict=True)]
+    return tuple(Span(int(a), int(b)) for a, b in zip(starts, ends, strict=True))
 
 
 def unsplit_generate(model: Transformer, prompt_ids: list[int], max_tokens: int, end_ids: set[int]) -> list[int]:
@@ -498,7 +502,7 @@ def unsplit_generate(model: Transformer, prompt_ids: list[int], max_tokens: int,
 
 
 def round_in_graph(x: Tensor, wire: WireDtype) -> Tensor:
-    """``codec.round_to_wire`` as tinygrad operations, so that a compiled ``generate`` keeps
+    """``messages.round_to_wire`` as tinygrad operations, so that a compiled ``generate`` keeps
     running: bf16 by its bits (round to nearest, ties to even, as the codec does), f16 by a cast
     there and back (IEEE rounding on every backend). tests/test_stages.py checks both against
     the codec bit for bit."""
@@ -521,21 +525,6 @@ class _RoundedBlock:
         return round_in_graph(self.block(x, start_pos), self.wire)
 
 
-@dataclass(frozen=True)
-class Reference:
-    """What :func:`run_reference` computed, and what it cost (the worker's ``reference`` reply)."""
-
-    method: str
-    device: str
-    prompt_token_ids: list[int]
-    token_ids: list[int]
-    load_s: float
-    generate_s: float
-    mem_before: int  # device bytes in use (tinygrad's count) before the load
-    mem_after: int  # and once the reference model is dropped
-    weights: str = ""  # WeightLoad.describe(): from the cache or from the GGUF
-
-
 def run_reference(
     name: str,
     prompt: str,
@@ -544,7 +533,8 @@ def run_reference(
     num_stages: int,
     max_context: int,
     cache: WeightCache | None = None,
-) -> Reference:
+    stage: int = 0,
+) -> ReferenceResult:
     """The tokens a pipeline of ``num_stages`` stages with this wire must produce, computed by
     a model of its own (loaded afresh here, from the GGUF or from the weight cache's copy of the
     whole model, never a stage's tensors) through tinygrad's own
@@ -579,16 +569,17 @@ def run_reference(
         free_cache = getattr(Device[Device.DEFAULT].allocator, "free_cache", None)
         if free_cache is not None:
             free_cache()
-    return Reference(
+    return ReferenceResult(
+        stage,  # the node whose worker ran it
         reference_method(wire.name),
         Device.DEFAULT,
-        ids,
-        out,
+        tuple(ids),
+        tuple(out),
         round(loaded - started, 4),
         round(generated - loaded, 4),
         mem_before,
         GlobalCounters.mem_used,
-        weights.describe(),
+        weights,
     )
 
 
