@@ -53,7 +53,8 @@ from pytest_ppsmoke.harness.driver import rtt_of  # noqa: E402
 from pytest_ppsmoke.network import EmulatedNetwork, parse_network  # noqa: E402
 from pytest_ppsmoke.runtime.localproc import ChildProcess, ClusterKeys, member_env  # noqa: E402
 from pytest_ppsmoke.runtime.node import Node, NodeConfig  # noqa: E402
-from pytest_ppsmoke.runtime.swim import MemberEvent, SwimConfig  # noqa: E402
+from pytest_ppsmoke.runtime.swim import MemberEvent  # noqa: E402
+from pytest_ppsmoke.runtime.swimconfig import SwimConfig  # noqa: E402
 
 
 async def spin() -> asyncio.subprocess.Process:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_ppsmoke.runtime.node import NodeConfig
-from pytest_ppsmoke.runtime.swim import SwimConfig
+from pytest_ppsmoke.runtime.swimconfig import SwimConfig
 from pytest_ppsmoke.stage.synth import Shape
 
 # --- models ----------------------------------------------------------------------------------

@@ -15,7 +15,8 @@ from pytest_ppsmoke.runtime.codec import MembersQuery, MemberStatus, MembersView
 from pytest_ppsmoke.runtime.localproc import ChildProcess, ClusterKeys, member_env, member_process
 from pytest_ppsmoke.runtime.node import NODE_ACTOR, Node, NodeConfig, RemoteError
 from pytest_ppsmoke.runtime.registry import NameNotFound
-from pytest_ppsmoke.runtime.swim import MemberEvent, SwimConfig
+from pytest_ppsmoke.runtime.swim import MemberEvent
+from pytest_ppsmoke.runtime.swimconfig import SwimConfig
 
 pytestmark = pytest.mark.local
 

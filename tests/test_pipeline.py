@@ -29,7 +29,7 @@ from pytest_ppsmoke.messages import InferenceRequest, InferenceResponse, StageSt
 from pytest_ppsmoke.protocol import PhaseError
 from pytest_ppsmoke.runtime.cluster import LocalCluster
 from pytest_ppsmoke.runtime.errors import RemoteError
-from pytest_ppsmoke.runtime.swim import SwimConfig
+from pytest_ppsmoke.runtime.swimconfig import SwimConfig
 
 from .helpers import SMOLLM2
 

@@ -24,7 +24,8 @@ from pytest_ppsmoke.runtime.codec import (
     Ping,
 )
 from pytest_ppsmoke.runtime.node import Node, NodeConfig
-from pytest_ppsmoke.runtime.swim import SWIM_ACTOR, MemberEvent, Membership, SwimConfig
+from pytest_ppsmoke.runtime.swim import SWIM_ACTOR, MemberEvent, Membership
+from pytest_ppsmoke.runtime.swimconfig import SwimConfig
 
 from .helpers import cluster_configs
 

@@ -51,7 +51,7 @@ from ..runtime.errors import RemoteError
 from ..runtime.localproc import ClusterKeys
 from ..runtime.node import Node, NodeConfig
 from ..runtime.resource import Resource
-from ..runtime.swim import SwimConfig
+from ..runtime.swimconfig import SwimConfig
 from .vast import Instance, Label, Offer, OfferGone, OfferQuery, VastClient, VastError, going_away
 
 log = logging.getLogger(__name__)

@@ -36,7 +36,7 @@ from .codec import ActorAddress, MembersQuery, MemberStatus, MembersView
 from .localproc import ChildProcess, ClusterKeys
 from .node import NODE_ACTOR, Node, NodeConfig
 from .resource import Resource
-from .swim import SwimConfig
+from .swimconfig import SwimConfig
 
 log = logging.getLogger(__name__)
 

@@ -42,7 +42,8 @@ from .codec import (
 from .errors import RemoteError
 from .registry import Registry
 from .resource import Resource
-from .swim import SWIM_ACTOR, Membership, SwimConfig
+from .swim import SWIM_ACTOR, Membership
+from .swimconfig import SwimConfig
 from .transport import PeerAddr, Transport, TransportError, endpoint_id, new_secret_key
 
 log = logging.getLogger(__name__)

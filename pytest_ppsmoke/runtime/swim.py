@@ -24,6 +24,9 @@ is itself slow (a starved event loop) does not blame healthy members:
   probes raised or confirmed, so the sender of a suspicion is its accuser);
 - the buddy system: a probe of a suspect carries the suspicion, so the suspect refutes at once.
 
+The timer and the score are in ``suspicion.py``, the settings (``SwimConfig``) and counts in
+``swimconfig.py``.
+
 Member metadata (addresses and registered names) travels in the member's ``alive`` state; changing
 it raises the incarnation, as memberlist does for node metadata.
 """
@@ -37,11 +40,13 @@ import math
 import random
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from .codec import Ack, ActorAddress, Gossip, Join, MemberState, MemberStatus, Message, Nack, Ping, PingReq, Sync
 from .errors import RemoteError
+from .suspicion import Awareness, Suspicion
+from .swimconfig import SwimConfig, SwimStats
 
 log = logging.getLogger(__name__)
 
@@ -74,169 +79,6 @@ class Context(Protocol):
 
     @property
     def sender(self) -> ActorAddress: ...
-
-
-@dataclass(frozen=True)
-class SwimConfig:
-    """Timing of the failure detector, the one place for its numbers (docs/runtime.md).
-
-    ``suspicion_timeout`` is the shortest suspicion of a cluster of up to 10 members (memberlist's
-    ``SuspicionMult * ProbeInterval``); it grows with ``log10(n)`` beyond. A suspicion that no other
-    member confirms lasts ``suspicion_max_mult`` times as long. ``awareness_max`` caps the local
-    health multiplier: the probe period and timeout stretch up to that factor.
-    """
-
-    protocol_period: float = 0.25
-    ping_timeout: float = 0.12
-    indirect_checks: int = 2
-    suspicion_timeout: float = 2.0
-    suspicion_max_mult: float = 3.0
-    awareness_max: int = 8
-    gossip_interval: float = 0.05
-    gossip_fanout: int = 3
-    retransmit_mult: int = 4
-    max_piggyback: int = 16
-    sync_interval: float = 5.0
-
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            v = getattr(self, f.name)
-            if not v > 0:
-                raise ValueError(f"SWIM {f.name} must be positive, got {v!r}")
-        if self.ping_timeout >= self.protocol_period:
-            raise ValueError(
-                f"SWIM ping_timeout ({self.ping_timeout}) must be shorter than protocol_period ({self.protocol_period})"
-            )
-        if self.suspicion_max_mult < 1:
-            raise ValueError(
-                f"SWIM suspicion_max_mult must be at least 1 (the maximum suspicion is that multiple of the "
-                f"minimum), got {self.suspicion_max_mult!r}"
-            )
-        if self.awareness_max < 1 or self.awareness_max != int(self.awareness_max):
-            raise ValueError(f"SWIM awareness_max must be a whole number >= 1, got {self.awareness_max!r}")
-
-    @classmethod
-    def loopback(cls) -> SwimConfig:
-        """Members on one machine, nothing else running: fast detection."""
-        return cls()
-
-    @classmethod
-    def shared_cpu(cls) -> SwimConfig:
-        """Loopback, with the stages' tinygrad workers on the same few cores: a node's event
-        loop can be starved for seconds, which must not read as death (seen on 2 cores with
-        two runs at once: the orchestrator declared both live stages dead after a flat 5 s
-        suspicion). A lone accuser waits 4 x 3 s; a confirmed suspicion 3 s."""
-        return cls(suspicion_timeout=3.0, suspicion_max_mult=4.0)
-
-    @classmethod
-    def wan(cls) -> SwimConfig:
-        """Round trips of tens to hundreds of milliseconds between continents: memberlist's LAN
-        timing (probe 1 s, timeout 500 ms, 3 indirect checks, suspicion 4 probe periods), with
-        a shorter maximum (x3, memberlist x6) so that a lone accuser's suspicion ends in 12 s."""
-        return cls(
-            protocol_period=1.0,
-            ping_timeout=0.5,
-            indirect_checks=3,
-            suspicion_timeout=4.0,
-            suspicion_max_mult=3.0,
-            gossip_interval=0.2,
-            sync_interval=15.0,
-        )
-
-    def suspicion_bounds(self, n: int) -> tuple[float, float]:
-        """(minimum, maximum) suspicion timeout in a cluster of ``n`` members (memberlist's
-        ``suspicionTimeout``: the minimum grows with ``log10(n)`` from 10 members on)."""
-        lo = self.suspicion_timeout * max(1.0, math.log10(max(n, 1)))
-        return lo, lo * self.suspicion_max_mult
-
-    def detection_bound(self, n: int, confirmed: bool = True) -> float:
-        """Seconds from a member's death to its declaration at the latest, by a healthy prober
-        in a cluster of ``n`` members: the target is probed within two rounds of ``n - 1``
-        periods (the round-robin is reshuffled after each round), the probe ends within a period
-        or three ping timeouts (the direct ping, then the helpers' wait), then the suspicion runs
-        its minimum (confirmed by another member's failed probe) or its maximum (a lone
-        accuser). A prober whose awareness is up stretches the first two terms by it."""
-        lo, hi = self.suspicion_bounds(n)
-        probed = 2 * max(1, n - 1) * self.protocol_period
-        probe = max(self.protocol_period, 3 * self.ping_timeout)
-        return probed + probe + (lo if confirmed else hi)
-
-    def to_env(self) -> str:
-        """The ``PP_SWIM`` value that gives a member this configuration."""
-        return ",".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
-
-    def with_overrides(self, spec: str) -> SwimConfig:
-        """Apply ``"name=value,name=value"`` (for example from the ``PP_SWIM`` variable)."""
-        names = {f.name: f.type for f in fields(self)}
-        changes: dict[str, float | int] = {}
-        for item in filter(None, (p.strip() for p in spec.split(","))):
-            key, sep, value = item.partition("=")
-            key = key.strip()
-            if not sep or key not in names:
-                raise ValueError(f"bad SWIM setting {item!r}; expected name=value with name in {sorted(names)}")
-            try:
-                changes[key] = int(value) if names[key] in (int, "int") else float(value)
-            except ValueError:
-                raise ValueError(f"SWIM setting {key} needs a number, got {value!r}") from None
-        return replace(self, **changes)  # type: ignore[arg-type]
-
-
-@dataclass(frozen=True)
-class SwimStats:
-    """What this member's failure detector has done so far (for reports and benchmarks).
-
-    ``awareness`` is the current local health score (0 healthy .. ``awareness_max - 1``);
-    ``suspicions_raised`` counts members our own probes made suspect; ``suspicions_refuted``
-    suspicions we held that ended with the member's refutation; ``confirmations`` independent
-    confirmations of suspicions we held (another accuser, or our own failed probe of a member
-    someone else suspected); ``deaths_declared`` members whose suspicion ran out here (deaths
-    learned from others are not counted); ``refuted_about_me`` suspicions or deaths of ours we
-    refuted."""
-
-    awareness: int = 0
-    suspicions_raised: int = 0
-    suspicions_refuted: int = 0
-    confirmations: int = 0
-    deaths_declared: int = 0
-    refuted_about_me: int = 0
-
-
-class _Suspicion:
-    """The suspicion timer of one member: it starts at ``hi`` and is driven toward ``lo`` by
-    independent confirmations, ``hi - (hi - lo) * log(c + 1) / log(k + 1)`` after ``c`` of the
-    ``k`` expected (memberlist's ``remainingSuspicionTime``). ``accusers`` holds who already
-    counted (the first accuser does not: our own suspicion may come back to us)."""
-
-    def __init__(self, incarnation: int, accuser: str | None, k: int, lo: float, hi: float) -> None:
-        self.incarnation = incarnation
-        self.k, self.lo, self.hi = k, lo, hi
-        self.accusers = {accuser} if accuser else set()
-        self.confirmed = 0
-        self.started = asyncio.get_running_loop().time()
-        self.handle: asyncio.TimerHandle | None = None
-        self.deferred = False
-
-    def timeout(self) -> float:
-        if self.k < 1:
-            return self.lo
-        frac = math.log(self.confirmed + 1) / math.log(self.k + 1)
-        return max(self.lo, self.hi - frac * (self.hi - self.lo))
-
-    def deadline(self) -> float:
-        return self.started + self.timeout()
-
-    def confirm(self, accuser: str) -> bool:
-        """Count ``accuser`` once; False if it already counted or the minimum is reached."""
-        if self.confirmed >= self.k or accuser in self.accusers:
-            return False
-        self.accusers.add(accuser)
-        self.confirmed += 1
-        return True
-
-    def cancel(self) -> None:
-        if self.handle is not None:
-            self.handle.cancel()
-            self.handle = None
 
 
 @dataclass(frozen=True)
@@ -275,8 +117,8 @@ class Membership:
         self.config = config
         self.me = MemberState(node.id, ALIVE, 0, tuple(addrs), relay, {})
         self.members: dict[str, MemberState] = {node.id: self.me}
-        self._suspicions: dict[str, _Suspicion] = {}
-        self._awareness = 0
+        self._suspicions: dict[str, Suspicion] = {}
+        self._awareness = Awareness(config.awareness_max)
         self._stats = SwimStats()
         self._queue: dict[str, list[object]] = {}  # id -> [update, transmissions left]
         self._probe_order: list[str] = []
@@ -326,23 +168,23 @@ class Membership:
     @property
     def awareness(self) -> int:
         """The local health score: 0 when healthy, up to ``awareness_max - 1``."""
-        return self._awareness
+        return self._awareness.score
 
     @property
     def probe_interval(self) -> float:
         """The protocol period, stretched by the local health multiplier."""
-        return self.config.protocol_period * (self._awareness + 1)
+        return self._awareness.scale(self.config.protocol_period)
 
     @property
     def probe_timeout(self) -> float:
         """How long a direct ping waits for its Ack, stretched by the local health multiplier
         (memberlist stretches only the period: over UDP a late ack is usually a lost one; over
         QUIC it is a late one, which waiting longer does catch)."""
-        return self.config.ping_timeout * (self._awareness + 1)
+        return self._awareness.scale(self.config.ping_timeout)
 
     def stats(self) -> SwimStats:
         """A snapshot of the failure detector's counts and the current awareness."""
-        return replace(self._stats, awareness=self._awareness)
+        return replace(self._stats, awareness=self._awareness.score)
 
     def suspicion_timeout_of(self, member_id: str) -> float | None:
         """The current length of our suspicion of ``member_id`` (from its start; it shrinks as
@@ -566,10 +408,10 @@ class Membership:
         # confirmations to expect: as many as the helpers of one probe, from members other than
         # ourselves and the suspect (memberlist's k; with none to expect the minimum applies)
         k = min(self.config.indirect_checks, max(0, n - 2))
-        s = self._suspicions[m.id] = _Suspicion(m.incarnation, accuser, k, lo, hi)
+        s = self._suspicions[m.id] = Suspicion(m.incarnation, accuser, k, lo, hi)
         self._arm(m.id, s)
 
-    def _arm(self, member_id: str, s: _Suspicion) -> None:
+    def _arm(self, member_id: str, s: Suspicion) -> None:
         s.cancel()
         loop = asyncio.get_running_loop()
         s.handle = loop.call_at(s.deadline(), self._suspicion_expired, member_id, s)
@@ -588,7 +430,7 @@ class Membership:
         if s is not None:
             s.cancel()
 
-    def _suspicion_expired(self, member_id: str, s: _Suspicion) -> None:
+    def _suspicion_expired(self, member_id: str, s: Suspicion) -> None:
         if self._suspicions.get(member_id) is not s:
             return
         loop = asyncio.get_running_loop()
@@ -613,10 +455,9 @@ class Membership:
             self._declare_dead(replace(cur, status=DEAD, names={}))
 
     def _adjust_awareness(self, delta: int) -> None:
-        score = min(max(self._awareness + delta, 0), self.config.awareness_max - 1)
-        if score != self._awareness:
-            log.debug("local health score %d -> %d", self._awareness, score)
-            self._awareness = score
+        before = self._awareness.score
+        if self._awareness.apply(delta):
+            log.debug("local health score %d -> %d", before, self._awareness.score)
             self._changed.set()  # wait_until may be waiting on it
 
     def _count(self, **deltas: int) -> None:
