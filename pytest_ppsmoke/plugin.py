@@ -74,6 +74,7 @@ STEP_OF = {
     "ppsmoke_reference": "reference",
 }
 FIXTURES = ("ppsmoke_session", *STEP_OF, "ppsmoke_teardown")
+BACKSTOP = 30.0  # seconds past the budget before pytest-timeout stops a test that uses the session
 
 
 class _State:
@@ -157,11 +158,14 @@ def _mark_for_scheduler(item: pytest.Item) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A timeout on every test that uses the session: ``--timeout`` (or the ini ``timeout``) if
-    set, else the budget; always by pytest-timeout's signal method, which raises in the test so
-    that the session's finalizers still run (the thread method ends the process). A test's own
-    timeout marker wins."""
+    set, else the budget and ``BACKSTOP`` seconds more; always by pytest-timeout's signal method,
+    which raises in the test so that the session's finalizers still run (the thread method ends
+    the process). A test's own timeout marker wins. The run's own deadlines end every step and the
+    teardown within the budget, each with its one line: the backstop fires only where they did
+    not, and never races them (at the budget itself, a loaded machine's lag put it inside the
+    teardown or pytest's own reporting)."""
     user = config.getoption("timeout", None) or config.getini("timeout") if _has_timeout(config) else None
-    seconds = float(user) if user else config.stash[SETTINGS].budget
+    seconds = float(user) if user else config.stash[SETTINGS].budget + BACKSTOP
     for item in items:
         if _uses_session(item) and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(seconds, method="signal"))
