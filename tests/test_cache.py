@@ -81,7 +81,7 @@ def test_another_model_a_changed_file_or_another_tinygrad_is_never_served_from_t
     real = cache_mod.tinygrad_key()
     monkeypatch.setattr(cache_mod, "tinygrad_key", lambda: {**real, "tinygrad": "0.12.1"})
     assert realized_model(synth_model, 64, 0, 2, cache)[2].source == "gguf"
-    monkeypatch.setattr(cache_mod, "tinygrad_key", lambda: {**real, "half": 0})
+    monkeypatch.setattr(cache_mod, "tinygrad_key", lambda: {**real, "half": 1 - real["half"]})  # the other HALF
     assert realized_model(synth_model, 64, 0, 2, cache)[2].source == "gguf"
     assert len(cache.entries()) == 5
 
@@ -219,3 +219,45 @@ def test_the_program_key_follows_every_setting_that_changes_the_code(monkeypatch
     assert cache_mod._program_key(ast, renderer) == base
     other = (Tensor.ones(4, 8).contiguous() @ Tensor.ones(8, 4)).schedule()[-1].ast
     assert other.key != ast.key and cache_mod._program_key(other, renderer) != base  # another kernel
+
+
+TOGETHER = """
+import json, sys
+from tinygrad import Tensor
+from pytest_ppsmoke.stage.cache import install_program_cache
+stats = install_program_cache()
+print("ready", flush=True)
+sys.stdin.readline()  # the other process is ready too
+for n in range(1, 21):
+    (Tensor.ones(4, n).contiguous() * n + 1).sum(1).realize()
+print(json.dumps({"misses": stats.misses, "hits": stats.hits, "errors": stats.errors}), flush=True)
+"""
+
+
+def test_processes_that_start_together_make_each_program_once(tmp_path: Path) -> None:
+    """Two processes on a fresh database that need the same programs at the same moment (two
+    stages on one host): each program is generated and compiled by one of them, and read from
+    the cache by the other, which waited for it."""
+    env = {**os.environ, "CACHEDB": str(tmp_path / "tinygrad.db")}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", TOGETHER], env=env, text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
+        for _ in range(2)
+    ]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        a, b = (json.loads(proc.communicate(timeout=120)[0]) for proc in procs)
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    assert not a["errors"] and not b["errors"], (a, b)
+    needed = a["misses"] + a["hits"]
+    assert needed >= 20 and b["misses"] + b["hits"] == needed, (a, b)
+    assert a["misses"] + b["misses"] == needed, (a, b)  # none made twice

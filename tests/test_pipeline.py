@@ -41,7 +41,9 @@ MODEL = SMOLLM2.name
 
 REFERENCE = """
 import json, sys
+from pytest_ppsmoke.stage.cache import install_program_cache
 from pytest_ppsmoke.stage.model import Tokenizer, load_model, unsplit_generate
+install_program_cache()
 model, kv = load_model(sys.argv[1], 1024)
 tok = Tokenizer(kv)
 ids = tok.chat(sys.argv[2])

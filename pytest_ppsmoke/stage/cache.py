@@ -22,13 +22,17 @@ removing the least recently used files.
 but a new process still generates every kernel's source from its AST (linearize and render:
 179 programs for a SmolLM2 stage, about 3 s here). :func:`install_program_cache` stores each
 generated ``ProgramSpec`` in the same database, keyed by the AST, the renderer and every
-tinygrad setting in effect, so a warm process skips the generation too.
+tinygrad setting in effect, so a warm process skips the generation too. Processes that start
+together on one host (two stages, the reference beside them) would otherwise each generate and
+compile the same programs on the same cores: a lock per program (striped) makes each program once,
+and the others read it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import functools
 import hashlib
 import json
@@ -37,6 +41,7 @@ import pickle
 import re
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -272,6 +277,8 @@ class ProgramStats:
 
 PROGRAMS = ProgramStats()
 _TABLE = "ppsmoke_program"
+LOCK_STRIPES = 64  # lock files: a program waits only for those that share its stripe
+LOCK_WAIT = 120.0  # seconds a process waits for another making the same program
 
 
 def install_program_cache() -> ProgramStats:
@@ -289,19 +296,59 @@ def install_program_cache() -> ProgramStats:
             return generate(ast, renderer, opts)
         key = _program_key(ast, renderer)
         found = _diskcache_get(key)
-        if found is not None:
-            PROGRAMS.hits += 1
-            PROGRAMS.seconds += time.perf_counter() - started
-            return found
-        prg = generate(ast, renderer, opts)
-        PROGRAMS.misses += 1
-        _diskcache_put(key, dataclasses.replace(prg, uops=None))  # the uops only feed DEBUG's estimates
+        if found is None:
+            with _generating(key):
+                found = _diskcache_get(key)  # another process may have made it while this one waited
+                if found is None:
+                    prg = generate(ast, renderer, opts)
+                    PROGRAMS.misses += 1
+                    _diskcache_put(key, dataclasses.replace(prg, uops=None))  # the uops only feed DEBUG's estimates
+                    PROGRAMS.seconds += time.perf_counter() - started
+                    return prg
+        PROGRAMS.hits += 1
         PROGRAMS.seconds += time.perf_counter() - started
-        return prg
+        return found
 
     get_program.__ppsmoke_cache__ = True  # type: ignore[attr-defined]
     realize.get_program = get_program
     return PROGRAMS
+
+
+@contextlib.contextmanager
+def _generating(key: str) -> Iterator[None]:
+    """Holds one of ``LOCK_STRIPES`` lock files beside tinygrad's database while this process
+    generates (and compiles) the program of ``key``. Processes that start together on one host
+    (two stages, the reference beside them, a test's clusters) need the same programs in the same
+    order: each waits for the one generating a program and reads it from the cache, so a program
+    is made once, not once per process on the same cores. After ``LOCK_WAIT`` seconds, or where
+    no lock can be made, this process generates it itself."""
+    from tinygrad.helpers import CACHEDB, CACHELEVEL
+
+    if CACHELEVEL.value < 1:  # no disk cache: nothing to wait for
+        yield
+        return
+    try:
+        locks = Path(CACHEDB).with_name(Path(CACHEDB).name + ".locks")
+        locks.mkdir(parents=True, exist_ok=True)
+        fd = os.open(locks / f"{int(key[:4], 16) % LOCK_STRIPES:02x}", os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as e:  # a read-only cache directory: no lock, generated here
+        PROGRAMS.errors.append(f"program lock: {e}")
+        yield
+        return
+    try:
+        deadline = time.monotonic() + LOCK_WAIT
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    PROGRAMS.errors.append(f"program lock: still held after {LOCK_WAIT:g} s; generated here too")
+                    break
+                time.sleep(0.005)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def _program_key(ast: Any, renderer: Any) -> str:
