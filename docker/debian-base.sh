@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The node image's base on a machine that reaches Debian's package archive but no image registry:
 # a minimal Debian root filesystem made by mmdebstrap from this machine's own apt sources (its
-# mirror, suite and keyring; none is written here), imported into buildah's vfs storage as
+# mirror, suite and keyring; none is written here), imported into buildah's storage (its driver:
+# STORAGE_DRIVER, else overlay, as pytest_ppsmoke/cloud/image.py chooses it) as
 # IMAGE. Built once per machine: an existing IMAGE is kept. docker/Dockerfile's apt step installs
 # python3, python3-venv and ca-certificates on top, as it does on the CUDA base. The base carries
 # clang, which tinygrad's CPU device compiles its kernels with: here, without a GPU, it stands in
@@ -13,7 +14,11 @@ set -euo pipefail
 . /etc/os-release
 suite=${VERSION_CODENAME:?/etc/os-release names no VERSION_CODENAME}
 image=${1:-localhost/pp-debian-base:$suite}
-buildah=(buildah --storage-driver vfs)
+if [[ -z ${STORAGE_DRIVER:-} ]]; then
+  STORAGE_DRIVER=vfs
+  grep -qw overlay /proc/filesystems && STORAGE_DRIVER=overlay
+fi
+buildah=(buildah --storage-driver "$STORAGE_DRIVER")
 
 if "${buildah[@]}" inspect --type image "$image" >/dev/null 2>&1; then
   echo "debian-base: $image exists"
