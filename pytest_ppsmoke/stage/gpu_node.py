@@ -46,7 +46,6 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from .. import failpoints
-from ..cloud.vast import DEFAULT_URL, VastClient, VastError
 from ..messages import (
     Accepted,
     ComputeRecord,
@@ -586,6 +585,8 @@ async def destroy_own_instance(env: NodeEnv) -> None:
     instance, key = env.container_id, env.container_api_key
     if instance is None or not key:
         return  # not on vast.ai (or its emulator): exiting is all there is to do
+    from ..cloud.vast import DEFAULT_URL, VastClient, VastError  # aiohttp's client: only a node that outlived its run
+
     try:
         async with VastClient(key, env.vast_url or DEFAULT_URL, timeout=10, attempts=4) as vast:
             gone = await vast.destroy_instance(instance)
