@@ -27,15 +27,18 @@ pytest_plugins = ["pytester"]
 SESSION_TAG = f"pytest-{os.getpid()}"
 
 # The files whose tests take longest, first: under xdist a file goes to one worker whole, so a long
-# file that starts last is the suite's tail (measured: each of these holds a worker 30-90 s).
+# file that starts last is the suite's tail (measured: each of these holds a worker 30-120 s). The
+# two whose fixtures start SmolLM2 clusters (test_pipeline, the spec suite) start apart: started
+# together, their loads competed for the cores (the suite 354-380 s in that order, 325-335 s in
+# three random ones).
 LONGEST_FIRST = (
     "tests/test_pipeline.py",
-    "pytest_ppsmoke/spec/test_spec.py",
-    "tests/test_image.py",
-    "tests/test_network_run.py",
     "tests/test_lifecycle.py",
     "tests/test_plugin.py",
+    "pytest_ppsmoke/spec/test_spec.py",
     "tests/test_signals.py",
+    "tests/test_network_run.py",
+    "tests/test_image.py",
 )
 
 
