@@ -1,5 +1,5 @@
-"""What a wheel install gets: the worker, the shipped spec tests, the typing marker, and the
-entry points (a wheel has no repository around it to find the worker in)."""
+"""What a wheel install gets: every module of the package, the worker, the shipped spec tests, the
+typing marker, and the entry points (a wheel has no repository around it to find the worker in)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,9 @@ def test_the_wheel_carries_the_worker_the_spec_tests_and_the_entry_points(repo_w
         "pytest_ppsmoke/plugin.py",
     ):
         assert path in names, path
+    source = Path(__file__).resolve().parent.parent / "pytest_ppsmoke"
+    modules = {p.relative_to(source.parent).as_posix() for p in source.rglob("*.py") if "__pycache__" not in p.parts}
+    assert modules <= names, f"modules the wheel leaves out: {sorted(modules - names)}"  # a package not listed
     for line in (
         "pp-smoke-run = pytest_ppsmoke.harness.cli:main",
         "pp-gpu-node = pytest_ppsmoke.stage.gpu_node:main",
