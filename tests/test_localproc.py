@@ -61,3 +61,20 @@ async def test_a_cancelled_stop_still_kills_the_whole_group() -> None:
     await asyncio.sleep(0.3)
     for pid in (child.pid, ready["grandchild"]):
         assert not alive(pid), f"pid {pid} still running"
+
+
+async def test_a_stopped_child_is_gone_with_its_whole_group_when_stop_returns() -> None:
+    """A node whose worker outlives it for a moment (it exits on SIGTERM and leaves its own
+    child): when stop returns, no process of the group is left, not even one on its way out."""
+    script = (
+        "import subprocess, sys, time; d = subprocess.DEVNULL;"  # the worker: pipes of its own
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], stdout=d, stderr=d);"
+        'print(\'{"event": "ready", "grandchild": %d}\' % p.pid, flush=True); time.sleep(60)'
+    )
+    child = ChildProcess("leaver", [sys.executable, "-c", script], os.environ)
+    await child.start()
+    ready = await child.wait_event(lambda e: e.get("event") == "ready", 30, "ready")
+    await child.stop(grace=10)
+    with pytest.raises(ProcessLookupError):
+        os.killpg(child.pid, 0)  # the group: no member left, zombies included
+    assert not alive(ready["grandchild"])

@@ -21,6 +21,9 @@ from typing import Any
 from ..nodeenv import DEFAULTS, NodeEnv, process_env
 from .transport import endpoint_id, new_secret_key
 
+log = logging.getLogger(__name__)
+GROUP_GONE = 5.0  # seconds a stopped child's process group gets to be gone after its SIGKILL
+
 
 class ChildError(RuntimeError):
     pass
@@ -109,6 +112,21 @@ class ChildProcess:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, sig)
 
+    async def _group_gone(self, within: float = GROUP_GONE) -> None:
+        """Until no process of the child's group is left, at most ``within`` seconds: a SIGKILL
+        takes effect when the process next runs, and a worker with its model mapped takes a moment
+        to go on a loaded machine, so that a stopped node is gone, workers and all, when
+        :meth:`stop` returns."""
+        assert self.proc is not None
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(self.proc.pid, 0)
+            except (ProcessLookupError, PermissionError):
+                return
+            await asyncio.sleep(0.02)
+        log.warning("%s: processes of its group still there %.0f s after SIGKILL", self.name, within)
+
     async def stop(self, grace: float = 5.0) -> int | None:
         """SIGTERM the child, SIGKILL its process group after ``grace`` seconds; reap; return its status.
 
@@ -127,6 +145,7 @@ class ChildProcess:
                     await self.proc.wait()
         finally:
             self.signal(signal.SIGKILL)  # anything left in its group (a worker of a killed node)
+        await self._group_gone()
         for t in self._readers:
             t.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
