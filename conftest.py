@@ -105,12 +105,13 @@ def _tinygrad_on_the_cpu(request: pytest.FixtureRequest) -> Iterator[None]:
         yield
         return
     os.environ["CPU"] = "1"
-    half = os.environ.setdefault("HALF", "0")  # see below
+    ours = "HALF" not in os.environ
+    os.environ.setdefault("HALF", "0")
     try:
         yield
     finally:
         os.environ.pop("CPU", None)
-        if half == "0":
+        if ours:
             os.environ.pop("HALF", None)
 
 

@@ -295,19 +295,17 @@ def install_program_cache() -> ProgramStats:
         if opts is not None:  # a search's candidate: not worth keeping
             return generate(ast, renderer, opts)
         key = _program_key(ast, renderer)
-        found = _diskcache_get(key)
-        if found is None:
+        prg, made = _diskcache_get(key), False
+        if prg is None:
             with _generating(key):
-                found = _diskcache_get(key)  # another process may have made it while this one waited
-                if found is None:
-                    prg = generate(ast, renderer, opts)
-                    PROGRAMS.misses += 1
+                prg = _diskcache_get(key)  # another process may have made it while this one waited
+                if prg is None:
+                    prg, made = generate(ast, renderer, opts), True
                     _diskcache_put(key, dataclasses.replace(prg, uops=None))  # the uops only feed DEBUG's estimates
-                    PROGRAMS.seconds += time.perf_counter() - started
-                    return prg
-        PROGRAMS.hits += 1
+        PROGRAMS.misses += made
+        PROGRAMS.hits += not made
         PROGRAMS.seconds += time.perf_counter() - started
-        return found
+        return prg
 
     get_program.__ppsmoke_cache__ = True  # type: ignore[attr-defined]
     realize.get_program = get_program
