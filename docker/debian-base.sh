@@ -1,19 +1,28 @@
 #!/usr/bin/env bash
 # The node image's base on a machine that reaches Debian's package archive but no image registry:
-# a minimal Debian root filesystem made by mmdebstrap from this machine's own apt sources (its
-# mirror, suite and keyring; none is written here), imported into buildah's storage (its driver:
-# STORAGE_DRIVER, else overlay, as pytest_ppsmoke/cloud/image.py chooses it) as
-# IMAGE. Built once per machine: an existing IMAGE is kept. docker/Dockerfile's apt step installs
-# python3, python3-venv and ca-certificates on top, as it does on the CUDA base. The base carries
-# clang, which tinygrad's CPU device compiles its kernels with: here, without a GPU, it stands in
-# for the CUDA base's libnvrtc.
+# a minimal root filesystem of the Debian release docker/Dockerfile's BASE names
+# (debian:<release>-slim), made by mmdebstrap from this machine's own apt sources (its mirror and
+# keyring; none is written here), imported into buildah's storage (its driver: STORAGE_DRIVER, else
+# overlay, as pytest_ppsmoke/cloud/image.py chooses it) as IMAGE. Built once per machine: an
+# existing IMAGE is kept. docker/Dockerfile's apt step installs python3, python3-venv and
+# ca-certificates on top, as it does on debian:<release>-slim. The one package added here is clang,
+# which tinygrad's CPU device compiles its kernels with: without a GPU it stands in for CUDA.
 #
-#   docker/debian-base.sh [IMAGE]      (default localhost/pp-debian-base:<codename>)
+#   docker/debian-base.sh [IMAGE]      (default localhost/pp-debian-base:<release>)
 set -euo pipefail
 
+here=$(dirname "$0")
+release=$(sed -n 's/^ARG BASE=debian:\([a-z]*\)-slim$/\1/p' "$here/Dockerfile")
+if [[ -z $release ]]; then
+  echo "debian-base: docker/Dockerfile's ARG BASE is not debian:<release>-slim" >&2
+  exit 1
+fi
 . /etc/os-release
-suite=${VERSION_CODENAME:?/etc/os-release names no VERSION_CODENAME}
-image=${1:-localhost/pp-debian-base:$suite}
+if [[ ${VERSION_CODENAME:-} != "$release" ]]; then
+  echo "debian-base: this machine's apt sources are for ${VERSION_CODENAME:-an unknown release}, the image's base is Debian $release; build on a $release machine, or on debian:$release-slim from a registry (python -m pytest_ppsmoke.cloud.image --base registry)" >&2
+  exit 1
+fi
+image=${1:-localhost/pp-debian-base:$release}
 if [[ -z ${STORAGE_DRIVER:-} ]]; then
   STORAGE_DRIVER=vfs
   grep -qw overlay /proc/filesystems && STORAGE_DRIVER=overlay
@@ -39,7 +48,7 @@ trap cleanup EXIT
 # minbase: apt and dpkg (and clang); the sources files are copied in, so the build's apt step
 # reaches the same archive
 mmdebstrap --quiet --variant=minbase --include=clang --mode=root --format=tar \
-  "$suite" "$work/rootfs.tar" "${sources[@]}"
+  "$release" "$work/rootfs.tar" "${sources[@]}"
 ctr=$("${buildah[@]}" from scratch)
 "${buildah[@]}" add --quiet "$ctr" "$work/rootfs.tar" / >/dev/null
 "${buildah[@]}" config --cmd /bin/bash --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "$ctr"

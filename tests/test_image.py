@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,9 @@ from pytest_ppsmoke.cloud.emulator.catalogue import default_catalogue
 from pytest_ppsmoke.cloud.emulator.instances import Instance
 from pytest_ppsmoke.cloud.emulator.runtimes import Image, NetworkMembers, Runtime
 from pytest_ppsmoke.cloud.emulator.server import FakeVast
+from pytest_ppsmoke.cloud.vast import OfferQuery
 from pytest_ppsmoke.harness import settings
+from tests import registry as test_registry
 from tests.helpers import TEST_TAG, tagged_processes
 
 pytestmark = pytest.mark.local
@@ -48,12 +51,16 @@ def test_the_dockerfile_follows_its_rules() -> None:
     words = [w for w, _ in ins]
     assert set(words) <= {"ARG", "FROM", "ENV", "RUN", "COPY", "USER", "WORKDIR", "ENTRYPOINT"}, words
     args = dict(a.partition("=")[::2] for w, a in ins if w == "ARG")
-    assert "nvidia/cuda" in args["BASE"] and "runtime" in args["BASE"]  # nvrtc, for tinygrad's CUDA
+    assert args["BASE"] == f"debian:{image.release()}-slim" == "debian:bookworm-slim"  # Python 3.11
     assert ("FROM", "${BASE}") in ins and "BAKE_MODEL" in args
     assert ins[-1] == ("ENTRYPOINT", '["pp-gpu-node"]')  # exec form: signals reach the node
     assert [a for w, a in ins if w == "USER"] == ["node"]
-    env = " ".join(a for w, a in ins if w == "ENV")
-    assert "CUDA=1" in env
+    env = dict(kv.partition("=")[::2] for w, a in ins if w == "ENV" for kv in a.split())
+    assert env["CUDA"] == "1" and env["PATH"].startswith("/opt/venv/bin:")
+    site = "/opt/venv/lib/python3.11/site-packages/nvidia"  # the "cuda" extra's wheels, in the venv
+    assert env["CUDA_PATH"] == f"{site}/cuda_runtime" and env["NVRTC_PATH"] == f"{site}/cuda_nvrtc/lib/libnvrtc.so.12"
+    # what the NVIDIA container runtime reads to mount the driver and the devices
+    assert (env["NVIDIA_VISIBLE_DEVICES"], env["NVIDIA_DRIVER_CAPABILITIES"]) == ("all", "compute,utility")
     # no secrets: nothing named like one is set or passed at build time
     for w, a in ins:
         if w in ("ENV", "ARG"):
@@ -67,7 +74,33 @@ def test_the_dockerfile_follows_its_rules() -> None:
                 assert (ROOT / src).exists(), src
                 assert f"!{src}" in ignore or f"!{src}/" in ignore, f"{src} is excluded from the build context"
     runs = " ".join(a for w, a in ins if w == "RUN")
-    assert "pip install /src" in runs and "rm -rf /var/lib/apt/lists/*" in runs
+    assert 'pip install -c /src/constraints.txt "/src[cuda]"' in runs and "rm -rf /var/lib/apt/lists/*" in runs
+
+
+def test_the_local_base_is_the_registry_base_plus_clang() -> None:
+    """The two recipes of the one image: docker/debian-base.sh builds the release the
+    Dockerfile's BASE names (read from it, not written twice) and adds exactly one package."""
+    script = image.DEBIAN_BASE_SCRIPT.read_text()
+    assert "ARG BASE=debian:" in script and "Dockerfile" in script  # the release comes from there
+    assert re.findall(r"--include=(\S+)", script) == ["clang"]  # tinygrad's CPU device, only here
+    assert "--variant=minbase" in script  # what debian:<release>-slim is made from too
+    assert image.debian_base() == f"localhost/pp-debian-base:{image.release()}"
+    # the publishing workflow builds the Dockerfile's default base: no job overrides BASE
+    workflow = (ROOT / ".github" / "workflows" / "image.yml").read_text()
+    assert "BASE=" not in workflow and "docker/Dockerfile" in workflow
+
+
+def test_the_images_cuda_is_the_one_the_offers_ask_for() -> None:
+    """NVRTC writes PTX of its own CUDA version, which older drivers refuse: the image's NVRTC
+    and headers are one release, the one --min-cuda asks the offers for."""
+    text = (ROOT / "pyproject.toml").read_text()
+    cuda = re.search(r"^cuda = \[(.*?)^\]", text, re.S | re.M)
+    assert cuda, "pyproject.toml has no cuda extra"
+    pins = dict(re.findall(r'"(nvidia-[a-z0-9-]+)==([0-9.]+)"', cuda[1]))
+    assert set(pins) == {"nvidia-cuda-nvrtc-cu12", "nvidia-cuda-runtime-cu12"}, pins
+    assert len(set(pins.values())) == 1, f"NVRTC and the headers are different releases: {pins}"
+    major_minor = float(".".join(next(iter(pins.values())).split(".")[:2]))
+    assert OfferQuery().min_cuda == major_minor, (OfferQuery().min_cuda, pins)
 
 
 def test_the_runtimes_are_listed_once_each_name_a_runtime_class() -> None:
@@ -124,28 +157,96 @@ def built_image() -> str:
     return DEFAULT_IMAGE
 
 
+def run_in(name: str, command: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``command`` in a working container of the image ``name`` (its user, its environment, with
+    ``env`` over it), as ``buildah run`` runs it; the container is removed after."""
+    ctr = f"pp-check-{os.getpid()}-{os.urandom(3).hex()}"
+    subprocess.run([*image.BUILDAH, "from", "--pull=never", "--quiet", "--name", ctr, name], check=True,
+                   capture_output=True, timeout=600)  # fmt: skip
+    try:
+        return subprocess.run(
+            [*image.BUILDAH, "run", "--isolation", "chroot", *(f"--env={k}={v}" for k, v in (env or {}).items()),
+             ctr, "--", *command],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+    finally:
+        subprocess.run([*image.BUILDAH, "rm", ctr], capture_output=True, timeout=120)
+
+
+@pytest.mark.image
+def test_the_image_is_the_release_its_dockerfile_names(built_image: str) -> None:
+    done = run_in(built_image, ["sh", "-c", '. /etc/os-release; echo "$VERSION_CODENAME"; python3 --version'])
+    assert done.returncode == 0, done.stderr
+    codename, python = done.stdout.split("\n", 1)
+    assert codename == image.release() and python.startswith("Python 3.11."), done.stdout
+
+
+@pytest.mark.image
+def test_the_images_nvrtc_compiles_f16_and_bf16_kernels_for_the_offers_gpus(built_image: str) -> None:
+    """What a node on a rented GPU does first, minus the GPU: tinygrad's CUDA compiler, with only
+    the NVRTC and headers the image ships, compiles real f16 and bf16 kernels for sm_80 and sm_90
+    (this machine's own CUDA toolkit, if any, is outside the container)."""
+    done = run_in(built_image, ["python", "-m", "pytest_ppsmoke.stage.cudacheck"], {"CUDA": "0"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result["nvrtc"] == str(OfferQuery().min_cuda), result
+    for arch in ("sm_80", "sm_90"):
+        for dtype in ("half", "bfloat16"):
+            assert result[f"{arch} {dtype}"]["ptx_bytes"] > 1000 and result[f"{arch} {dtype}"]["ptx_isa"] == "8.4"
+    # the headers come from the image's CUDA_PATH: without it, the first f16 kernel fails, in one line
+    bare = run_in(built_image, ["python", "-m", "pytest_ppsmoke.stage.cudacheck"], {"CUDA": "0", "CUDA_PATH": ""})
+    assert bare.returncode == 1, bare.stdout
+    # (buildah run adds its own lines after the command's)
+    (line,) = [ln for ln in bare.stderr.splitlines() if ln.startswith("cudacheck:")]
+    assert line.startswith("cudacheck: sm_80 half:") and 'cannot open source file "cuda_fp16.h"' in line, line
+
+
+@pytest.fixture(scope="module")
+def published(built_image: str) -> Iterator[test_registry.LocalRegistry]:
+    """The built image in a real registry on loopback (its storage kept between runs: .ci/run's
+    setup pushes it once); ``.pushed`` is the name a create call carries."""
+    why = test_registry.missing()
+    if why:
+        pytest.skip(f"the image's registry needs docker-registry: {why}")
+    with test_registry.LocalRegistry(test_registry.NODE_REGISTRY) as reg:
+        reg.pushed = reg.push(built_image, test_registry.NODE_REPOSITORY)
+        yield reg
+
+
 @pytest.mark.image
 @pytest.mark.timeout(1200)  # a cold build takes minutes; .ci/run builds first, so it is found up to date
 async def test_a_smoke_run_passes_with_both_nodes_in_the_image(
-    built_image: str, tmp_path: Path, synth_model: str
+    published: test_registry.LocalRegistry, tmp_path: Path, synth_model: str
 ) -> None:
+    """The image as vast.ai's hosts get it: the pre-flight asks the registry for it, each
+    instance pulls it by name (anonymously, from the registry), then runs its entrypoint."""
+    name = published.pushed
     async with FakeVast(runtime=TaggedImage) as fake:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "pytest_ppsmoke.harness.cli", "--local", "--vast-url", fake.url,
-            "--image", built_image, "--model", synth_model, "--max-tokens", "4", "--reference", "off",
-            "--poll-interval", "1", "--report", str(tmp_path / "r.json"),
+            "--image", name, "--model", synth_model, "--max-tokens", "4", "--reference", "off",
+            "--poll-interval", "1", "-v", "--report", str(tmp_path / "r.json"),
             env={**os.environ, "VAST_API_KEY": fake.api_key},
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
-        _, err = await asyncio.wait_for(proc.communicate(), 240)
+        talk = asyncio.ensure_future(proc.communicate())
+        try:
+            _, err = await asyncio.wait_for(asyncio.shield(talk), 240)
+        except TimeoutError:  # what the run printed, so that a hang says where it was
+            proc.terminate()
+            _, err = await asyncio.wait_for(talk, 60)
+            pytest.fail(f"pp-smoke-run did not end within 240 s:\n{err.decode()[-3000:]}")
         assert proc.returncode == 0, err.decode()[-3000:]
         report = json.loads((tmp_path / "r.json").read_text())
         assert report["ok"] and 1 <= len(report["token_ids"]) <= 4
+        checked = report["preflight"]["image"]
+        assert checked["image"] == name and checked["platforms"] == ["linux/amd64"], checked
+        assert checked["compressed_bytes"] > 100e6  # the registry's layers, as a host downloads them
         assert [i["final_state"] for i in report["instances"]] == ["destroyed", "destroyed"]
         # each instance ran as the image's entrypoint in its own working container, now removed
         assert len(fake.destroyed) == 2 and not fake.instances
         for inst in fake.destroyed:
-            assert inst.container is not None and inst.proc is not None, inst
+            assert inst.image == name and inst.container is not None and inst.proc is not None, inst
             argv = inst.proc.argv
             assert argv[:4] == [*image.BUILDAH, "run"] and argv[-2:] == ["--", "pp-gpu-node"], argv
             assert inst.container.name in argv and inst.proc.proc is not None
@@ -154,4 +255,7 @@ async def test_a_smoke_run_passes_with_both_nodes_in_the_image(
         prefix = fake.container_prefix
         assert await asyncio.to_thread(image.containers, prefix) == [], "a working container was left"
     # the containers' processes carry the test's tag (TaggedImage passes it in): none is left
-    assert tagged_processes(os.environ[TEST_TAG]) == {}
+    # (but the registry, the module's, which its fixture stops)
+    assert published.proc is not None
+    left = tagged_processes(os.environ[TEST_TAG])
+    assert set(left) <= {published.proc.pid}, left

@@ -152,8 +152,8 @@ def test_the_image_page_names_the_node_contract_and_the_images_settings() -> Non
     for key, value in dockerfile_env().items():
         assert f"`{key}={value}`" in doc, f"the Dockerfile sets {key}={value}; docs/image.md does not say so"
     text = DOCKERFILE.read_text()
-    bases = re.findall(r"^ARG\s+\w+=(\S*nvidia/cuda\S*)", text, re.M)
-    assert bases and all(f"`{b}`" in doc for b in bases), f"the default base {bases} is not in docs/image.md"
+    (base,) = re.findall(r"^ARG\s+BASE=(\S+)", text, re.M)
+    assert f"`{base}`" in doc, f"the default base {base} is not in docs/image.md"
     (user,) = re.findall(r"^USER\s+(\S+)", text, re.M)
     (entrypoint,) = re.findall(r"^ENTRYPOINT\s+(.+)$", text, re.M)
     assert f"User:** `{user}`" in doc and f"`ENTRYPOINT {entrypoint.strip()}`" in doc
@@ -163,3 +163,38 @@ def test_the_image_page_names_the_node_contract_and_the_images_settings() -> Non
     table = (Path(spec.origin).parent / "apps" / "llm.py").read_text()
     (url,) = re.findall(r'"llama3\.2:1b":\s*"([^"]+)"', table)
     assert f"`{url.rsplit('/', 1)[1]}`" in doc, f"docs/image.md does not name llama3.2:1b's file, {url}"
+
+
+RELEASE_WORKFLOW = WORKFLOWS / "release.yml"
+
+
+def test_the_release_workflow_publishes_the_checked_files_from_the_same_tag() -> None:
+    """PyPI from the version tag that publishes the image: the same version check, the files
+    checked by twine before upload, and only the upload job may ask for PyPI's token."""
+    wf: dict[str, Any] = YAML(typ="safe").load(RELEASE_WORKFLOW.read_text())
+    assert wf["on"] == {"push": {"tags": ["v*"]}} and wf["permissions"] == {"contents": "read"}
+    jobs = wf["jobs"]
+    (check,) = [s for s in jobs["dist"]["steps"] if s.get("id") == "version"]
+    (image_check,) = [s for s in workflow()["jobs"]["publish"]["steps"] if s.get("id") == "version"]
+    assert check["run"] == image_check["run"]  # one rule: the tag names pyproject.toml's version
+    build = " ".join(str(s.get("run", "")) for s in jobs["dist"]["steps"])
+    assert "python3 -m build" in build and "twine check --strict dist/*" in build and "-c constraints.txt" in build
+    assert [n for n, j in jobs.items() if j.get("permissions", {}).get("id-token") == "write"] == ["pypi"]
+    assert jobs["pypi"]["environment"]["name"] == "pypi" and jobs["pypi"]["needs"] == "dist"
+    assert [s["uses"].split("@")[0] for s in jobs["pypi"]["steps"]][-1] == "pypa/gh-action-pypi-publish"
+    assert not any("password" in (s.get("with") or {}) for s in jobs["pypi"]["steps"])  # trusted publishing
+
+
+def test_the_sdist_and_the_wheel_pass_twines_check(tmp_path: Path) -> None:
+    """What the release uploads, built here as it builds it (an isolated build: pyproject.toml's
+    build requirements from the package index, as pip's own wheel build gets them) and checked
+    by twine, as PyPI would render and accept it."""
+    build = [sys.executable, "-m", "build", "--outdir", str(tmp_path), str(ROOT)]
+    done = subprocess.run(build, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    files = sorted(p.name for p in tmp_path.iterdir())
+    version = project_version()
+    assert files == [f"pytest_ppsmoke-{version}-py3-none-any.whl", f"pytest_ppsmoke-{version}.tar.gz"], files
+    check = [sys.executable, "-m", "twine", "check", "--strict", *map(str, sorted(tmp_path.iterdir()))]
+    done = subprocess.run(check, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.count("PASSED") == 2, done.stdout + done.stderr

@@ -1,17 +1,17 @@
 """The node image on this machine, with buildah (no Docker engine, no image registry needed).
 
-    python -m pytest_ppsmoke.cloud.image [--base debian|cuda] [--tag TAG]
+    python -m pytest_ppsmoke.cloud.image [--base local|registry] [--tag TAG]
 
 builds ``docker/Dockerfile`` into buildah's storage (overlay, or vfs where the kernel has no
-overlay: :func:`storage_driver`; ``--isolation chroot``: no daemon, no
-user namespaces) as ``TAG`` (default :data:`~pytest_ppsmoke.DEFAULT_IMAGE`, the name the run asks
-vast.ai for, so that ``--runtime image`` of the emulator runs it). ``--base debian`` (default)
-builds on a Debian root filesystem that ``docker/debian-base.sh`` makes from this machine's apt
-sources, once; ``--base cuda`` on the Dockerfile's own default, the CUDA runtime base that vast.ai
-runs, which needs a registry. pip inside the build reaches packages as this machine's pip does:
-its configuration (``pip config list``: index, extra indexes, find-links, certificate bundle,
-constraints) is written to a ``pip.conf`` bind-mounted into the ``RUN`` steps with every local
-file or directory it names (read-only, under :data:`HOST`); nothing of it lands in the image.
+overlay: :func:`storage_driver`; ``--isolation chroot``: no daemon, no user namespaces) as ``TAG``
+(default :data:`~pytest_ppsmoke.DEFAULT_IMAGE`, the name the run asks vast.ai for).
+``--base local`` (default) builds on a root filesystem of the image's Debian release that
+``docker/debian-base.sh`` makes from this machine's apt sources, once; ``--base registry`` on the
+Dockerfile's own default, ``debian:<release>-slim`` from Docker Hub, as the publishing workflow
+does. pip inside the build reaches packages as this machine's pip does: its configuration
+(``pip config list``: index, extra indexes, find-links, certificate bundle, constraints) is
+written to a ``pip.conf`` bind-mounted into the ``RUN`` steps with every local file or directory
+it names (read-only, under :data:`HOST`); nothing of it lands in the image.
 
 :class:`Container` is one working container of an image, run the way vast.ai runs an instance:
 the image's entrypoint as its user, the instance's environment, the host's network.
@@ -25,6 +25,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -56,22 +57,25 @@ def storage_driver() -> str:
 
 BUILDAH = ("buildah", "--storage-driver", storage_driver())
 HOST = "/run/pp-host"  # where the build's RUN steps see this machine's pip files
-CONTEXT = ("pyproject.toml", "README.md", "pytest_ppsmoke", "worker")  # what the Dockerfile copies
+CONTEXT = ("pyproject.toml", "README.md", "constraints.txt", "pytest_ppsmoke", "worker")  # what the Dockerfile copies
 LABEL = "io.github.pytest-ppsmoke.context"  # the image's context digest: an unchanged one is not rebuilt
 CREATE_TIMEOUT = 600.0  # seconds for buildah from (vfs copies the image's files)
 PIP_PATH_KEYS = ("cert", "client-cert", "constraint", "requirement", "find-links", "index-url", "extra-index-url")
 
 
+def release() -> str:
+    """The Debian release the image is built on: the one docker/Dockerfile's ``ARG BASE``
+    (``debian:<release>-slim``) names, which docker/debian-base.sh builds too."""
+    for line in DOCKERFILE.read_text().splitlines():
+        m = re.fullmatch(r"ARG BASE=debian:([a-z]+)-slim", line.strip())
+        if m:
+            return m.group(1)
+    raise RuntimeError(f"{DOCKERFILE}: ARG BASE is not debian:<release>-slim")
+
+
 def debian_base() -> str:
-    """The Debian base's name, as docker/debian-base.sh names it for this machine's release."""
-    codename = ""
-    for line in Path("/etc/os-release").read_text().splitlines():
-        key, _, value = line.partition("=")
-        if key == "VERSION_CODENAME":
-            codename = value.strip().strip('"')
-    if not codename:
-        raise RuntimeError("/etc/os-release names no VERSION_CODENAME: this machine is not Debian-like")
-    return f"localhost/pp-debian-base:{codename}"
+    """The local base's name, as docker/debian-base.sh names it: the image's Debian release."""
+    return f"localhost/pp-debian-base:{release()}"
 
 
 def buildah_missing() -> str | None:
@@ -214,6 +218,44 @@ def containers(prefix: str) -> list[str]:
     return [n for n in r.stdout.split() if n.startswith(prefix)] if r.returncode == 0 else []
 
 
+class PullError(RuntimeError):
+    """A pull that failed: the message is the container engine's own, as a host shows it."""
+
+
+async def pull(name: str, timeout: float = CREATE_TIMEOUT) -> None:
+    """Pull ``name`` from the registry it names, as a host of vast.ai's does before it starts an
+    instance: anonymously (no login of this machine's is used), over plain HTTP for a registry on
+    loopback. A cancelled or late pull is stopped. PullError: the registry's refusal, as the
+    engine words it (``manifest unknown``, ``unauthorized: authentication required``)."""
+    from .oci import ImageProblem, ImageRef, on_loopback
+
+    try:
+        ref = ImageRef.parse(name)
+    except ImageProblem as e:
+        raise PullError(f"Error response from daemon: invalid reference format: {e}") from None
+    with tempfile.TemporaryDirectory(prefix="pp-pull-") as tmp:
+        auth = Path(tmp) / "auth.json"
+        auth.write_text("{}")  # anonymous, whatever logins this machine holds
+        cmd = [
+            *BUILDAH, "pull", "--quiet", "--policy", "always", "--authfile", str(auth),
+            f"--tls-verify={'false' if on_loopback(ref.registry) else 'true'}", name,
+        ]  # fmt: skip
+        proc = await asyncio.create_subprocess_exec(
+            *cmd, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
+        )
+        try:
+            _, err = await asyncio.wait_for(proc.communicate(), timeout)
+        except (asyncio.CancelledError, TimeoutError):
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+            raise
+    if proc.returncode:
+        lines = [ln.strip() for ln in err.decode(errors="replace").splitlines() if ln.strip()]
+        why = lines[-1].removeprefix("Error: ") if lines else f"buildah pull exited with status {proc.returncode}"
+        raise PullError(f"Error response from daemon: {why}")
+
+
 class Container:
     """A working container ``name`` of ``image``: :meth:`create` it, run :meth:`argv` (the
     image's entrypoint under ``buildah run``, host network) as a process, :meth:`remove` it.
@@ -290,7 +332,10 @@ class Container:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m pytest_ppsmoke.cloud.image", description=__doc__.split("\n\n")[0])
-    p.add_argument("--base", choices=("debian", "cuda"), default="debian", help="the base image (default debian)")
+    p.add_argument(
+        "--base", choices=("local", "registry"), default="local",
+        help="local: docker/debian-base.sh's root filesystem (default); registry: debian:<release>-slim",
+    )  # fmt: skip
     p.add_argument("--tag", default=DEFAULT_IMAGE, help=f"the image's name (default {DEFAULT_IMAGE})")
     p.add_argument("--build-arg", action="append", default=[], help="KEY=VALUE, e.g. BAKE_MODEL=llama3.2:1b")
     args = p.parse_args(argv)
@@ -298,13 +343,13 @@ def main(argv: list[str] | None = None) -> None:
     if why:
         p.error(why)
     base = None
-    if args.base == "debian":
+    if args.base == "local":
         base = debian_base()
         t = time.monotonic()
         subprocess.run(
             [str(DEBIAN_BASE_SCRIPT), base], check=True, timeout=1800, env={**os.environ, "STORAGE_DRIVER": BUILDAH[2]}
         )
-        print(f"image: the Debian base in {time.monotonic() - t:.1f} s", file=sys.stderr)
+        print(f"image: the local base in {time.monotonic() - t:.1f} s", file=sys.stderr)
     t = time.monotonic()
     done = build(args.tag, base, dict(a.partition("=")[::2] for a in args.build_arg))
     print(f"image: {args.tag} {'built' if done else 'up to date'} in {time.monotonic() - t:.1f} s", file=sys.stderr)
