@@ -259,6 +259,20 @@ POINTS: dict[str, Point] = {
         ),
         Point("vast.throttle_every", COUNT, ROW_CREATE, "the period of vast.burst_429, in API calls", 8),
         Point(
+            "vast.retry_after",
+            SECONDS,
+            ROW_CREATE,
+            "the 429s of vast.burst_429 carry Retry-After: this many seconds (0: none, as vast.ai's mostly do)",
+            0.0,
+        ),
+        Point(
+            "vast.search_quota",
+            FLAG,
+            ROW_OFFERS,
+            "offer searches get HTTP 429 search_quota_exceeded: the account's daily search quota is spent",
+            False,
+        ),
+        Point(
             "vast.rate_limit",
             LIMITS,
             ROW_CREATE,

@@ -30,7 +30,7 @@ def test_local_run_says_hello_reports_everything_and_leaves_nothing(tmp_path: Pa
     args = ["--model", synth_model, "--max-tokens", "16", "--reference", "off", "--report", str(report_path)]
     out = run("--local", "-v", "--weight-cache", str(tmp_path / "weights"), *args)
     assert out.returncode == 0, out.stderr[-3000:]
-    for phase in ("rent", "boot", "converge", "load", "resolve", "prefill", "decode", "teardown"):
+    for phase in ("preflight", "rent", "boot", "converge", "load", "resolve", "prefill", "decode", "teardown"):
         assert f"] {phase}" in out.stdout
     report = json.loads(report_path.read_text())
     assert report["ok"] is True and report["exit_code"] == 0 and report["error"] is None
@@ -50,8 +50,14 @@ def test_local_run_says_hello_reports_everything_and_leaves_nothing(tmp_path: Pa
         assert re.fullmatch(load, st["load"]), st
     assert len(list((tmp_path / "weights").glob("*.weights"))) == 2  # --weight-cache reached both workers
     assert set(report["timings"]) >= {
-        "rent", "boot", "converge", "load", "resolve", "prefill", "decode", "teardown", "total", "decode_tokens_per_s"
+        "preflight", "rent", "boot", "converge", "load", "resolve", "prefill", "decode", "teardown", "total",
+        "decode_tokens_per_s",
     }  # fmt: skip
+    # the embedded emulator's account and offers were checked; its image is not asked (not on loopback)
+    found = report["preflight"]
+    assert found["credit_usd"] == 100.0 and found["offers"] >= 2 and found["image"] is None
+    assert found["image_checked"] == "local mode asks only a registry on this machine, not ghcr.io"
+    assert 0 < found["worst_case_usd"] < 1 and found["model_blocks"] == SYNTH.blocks
     hop = report["hops"]["pp-stage-0->pp-stage-1"]
     assert hop["prefill"]["bytes_each"] == [len(report["prompt_token_ids"]) * SYNTH.dim * 2]  # bf16
     assert hop["decode"]["bytes_each"] == [SYNTH.dim * 2]

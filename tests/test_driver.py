@@ -147,17 +147,17 @@ def test_a_failed_rent_shows_once_in_one_line_with_no_traceback(pytester: pytest
     )  # fmt: skip
     result.assert_outcomes(errors=7, skipped=2)  # skipped: one as before, and the layout grid (not asked for)
     out = result.stdout.str() + result.stderr.str()
-    first = [line for line in out.splitlines() if "deployment failed at rent: searching offers failed" in line]
+    first = [line for line in out.splitlines() if "deployment failed at preflight: asking vast.ai for" in line]
     assert len(first) == 1, out
-    assert "127.0.0.1:9" in first[0] and "check the API key, the network and --vast-url" in first[0]
-    assert out.count("the deployment failed at rent; the error is shown at test_spec.py::") == 6
-    assert out.count("searching offers failed") == 1
+    assert "127.0.0.1:9" in first[0] and "nothing was rented; the message says which check refused" in first[0]
+    assert out.count("the deployment failed at preflight; the error is shown at test_spec.py::") == 6
+    assert out.count("asking vast.ai for the account failed") == 1
     for absent in ("Traceback", "During handling", "billing", KEY):
         assert absent not in out, absent
     # no frame of this package (another plugin's warning may name its own file: pytest-asyncio's does)
     frames = [line for line in out.splitlines() if OUR_FRAME.search(line) and not line.startswith("SKIPPED [")]
     assert not frames, frames  # -rs names each skip's test by file and line: not a frame
-    assert "nothing to destroy: no instance was created (the deployment failed at rent)" in out
+    assert "nothing to destroy: no instance was created (the deployment failed at preflight)" in out
 
 
 async def test_the_reference_step_records_a_mismatch_a_failure_and_a_lack_of_budget(

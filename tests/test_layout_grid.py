@@ -129,15 +129,16 @@ async def test_pp_smoke_run_grid_rents_where_the_run_would(emulator: Callable[..
     assert rc != 0 and not (bad / "grid.json").exists()
     assert "nonexistent.gguf" in smoke.stderr.strip().splitlines()[-1], smoke.stderr[-2000:]
     await assert_nothing_left(fake, smoke, created=5)  # refused before anything was rented
-    # more stages than the emulator has offers: the 2-stage layout is measured, then the rent fails
-    # in one line, and what was measured is kept
+    # more stages than the model has blocks: the 2-stage layout is measured, then the pre-flight
+    # refuses the 5-stage one in one line (nothing rented for it), and what was measured is kept
     run = Smoke(fake, bad, "--grid", "prompts=40;stages=2,5;repeats=1;max_tokens=8", "--grid-out", str(bad))
     run.argv[run.argv.index("--model") + 1] = str(tiny)
     async with run as smoke:
         rc = await smoke.finish(timeout=120)
     assert rc == 1 and not (bad / "grid.json").exists()
     last = smoke.stderr.strip().splitlines()[-1]
-    assert last.startswith("pp-smoke-run: grid: PhaseError: rent: 4 offer(s) match ") and "5 are needed" in last, last
+    assert last.startswith(f"pp-smoke-run: grid: PhaseError: preflight: --model '{tiny}' has 4 block(s)"), last
+    assert "fewer than the 5 stages; lower --num-stages to at most 4" in last, last
     assert last.endswith(f"(1 point(s) measured before it are in {bad / 'grid.partial.json'})"), last
     assert [p.stages for p in Grid.load(bad / "grid.partial.json").points] == [2]
     await assert_nothing_left(fake, smoke, created=5 + 2)

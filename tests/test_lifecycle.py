@@ -94,7 +94,7 @@ ROWS = {
     "fewer than 2 offers": (
         "vast.offers=1",
         [],
-        r"failed at rent: 1 offer\(s\) match \(1 GPU, >= 8 GB GPU RAM.*\); 2 are needed.*",
+        r"failed at preflight: 1 offer\(s\) match \(1 GPU, >= 8 GB GPU RAM.*\); 2 are needed.*",
         0,
     ),
     "the cluster never converges": (

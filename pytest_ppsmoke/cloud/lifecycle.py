@@ -52,12 +52,20 @@ from ..runtime.localproc import ClusterKeys
 from ..runtime.node import Node, NodeConfig
 from ..runtime.resource import Resource
 from ..runtime.swimconfig import SwimConfig
-from .vast import Instance, Label, Offer, OfferGone, OfferQuery, VastClient, VastError, going_away
+from .preflight import Preflight, image_check, preflight
+from .vast import Instance, Label, NeverRuns, Offer, OfferGone, OfferQuery, VastClient, VastError, going_away
 
 log = logging.getLogger(__name__)
 
 LOST_STATES = ("offline", "exited", "unknown")  # vast.ai's states a running instance never comes back from
-NEXT_PHASE = {"rent": "boot", "boot": "converge", "converge": "load", "load": "resolve", "resolve": "prefill"}
+NEXT_PHASE = {
+    "preflight": "rent",
+    "rent": "boot",
+    "boot": "converge",
+    "converge": "load",
+    "load": "resolve",
+    "resolve": "prefill",
+}
 
 
 # RunConfig's fields that every node's NodeEnv carries, by the NodeEnv field each becomes
@@ -101,6 +109,9 @@ class RunConfig:
     rtt: float = 0.0  # the network's worst round trip, seconds (an emulated network's profile): SWIM's timeouts
     offer_races: int = 4  # offers raced away between search and create that the run moves past
     redestroys: int = 2  # destroys sent again when vast.ai accepted one but still shows the instance running
+    preflight: bool = True  # the checks before the first create (.preflight)
+    check_image: bool | str | None = None  # ask the image's registry; a str: why not; None: image_check decides
+    budget: float = 300.0  # the run's seconds: the credit must cover the offers' $/h for this long
 
     def __post_init__(self) -> None:
         if self.num_stages < 2:
@@ -111,6 +122,8 @@ class RunConfig:
             raise ValueError(f"polls must be at least 1, got {self.polls}")
         if self.offer_races < 0:
             raise ValueError(f"offer_races must be at least 0, got {self.offer_races}")
+        if self.check_image is None:
+            self.check_image = image_check(self.image, vastai=self.network != "local")
 
     def node_env(self) -> NodeEnv:
         """The part of every node's ``NodeEnv`` that this config gives (:data:`NODE_FIELDS`)."""
@@ -207,6 +220,7 @@ class Deployment(Resource):
         self.creates_sent = 0  # create calls sent: with none, nothing of this run can be billing
         self._uncertain_creates = False
         self.offers_skipped: list[dict[str, Any]] = []  # offers raced away between search and create
+        self.preflight: Preflight | None = None  # what the pre-flight found, once it ran
         self.lost: asyncio.Future[PhaseError] | None = None  # set when a stage's host is lost mid-run
         self._watch: asyncio.Task[None] | None = None
 
@@ -238,7 +252,34 @@ class Deployment(Resource):
 
     # --- phases ------------------------------------------------------------------------------
 
+    async def check(self) -> list[Offer]:
+        """The pre-flight (:mod:`.preflight`), its own phase: the matching offers, or PhaseError
+        with nothing rented. Off (``config.preflight``): the offer search alone, in the rent."""
+        c = self.config
+        if not c.preflight:
+            try:
+                return await self.vast.search_offers(c.query)
+            except VastError as e:
+                raise PhaseError("rent", f"searching offers failed: {e}") from None
+        t = self._begin("preflight")
+        self.preflight = await preflight(
+            self.vast, query=c.query, num_stages=c.num_stages, image=c.image, check_image=c.check_image or "",
+            model=c.model, budget_s=c.budget,
+        )  # fmt: skip
+        found = self.preflight
+        credit = "no credit shown" if found.credit is None else f"credit ${found.credit:.2f}"
+        image = (
+            f"image {found.image.ref} ({found.image.compressed_bytes / 1e6:.0f} MB compressed)"
+            if found.image else f"image not checked: {found.image_checked}"
+        )  # fmt: skip
+        detail = (
+            f"key ok, {credit} for a worst case of ${found.worst_case_usd:.2f}; {image}; {len(found.offers)} offers"
+        )
+        self._done("preflight", t, detail)
+        return found.offers
+
     async def rent(self) -> None:
+        offers = await self.check()
         t = self._begin("rent")
         c = self.config
         self.seed = Node(
@@ -251,10 +292,6 @@ class Deployment(Resource):
             )
         )
         await self.seed.start()
-        try:
-            offers = await self.vast.search_offers(c.query)
-        except VastError as e:
-            raise PhaseError("rent", f"searching offers failed: {e}") from None
         if len(offers) < c.num_stages:
             raise PhaseError(
                 "rent",
@@ -347,6 +384,11 @@ class Deployment(Resource):
 
             try:
                 await self.vast.wait_running(inst.id, c.polls, c.poll_interval, seen)
+            except NeverRuns as e:
+                fix = ""
+                if e.failure == "image pull":
+                    fix = f"; check that image {c.image} exists and is public, or pass {setting('image')}"
+                raise PhaseError("boot", f"stage {inst.stage}: {e}{fix}") from None
             except (VastError, TimeoutError) as e:
                 raise PhaseError("boot", f"stage {inst.stage}: {e}") from None
 

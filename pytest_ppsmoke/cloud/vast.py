@@ -35,6 +35,7 @@ the run's report.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -63,6 +64,11 @@ class VastError(RuntimeError):
     def __init__(self, method: str, path: str, status: int, message: str) -> None:
         super().__init__(f"vast.ai {method} {path}: {f'HTTP {status}' if status else 'no answer'}: {message}")
         self.method, self.path, self.status = method, path, status
+
+
+class SearchQuotaExceeded(VastError):
+    """vast.ai's daily search quota is spent (429 ``search_quota_exceeded``): it resets at UTC
+    midnight, so the call is not retried."""
 
 
 class OfferGone(VastError):
@@ -191,6 +197,7 @@ def going_away(inst: Instance | None) -> bool:
 
 
 _THRESHOLD = re.compile(r"threshold\s*=\s*([0-9]+(?:\.[0-9]+)?)")
+MAX_RETRY_AFTER = 60.0  # the longest Retry-After waited out (vast-cli's bound); a longer one ends the call
 PACE_MARGIN = 1.05  # a paced endpoint's calls are this much more than its threshold apart
 
 
@@ -334,16 +341,20 @@ class _Retries:
         self.delay = client.backoff
         self.full = client.rate_limit_first  # the next 429 wait's upper bound
 
-    async def after_429(self, text: str) -> None:
-        """Sleep before the next try, or raise VastError when the 429s have outlasted the limits."""
+    async def after_429(self, text: str, retry_after: float | None = None) -> None:
+        """Sleep before the next try, or raise VastError when the 429s have outlasted the limits.
+        A ``Retry-After`` is waited exactly, up to :data:`MAX_RETRY_AFTER` seconds; a longer one
+        ends the call at once."""
         c = self.client
         self.limited += 1
         full, self.full = self.full, min(self.full * c.rate_limit_factor, c.rate_limit_cap)
-        wait = c.rng.uniform(full / 2, full)
+        wait = c.rng.uniform(full / 2, full) if retry_after is None else retry_after
         now = time.monotonic()
         spent = now - self.first
         stop = None
-        if now + wait > self.first + c.rate_limit_window:
+        if retry_after is not None and retry_after > MAX_RETRY_AFTER:
+            stop = f"vast.ai asks to wait {retry_after:g} s (Retry-After), more than {MAX_RETRY_AFTER:g} s"
+        elif now + wait > self.first + c.rate_limit_window:
             stop = f"the next retry would end past the {c.rate_limit_window:g} s rate-limit window"
         elif c.deadline is not None and now + wait > c.deadline:
             stop = f"the next retry would end past the run's budget ({max(c.deadline - now, 0):.1f} s left)"
@@ -447,9 +458,13 @@ class VastClient:
             )
         return self._session
 
-    async def _send(self, method: str, path: str, body: Any, params: Mapping[str, str] | None) -> tuple[int, str, str]:
-        """One request, after its endpoint's pace (if learned): (status, text, what went wrong),
-        status 0 for no answer. A 429 that names the endpoint's threshold paces it from now on."""
+    async def _send(
+        self, method: str, path: str, body: Any, params: Mapping[str, str] | None
+    ) -> tuple[int, str, str, float | None]:
+        """One request, after its endpoint's pace (if learned): (status, text, what went wrong, the
+        seconds of a 429's ``Retry-After``), status 0 for no answer. A 429 that names the
+        endpoint's threshold paces it from now on; one that says the daily search quota is spent
+        raises :class:`SearchQuotaExceeded`."""
         endpoint = endpoint_name(method, path)
         stats = self.stats.of(endpoint)
         if endpoint in self.pace:  # one at a time, spaced: the lock is held for the wait, not the call
@@ -464,18 +479,29 @@ class VastClient:
         stats.calls += 1
         try:
             async with self._http().request(method, self.base_url + path, json=body, params=params) as resp:
-                status, text = resp.status, await resp.text()
+                status, text, headers = resp.status, await resp.text(), resp.headers
         except (aiohttp.ClientError, TimeoutError) as e:
             # the message of a connection error names host and port, never headers
-            return 0, "", f"{type(e).__name__}: {e}" if str(e) else f"{type(e).__name__} after {self.timeout:g} s"
+            why = f"{type(e).__name__}: {e}" if str(e) else f"{type(e).__name__} after {self.timeout:g} s"
+            return 0, "", why, None
+        retry_after = None
         if status == 429:
             stats.rate_limited += 1
+            data = _parse(method, path, status, text)
+            if isinstance(data, dict) and data.get("error") == "search_quota_exceeded":
+                reset = headers.get("X-RateLimit-Reset")
+                when = f"; it resets at {reset}" if reset else "; it resets at midnight UTC"
+                raise SearchQuotaExceeded(
+                    method, path, 429, f"vast.ai's daily search quota is used up ({_error_text(data)}){when}"
+                )
+            with contextlib.suppress(TypeError, ValueError):
+                retry_after = max(0.0, float(headers.get("Retry-After", "")))
             if (m := _THRESHOLD.search(text)) and float(m.group(1)) > 0:
                 pace = float(m.group(1)) * PACE_MARGIN
                 if self.pace.get(endpoint) != pace:
                     log.info("vast.ai %s: threshold %s s; its calls are paced %.2f s apart", endpoint, m.group(1), pace)
                 self.pace[endpoint] = pace
-        return status, text, _message(text) if status >= 400 else ""
+        return status, text, _message(text) if status >= 400 else "", retry_after
 
     async def _call(
         self, method: str, path: str, *, body: Any = None, params: Mapping[str, str] | None = None, retry: bool = True
@@ -485,13 +511,13 @@ class VastClient:
         is returned, and only a call with no answer at all raises (status 0)."""
         retries = _Retries(self, method, path)
         while True:
-            status, text, last = await self._send(method, path, body, params)
+            status, text, last, retry_after = await self._send(method, path, body, params)
             if status and (status not in RETRY_STATUSES or not retry):
                 return status, _parse(method, path, status, text)
             if not retry:
                 raise VastError(method, path, 0, f"{last} (after 1 attempt)")
             if status == 429:
-                await retries.after_429(last)
+                await retries.after_429(last, retry_after)
             else:
                 await retries.after_error(status, last or f"HTTP {status}")
 
@@ -502,6 +528,14 @@ class VastClient:
         return data
 
     # --- the API -----------------------------------------------------------------------------
+
+    async def current_user(self) -> dict[str, Any]:
+        """The account (``users/current``), less its ``api_key``: a refused key raises VastError 401."""
+        data = await self._ok("GET", "/api/v0/users/current")
+        if not isinstance(data, dict):
+            raise VastError("GET", "/api/v0/users/current", 200, f"expected an account record, got {_shape(data)}")
+        data.pop("api_key", None)
+        return data
 
     async def search_offers(self, query: OfferQuery) -> list[Offer]:
         """Offers that match ``query``, cheapest first."""
@@ -533,10 +567,11 @@ class VastClient:
             "onstart": onstart,
             "runtype": "args",  # run the image's entrypoint (pp-gpu-node)
             "price": None,  # on-demand
+            "cancel_unavail": True,  # an error if the host cannot schedule it, never a stopped instance
         }
         retries = _Retries(self, "PUT", path)
         while True:
-            status, text, last = await self._send("PUT", path, body, None)
+            status, text, last, retry_after = await self._send("PUT", path, body, None)
             data = _parse("PUT", path, status, text) if status else None
             if 200 <= status < 300 and isinstance(data, dict) and data.get("success") is not False:
                 try:
@@ -549,7 +584,7 @@ class VastClient:
             if status and status not in RETRY_STATUSES:
                 raise VastError("PUT", path, status, _error_text(data))
             if status == 429:  # refused before anything was rented: safe to send again
-                await retries.after_429(last)
+                await retries.after_429(last, retry_after)
                 continue
             # no answer, or a 5xx: the instance may exist; look before renting again
             last = last if not status else f"HTTP {status}: {last}"
@@ -628,28 +663,33 @@ class VastClient:
         on_poll: Callable[[int, Instance | None], None] | None = None,
     ) -> Instance:
         """Poll until ``actual_status`` is ``running``; at most ``polls`` polls (the spec: 60).
-        Fails at once on a state that never becomes running (exited, unknown, offline)."""
+        Fails at once (:class:`NeverRuns`) on a state that never becomes running (:data:`DEAD_STATES`)
+        and on a ``status_msg`` that names an error (:func:`start_failure`: a pull vast.ai's host
+        retries for hours); a host that is merely slow gets every poll."""
         last: Instance | None = None
         started = time.monotonic()
+        path = f"/api/v0/instances/{instance_id}/"
         for poll in range(1, polls + 1):
             last = await self.show_instance(instance_id)
             if on_poll is not None:
                 on_poll(poll, last)
             if last is None and poll > 3:  # a new instance can take a moment to be shown
-                raise VastError("GET", f"/api/v0/instances/{instance_id}/", 200, "the instance no longer exists")
+                raise VastError("GET", path, 200, "the instance no longer exists")
             if last is None:
                 await asyncio.sleep(interval)
                 continue
             state = last.actual_status
             if state == "running":
                 return last
-            if state in ("exited", "unknown", "offline"):
-                raise VastError(
-                    "GET",
-                    f"/api/v0/instances/{instance_id}/",
-                    200,
-                    f"instance {instance_id} is {state} ({last.status_msg or 'no status message'}); it will never run",
-                )
+            msg = last.status_msg or "no status message"
+            if state in DEAD_STATES:
+                raise NeverRuns("GET", path, 200, f"instance {instance_id} is {state} ({msg}); it will never run")
+            failure = start_failure(last.status_msg)
+            if failure is not None:
+                raise NeverRuns(
+                    "GET", path, 200, f"instance {instance_id} is {state or 'new'}, and its {failure} failed: {msg}",
+                    failure,
+                )  # fmt: skip
             if poll < polls:
                 await asyncio.sleep(interval)
         state = last.actual_status if last else None
@@ -658,6 +698,30 @@ class VastClient:
             f"instance {instance_id} not running after {polls} polls in {time.monotonic() - started:.1f} s "
             f"(last status {state!r}: {msg})"
         )
+
+
+DEAD_STATES = ("exited", "unknown", "offline", "stopped", "frozen")  # never running from there
+_ERROR_WORDS = ("error", "fail", "denied", "unauthorized", "not found", "manifest unknown", "does not exist")
+_PULL_WORDS = ("pull", "manifest", "not found", "unauthorized", "denied", "repository", "reference")
+
+
+def start_failure(status_msg: str) -> str | None:
+    """What a ``status_msg`` says failed, as vast-cli's wait loop reads it: ``image pull`` (it
+    names a pull, a manifest, a missing or refused repository) or ``container start`` (any other
+    error); None when it names no error (``Pulling image ...``, ``success, running ...``)."""
+    text = status_msg.lower()
+    if not any(w in text for w in _ERROR_WORDS):
+        return None
+    return "image pull" if any(w in text for w in _PULL_WORDS) else "container start"
+
+
+class NeverRuns(VastError):
+    """An instance that will never run: a dead state, or an error in its ``status_msg``
+    (``failure``: ``image pull``, ``container start``; "" for a dead state)."""
+
+    def __init__(self, method: str, path: str, status: int, message: str, failure: str = "") -> None:
+        super().__init__(method, path, status, message)
+        self.failure = failure
 
 
 def _parse(method: str, path: str, status: int, text: str) -> Any:

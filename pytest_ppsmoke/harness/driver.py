@@ -352,6 +352,7 @@ class SmokeRun(Resource):
         if dep is None:
             return
         r.timings.update(dep.timings)
+        r.preflight = dep.preflight.summary() if dep.preflight is not None else None
         r.instances = [i.summary() for i in dep.instances]
         r.cost_usd = round(dep.cost_usd(), 6)
         r.creates_sent = dep.creates_sent

@@ -11,10 +11,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-PHASES = ("rent", "boot", "converge", "load", "resolve", "prefill", "decode", "reference", "teardown")
+PHASES = ("preflight", "rent", "boot", "converge", "load", "resolve", "prefill", "decode", "reference", "teardown")
 
 # what to do when a phase fails, where the failure's own message does not say
 HINTS = {
+    "preflight": "nothing was rented; the message says which check refused the run and what to change",
     "rent": "check the API key, the network and --vast-url; if too few offers match, relax the offer constraints",
     "boot": "the hosts did not start the node image; run again (other offers are picked) or check --image",
     "converge": "a node could not reach the orchestrator over iroh (UDP); check the firewall and the node's log",
@@ -80,6 +81,7 @@ class Report:
     hops: dict[str, Any] = field(default_factory=dict)  # bytes and time per hop, prefill and decode apart
     kv: list[dict[str, Any]] = field(default_factory=list)  # each stage's caches as its worker read them
     frames: dict[str, Any] = field(default_factory=dict)  # frames by type: the seed's prefill and decode, each stage's
+    preflight: dict[str, Any] | None = None  # what the checks before the first create found (credit, image, offers)
     instances: list[dict[str, Any]] = field(default_factory=list)  # id, offer, price, final state
     cost_usd: float = 0.0
     creates_sent: int = 0  # create calls sent to vast.ai: nothing can be billing when 0

@@ -191,6 +191,14 @@ OPTIONS: tuple[Option, ...] = (
         choices=WIRE_DTYPES,
     ),
     _opt(
+        "preflight",
+        "the checks before the first create: the key, the credit, the image in its registry, the offers, the "
+        "stages (on, default; off skips them, for a registry this machine cannot reach)",
+        _on_off,
+        True,
+        choices=("on", "off"),
+    ),
+    _opt(
         "budget",
         "seconds for the whole run, start to exit, teardown included; rent to decode get it less "
         "--teardown-timeout (default 300)",
@@ -336,6 +344,7 @@ class Settings:
     num_stages: int = _DEFAULT["num_stages"]
     wire_dtype: str = _DEFAULT["wire_dtype"]
     budget: float = _DEFAULT["budget"]
+    preflight: bool = _DEFAULT["preflight"]
     reference: bool = _DEFAULT["reference"]
     report: Path | None = _DEFAULT["report"]
     grid: str = _DEFAULT["grid"]  # a layout grid to measure in the pytest session (harness/gridspec.py's grid_spec)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..harness.gridspec import GridSpec, grid_spec
+from ..harness.settings import in_face
 from .grid import hold_out, new_grid, run_grid
 from .points import WIRE_BYTES, Grid
 
@@ -86,7 +87,7 @@ def grid_from_settings(settings: Settings) -> int:
             settings.grid_out.mkdir(parents=True, exist_ok=True)
             grid.save(settings.grid_out / "grid.partial.json")
             kept = f" ({len(grid.points)} point(s) measured before it are in {settings.grid_out / 'grid.partial.json'})"
-        print(f"pp-smoke-run: grid: {why}{kept}", file=sys.stderr)
+        print(f"pp-smoke-run: grid: {in_face(why, 'cli')}{kept}", file=sys.stderr)
         return 1
 
     try:

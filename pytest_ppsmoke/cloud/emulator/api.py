@@ -87,7 +87,10 @@ async def _gate(request: web.Request, handler: Callable[[web.Request], Any]) -> 
     vast = request.app[EMULATOR]
     if faults.burst(vast.faults, len(vast.requests)):
         vast.requests.append((request.method, request.path, 429))
-        return web.Response(status=429, text="Too Many Requests")  # plain text, no Retry-After
+        after = vast.faults.value("vast.retry_after")  # vast.ai's mostly have none
+        return web.Response(
+            status=429, text="Too Many Requests", headers={"Retry-After": f"{after:g}"} if after else {}
+        )
     if time.monotonic() < vast.isolated_until and identity(request).startswith(vast.api_key + "@"):
         # the orchestrator's network is down: its calls get no answer (the nodes' still do)
         vast.requests.append((request.method, request.path, 0))
@@ -137,7 +140,17 @@ async def gpu_names(request: web.Request) -> web.Response:
 
 
 async def current_user(request: web.Request) -> web.Response:
-    return _json({"id": 1, "username": "ppsmoke", "email": "ppsmoke@localhost", "host_agreement_accepted": False})
+    vast = request.app[EMULATOR]
+    return _json(
+        {
+            "id": 1,
+            "username": "ppsmoke",
+            "email": "ppsmoke@localhost",
+            "credit": vast.credit,  # $ the account can spend
+            "balance": 0.0,  # $ owed
+            "host_agreement_accepted": False,
+        }
+    )
 
 
 async def instance_filters(request: web.Request) -> web.Response:
@@ -157,6 +170,11 @@ async def network_info(request: web.Request) -> web.Response:
 
 async def search_offers(request: web.Request) -> web.Response:
     vast = request.app[EMULATOR]
+    if vast.faults.on("vast.search_quota"):  # a daily quota: it resets at midnight UTC
+        reset = time.strftime("%Y-%m-%dT00:00:00Z", time.gmtime(time.time() + 86400))
+        resp = _error(429, "search_quota_exceeded", "daily search quota exceeded")
+        resp.headers["X-RateLimit-Reset"] = reset
+        return resp
     query = await request.json() if request.can_read_body else {}
     if not isinstance(query, dict):
         return _error(400, "invalid_args", f"the query must be an object, got {type(query).__name__}")
@@ -219,6 +237,7 @@ async def create_instance(request: web.Request) -> web.Response:
             body.get("onstart") or None,
             [str(a) for a in body.get("args") or []],
             container_key=secrets.token_hex(32),
+            cancel_unavail=body.get("cancel_unavail") is True,
         )
     )
     if n in vast.faults.value("vast.hold_create"):  # rented, but the answer is held (a lost answer)

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+PULL_RETRY = 10.0  # seconds between a host's pulls of an image it could not pull
+
 
 @dataclass
 class Instance:
@@ -37,6 +39,7 @@ class Instance:
     onstart: str | None
     args: list[str]
     container_key: str = field(repr=False)
+    cancel_unavail: bool = False  # the create asked for an error, not a stopped instance, if it cannot be scheduled
     created_at: float = field(default_factory=time.time)
     actual_status: str | None = None
     status_msg: str = ""
@@ -81,6 +84,11 @@ class Instance:
     def loading(self) -> None:
         self.actual_status, self.status_msg = "loading", f"Pulling image {self.image}"
 
+    def pull_failed(self, error: Exception) -> None:
+        """Its image cannot be pulled: it stays ``loading`` while the host tries again, the
+        engine's error in ``status_msg``, as vast.ai shows it (it never runs)."""
+        self.actual_status, self.status_msg = "loading", str(error)
+
     def failed_to_start(self, error: Exception) -> None:
         """A broken or missing image: the container never starts."""
         self.actual_status, self.status_msg = "exited", f"container failed to start: {error}"
@@ -121,6 +129,13 @@ async def boot(inst: Instance, runtime: Runtime, faults: Scenario) -> None:
     if inst.stage in faults.value("vast.never_running"):
         return  # stuck pulling, as a host with a broken registry mirror would be
     await asyncio.sleep(faults.value("vast.boot_delay"))
+    while True:
+        try:
+            await runtime.pull(inst)
+            break
+        except images.PullError as e:  # a missing or private image: loading for good, the error shown
+            inst.pull_failed(e)
+            await asyncio.sleep(PULL_RETRY)
     try:
         await runtime.start(inst)
     except (OSError, RuntimeError) as e:  # a broken or missing image: the container never starts

@@ -5,8 +5,9 @@
   this process's environment under the instance's.
 - on an emulated network, ``processes`` becomes :class:`NetworkMembers`: each node a process in
   a network namespace of its own (a member of the network, named by its stage).
-- ``image`` (:class:`Image`): a working container of the image the create call names (built here
-  by ``python -m pytest_ppsmoke.cloud.image``; never pulled), its entrypoint under ``buildah run``
+- ``image`` (:class:`Image`): a working container of the image the create call names, pulled by
+  name from the registry the name points to (:meth:`Image.pull`, ``buildah pull``, anonymously, as
+  vast.ai's hosts pull), its entrypoint under ``buildah run``
   as the image's user, with only the instance's environment (the create call's and the host
   agent's, no variable of this process), on the host's network, so the emulator's loopback URL and
   the cluster's ports are the same as for a process. A model given as a file on this machine
@@ -25,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
@@ -33,6 +35,7 @@ from ... import failpoints
 from ...nodeenv import NodeEnv, process_env
 from ...runtime.localproc import ChildProcess
 from .. import image as images
+from .. import oci
 from . import faults
 from .instances import Instance
 
@@ -48,6 +51,7 @@ class Host(Protocol):
     container_prefix: str  # a working container's name: this and the instance's id
     instances: dict[int, Instance]  # live
     lingering: dict[int, Instance]  # destroyed, still listed
+    pull_mbps: float | None  # the hosts' download speed a pull is modelled at (None: as fast as it runs)
 
 
 class Runtime(ABC):
@@ -75,6 +79,11 @@ class Runtime(ABC):
     async def launch(self, inst: Instance) -> ChildProcess:
         """The instance's node, not started yet (and whatever it runs in, made: :meth:`remove`
         removes it). OSError or RuntimeError: it cannot be made (a broken image)."""
+
+    async def pull(self, inst: Instance) -> None:
+        """Fetch what the instance runs, before :meth:`start` (vast.ai's ``loading``).
+        ``images.PullError``: the registry refused; the host tries again later."""
+        return None  # a process needs nothing fetched
 
     async def remove(self, inst: Instance) -> None:
         """Remove what :meth:`launch` made besides the process, once that has ended."""
@@ -180,6 +189,19 @@ class Image(Runtime):
     (``inst.container``), run by buildah."""
 
     name = "image"
+
+    async def pull(self, inst: Instance) -> None:
+        """``buildah pull`` of the instance's image by its name, then, with ``pull_mbps``, the
+        rest of the time a download of its compressed layers takes at that speed."""
+        started = time.monotonic()
+        await images.pull(inst.image)
+        mbps = self.host.pull_mbps
+        if mbps:
+            size = (await oci.inspect_image(inst.image)).compressed_bytes
+            wait = size * 8 / (mbps * 1e6) - (time.monotonic() - started)
+            if wait > 0:
+                inst.status_msg = f"Pulling image {inst.image}: {size / 1e6:.0f} MB at {mbps:g} Mbit/s"
+                await asyncio.sleep(wait)
 
     async def launch(self, inst: Instance) -> ChildProcess:
         inst.container = images.Container(f"{self.host.container_prefix}{inst.id}", inst.image)

@@ -60,12 +60,18 @@ class FakeVast(Resource):
         gpus: list[str] | None = None,
         runtime: str | type[Runtime] = "processes",
         network: str = "loopback",
+        credit: float = 100.0,
+        pull_mbps: float | None = None,
     ) -> None:
         kind: type[Runtime] = registry.load(runtime) if isinstance(runtime, str) else runtime
         self.runtime = kind.name
         self.runs = kind.for_network(network)(self)  # ValueError: this runtime has no place on an emulated network
         self.api_key = api_key or "fake-" + secrets.token_hex(16)
         self.gpus = gpus  # this host's GPUs: each instance gets one (CUDA_VISIBLE_DEVICES), in turn
+        self.credit = credit  # the account's credit in $, as users/current shows it
+        if pull_mbps is not None and pull_mbps <= 0:
+            raise ValueError(f"pull_mbps must be positive (Mbit/s), got {pull_mbps}")
+        self.pull_mbps = pull_mbps  # the hosts' download speed: an image pull takes its size over it
         self.catalogue = [dict(o) for o in (catalogue if catalogue is not None else default_catalogue())]
         # faults: failpoints.parse validates them; none given: this process's (PP_FAILPOINTS)
         self.faults = failpoints.active() if faults is None else failpoints.parse(faults)
@@ -279,6 +285,11 @@ def main(argv: list[str] | None = None) -> None:
         help="an instance is a node process (default) or the image it names, run by buildah",
     )
     p.add_argument("--gpus", default="", help="this host's GPUs, e.g. 0,1: each instance gets one in turn")
+    p.add_argument("--credit", type=float, default=100.0, help="the account's credit in $ (default 100)")
+    p.add_argument(
+        "--pull-mbps", type=float, default=None,
+        help="the hosts' download speed in Mbit/s: an image's pull lasts its compressed size over it (--runtime image)",
+    )  # fmt: skip
     p.add_argument(
         "--network",
         default="loopback",
@@ -309,6 +320,8 @@ def main(argv: list[str] | None = None) -> None:
             gpus=[g for g in args.gpus.split(",") if g] or None,
             runtime=args.runtime,
             network=args.network,
+            credit=args.credit,
+            pull_mbps=args.pull_mbps,
         )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# The node image's own root filesystem on a GPU machine, run as the NVIDIA container runtime runs
+# a container: a mount namespace, the image's files as /, only the driver's libraries and
+# /dev/nvidia* brought in from the host (no CUDA toolkit of the host's is visible), the image's
+# environment and user. Inside it: the image's CUDA check, then a two-stage pp-smoke-run --local
+# (both nodes and the emulator in the image, both stages on GPU 0), cold (the image's empty caches,
+# as on a new instance) and then warm.
+#
+#   bench/image_on_gpu.sh ROOTFS.tar[.zst] MODEL.gguf ENVFILE OUT [pp-smoke-run args...]
+#
+# ROOTFS: the image's files (bench/export_image.sh makes it); ENVFILE: its ENV, one KEY=VALUE a
+# line (the same script writes it); OUT: where the reports, logs and figures go (OUT/image_gpu.json).
+# Needs root (unshare, mount, chroot). Nothing is left mounted: the namespace ends with the script.
+set -euo pipefail
+rootfs_tar=$1 model=$2 envfile=$3 out=$4
+shift 4
+mkdir -p "$out"
+root=$(mktemp -d /tmp/pp-image-root.XXXXXX)
+t0=$(date +%s.%N)
+case $rootfs_tar in
+  *.zst) zstd -dc -T0 "$rootfs_tar" | tar -C "$root" --numeric-owner -xf - ;;
+  *) tar -C "$root" --numeric-owner -xf "$rootfs_tar" ;;
+esac
+t1=$(date +%s.%N)
+mkdir -p "$root/models"
+cp "$model" "$root/models/model.gguf"
+chown -R 1000:1000 "$root/models"
+
+# the driver's user-space libraries, as the container runtime finds them (ldconfig's cache)
+mapfile -t libs < <(ldconfig -p | awk '/(libcuda\.so|libnvidia-ptxjitcompiler\.so|libnvidia-nvvm\.so|libnvidia-ml\.so)/ {print $NF}' | sort -u)
+if [[ ${#libs[@]} -eq 0 ]]; then
+  echo "image_on_gpu: no libcuda in ldconfig's cache: is this a GPU machine with a driver?" >&2
+  exit 1
+fi
+
+env_args=()
+while IFS= read -r line; do
+  [[ -n $line ]] && env_args+=("$line")
+done < "$envfile"
+
+inner=$(cat <<'INNER'
+set -euo pipefail
+root=$1 out=$2
+shift 2
+mount --make-rprivate /
+for d in dev sys; do mount --rbind "/$d" "$root/$d"; done
+mount -t proc proc "$root/proc"
+mount -t tmpfs tmpfs "$root/tmp"
+chmod 1777 "$root/tmp"
+for lib in "${LIBS[@]}"; do
+  real=$(readlink -f "$lib")
+  dest="$root/usr/lib/x86_64-linux-gnu/$(basename "$lib")"
+  touch "$dest"
+  mount --bind -o ro "$real" "$dest"
+done
+chroot "$root" /sbin/ldconfig
+run() {  # as the image's user, with only the image's environment
+  chroot --userspec=1000:1000 "$root" /usr/bin/env -i HOME=/home/node "${ENV_ARGS[@]}" "$@"
+}
+run sh -c 'ls /usr/local/cuda 2>&1 | head -1; command -v nvcc || echo "no nvcc"' > "$out/visible.txt"
+run python -m pytest_ppsmoke.stage.cudacheck > "$out/cudacheck.json" 2> "$out/cudacheck.err"
+for pass in cold warm; do
+  start=$(date +%s.%N)
+  set +e
+  run sh -c 'cd /home/node && pp-smoke-run "$@"' pp-smoke-run --local --gpus 0 --model /models/model.gguf \
+    --report "/tmp/report-$pass.json" "$@" > "$out/run-$pass.out" 2> "$out/run-$pass.err"
+  status=$?
+  set -e
+  end=$(date +%s.%N)
+  cp "$root/tmp/report-$pass.json" "$out/report-$pass.json" 2>/dev/null || true
+  echo "{\"pass\": \"$pass\", \"status\": $status, \"seconds\": $(echo "$end - $start" | bc)}" >> "$out/passes.jsonl"
+done
+INNER
+)
+LIBS_DECL=$(declare -p libs | sed 's/declare -a libs=/LIBS=/')
+ENV_DECL=$(declare -p env_args | sed 's/declare -a env_args=/ENV_ARGS=/')
+unshare --mount --fork bash -c "$LIBS_DECL; $ENV_DECL; $inner" inner "$root" "$out" "$@"
+t2=$(date +%s.%N)
+python3 - "$out" "$(echo "$t1 - $t0" | bc)" "$(echo "$t2 - $t1" | bc)" "$rootfs_tar" <<'PY'
+import json, os, sys
+out, unpack, inside, tar = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+passes = [json.loads(line) for line in open(os.path.join(out, "passes.jsonl"))]
+reports = {}
+for p in passes:
+    path = os.path.join(out, f"report-{p['pass']}.json")
+    if os.path.exists(path):
+        r = json.load(open(path))
+        reports[p["pass"]] = {k: r.get(k) for k in ("ok", "error", "timings", "split", "reference", "token_ids")}
+result = {
+    "rootfs_compressed_bytes": os.path.getsize(tar),
+    "unpack_s": round(unpack, 2),
+    "inside_s": round(inside, 2),
+    "visible": open(os.path.join(out, "visible.txt")).read().strip(),
+    "cudacheck": open(os.path.join(out, "cudacheck.json")).read().strip(),
+    "cudacheck_err": open(os.path.join(out, "cudacheck.err")).read().strip()[-500:],
+    "passes": passes,
+    "reports": reports,
+}
+json.dump(result, open(os.path.join(out, "image_gpu.json"), "w"), indent=1)
+print(json.dumps({k: v for k, v in result.items() if k != "reports"}, indent=1))
+for name, r in reports.items():
+    ref = r.get("reference") or {}
+    print(name, "ok" if r.get("ok") else f"FAILED {r.get('error')}", r.get("timings"), "reference:", ref.get("state"), ref.get("match"))
+PY
+rm -rf "$root"

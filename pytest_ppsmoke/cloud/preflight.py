@@ -1,0 +1,151 @@
+"""The pre-flight: what can be known before the first create, in seconds, with nothing rented.
+
+A run that cannot succeed should cost nothing. Before :meth:`Deployment.rent` sends a create,
+:func:`preflight` checks, in this order, and refuses with one line that names the fix:
+
+1. **The key.** ``GET /api/v0/users/current``: a 401 or 403 means vast.ai refused it.
+2. **The image**, where asked (``check_image``): the image's registry, as a pull asks it
+   (:mod:`.oci`): it exists, anonymous hosts may pull it, and it has a ``linux/amd64`` manifest.
+3. **The stages**, where the orchestrator can know the model's blocks (a GGUF file on this
+   machine): at least one block per stage.
+4. **The offers**: enough match the query for every stage (the search the rent then uses).
+5. **The credit**: the account's ``credit`` covers the worst case, the chosen offers' $/h for the
+   whole budget.
+
+:class:`Preflight` holds what it found (the account's credit, the image's digest and compressed
+size, the offers) for the report.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..ggufinfo import GGUFError, block_count
+from ..protocol import PhaseError, setting
+from .oci import ImageInfo, ImageProblem, ImageRef, inspect_image, on_loopback
+from .vast import Offer, OfferQuery, SearchQuotaExceeded, VastClient, VastError
+
+
+@dataclass
+class Preflight:
+    """What the pre-flight found. ``offers``: the matching offers, cheapest first."""
+
+    credit: float | None = None
+    image: ImageInfo | None = None
+    image_checked: str = "not asked"  # "checked", or why not
+    offers: list[Offer] = field(default_factory=list)
+    worst_case_usd: float = 0.0
+    blocks: int | None = None
+    seconds: float = 0.0
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "credit_usd": self.credit,
+            "worst_case_usd": round(self.worst_case_usd, 4),
+            "image": self.image.summary() if self.image else None,
+            "image_checked": self.image_checked,
+            "offers": len(self.offers),
+            "model_blocks": self.blocks,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def image_check(image: str, vastai: bool) -> bool | str:
+    """Whether the pre-flight asks the image's registry: always for vast.ai; in local mode only a
+    registry on this machine (local mode reaches nothing else), else the reason it is not asked."""
+    if vastai:
+        return True
+    try:
+        registry = ImageRef.parse(image).registry
+    except ImageProblem:
+        return True  # asked, to fail with the name's problem
+    if on_loopback(registry):
+        return True
+    return f"local mode asks only a registry on this machine, not {registry}"
+
+
+def _fail(message: str) -> PhaseError:
+    return PhaseError("preflight", message)
+
+
+async def preflight(
+    vast: VastClient,
+    *,
+    query: OfferQuery,
+    num_stages: int,
+    image: str,
+    check_image: bool | str,
+    model: str,
+    budget_s: float,
+) -> Preflight:
+    """The checks of the module docstring; PhaseError (phase ``preflight``) on the first that
+    fails. ``check_image``: True to ask the image's registry, or the reason it is not asked."""
+    started = time.monotonic()
+    found = Preflight()
+    found.credit = await _key(vast)
+    if check_image is True:
+        try:
+            found.image = await inspect_image(image)
+        except ImageProblem as e:
+            raise _fail(str(e)) from None
+        found.image_checked = "checked"
+    else:
+        found.image_checked = str(check_image) or "not asked"
+    found.blocks = _blocks(model, num_stages)
+    try:
+        found.offers = await vast.search_offers(query)
+    except SearchQuotaExceeded as e:
+        raise _fail(str(e)) from None
+    except VastError as e:
+        raise _fail(f"searching offers failed: {e}") from None
+    if len(found.offers) < num_stages:
+        raise _fail(
+            f"{len(found.offers)} offer(s) match ({query.describe()}); {num_stages} are needed. "
+            f"Relax {setting('gpu_ram')}, {setting('max_price')} or {setting('min_reliability')}"
+        )
+    rate = sum(o.dph_total for o in found.offers[:num_stages])
+    found.worst_case_usd = rate * budget_s / 3600
+    if found.credit is not None and found.credit < found.worst_case_usd:
+        raise _fail(
+            f"the account's credit, ${found.credit:.2f}, does not cover the run's worst case, "
+            f"${found.worst_case_usd:.2f} ({num_stages} instances at ${rate:.3f}/h in all for the "
+            f"{budget_s:g} s budget); add credit on vast.ai, or lower {setting('budget')} or {setting('max_price')}"
+        )
+    found.seconds = time.monotonic() - started
+    return found
+
+
+async def _key(vast: VastClient) -> float | None:
+    """The account's credit ($), None where the record has none; PhaseError if the key is refused."""
+    try:
+        user = await vast.current_user()
+    except VastError as e:
+        if e.status in (401, 403):
+            raise _fail(
+                f"vast.ai refused the API key (HTTP {e.status}); check {setting('api_key')} "
+                "(the key on vast.ai's Account page)"
+            ) from None
+        raise _fail(f"asking vast.ai for the account failed: {e}") from None
+    credit = user.get("credit")
+    return float(credit) if isinstance(credit, (int, float)) and not isinstance(credit, bool) else None
+
+
+def _blocks(model: str, num_stages: int) -> int | None:
+    """The model's blocks where it is a GGUF file here (None otherwise); PhaseError if fewer
+    than the stages."""
+    path = Path(model).expanduser()
+    if path.suffix != ".gguf" or not path.is_file():
+        return None
+    try:
+        blocks = block_count(path)
+    except (GGUFError, OSError) as e:
+        raise _fail(f"{setting('model')} {model!r}: {e}") from None
+    if blocks < num_stages:
+        raise _fail(
+            f"{setting('model')} {model!r} has {blocks} block(s), fewer than the {num_stages} stages; "
+            f"lower {setting('num_stages')} to at most {blocks}"
+        )
+    return blocks

@@ -1,0 +1,269 @@
+"""The pre-flight: before the first create, the key, the image in its registry, the stages, the
+offers and the credit, each refused in one line with nothing rented; and the emulator's hosts
+pulling images as vast.ai's do (a missing or private image stays ``loading``, its error in
+``status_msg``, and the run ends on that message, not after 60 polls).
+
+The registry is real: Debian's ``docker-registry`` on a loopback port (``tests/registry.py``),
+one open and one behind htpasswd (a private image), filled by ``buildah push``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pytest_ppsmoke.cloud import oci
+from pytest_ppsmoke.cloud.emulator.server import FakeVast
+from pytest_ppsmoke.cloud.lifecycle import Deployment, RunConfig
+from pytest_ppsmoke.cloud.preflight import image_check
+from pytest_ppsmoke.cloud.vast import NeverRuns, VastClient, start_failure
+from pytest_ppsmoke.ggufinfo import block_count, metadata
+from pytest_ppsmoke.protocol import PhaseError
+
+from . import registry
+from .helpers import SLEEPER, SYNTH, run_cli
+
+pytestmark = pytest.mark.local
+KEY = "vk-preflight-0123456789abcdef"
+LOGIN = ("ppsmoke", "s3cret-pull-password")
+
+
+class Registries:
+    def __init__(self, public: registry.LocalRegistry, private: registry.LocalRegistry) -> None:
+        self.public, self.private = public, private
+        self.tiny = public.push(registry.tiny_image("localhost/pp-tiny:amd64"), "ppsmoke/tiny:1")
+        self.arm = public.push(registry.tiny_image("localhost/pp-tiny:arm64", arch="arm64"), "ppsmoke/tiny:arm64")
+        self.secret = private.push("localhost/pp-tiny:amd64", "ppsmoke/tiny:1")
+
+
+@pytest.fixture(scope="module")
+def regs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registries]:
+    why = registry.missing()
+    if why:
+        pytest.skip(f"the registry tests need docker-registry and buildah: {why}")
+    root = tmp_path_factory.mktemp("registries")
+    with registry.LocalRegistry(root / "public") as public, registry.LocalRegistry(root / "private", LOGIN) as private:
+        yield Registries(public, private)
+
+
+def raw_manifest(name: str) -> tuple[str, dict[str, object]]:
+    """The manifest and its digest as the registry serves them, asked without our client."""
+    ref = oci.ImageRef.parse(name)
+    req = urllib.request.Request(
+        f"http://{ref.registry}/v2/{ref.repository}/manifests/{ref.tag}", headers={"Accept": oci.ACCEPT}
+    )
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return resp.headers["Docker-Content-Digest"], json.loads(resp.read())
+
+
+async def test_the_registry_is_asked_as_a_pull_asks_it(regs: Registries) -> None:
+    info = await oci.inspect_image(regs.tiny)
+    digest, manifest = raw_manifest(regs.tiny)
+    layers = manifest["layers"]
+    assert isinstance(layers, list)
+    assert info.digest == digest and info.platforms == ("linux/amd64",) and info.layers == len(layers) == 1
+    config = manifest["config"]
+    assert isinstance(config, dict)
+    assert info.compressed_bytes == sum(int(la["size"]) for la in layers) + int(config["size"]) > 0
+    assert str(info.ref) == regs.tiny and info.ref.api.startswith("http://127.0.0.1:")  # plain HTTP on loopback
+
+
+@pytest.mark.parametrize(
+    "which, kind, words",
+    [
+        ("missing tag", "not found", "MANIFEST_UNKNOWN"),
+        ("missing repository", "not found", "does not exist"),
+        ("private", "private", "asks for a login"),
+        ("arm64 only", "platform", "has no linux/amd64 manifest (it has linux/arm64)"),
+        ("nothing listening", "unreachable", "<setting:preflight> off"),
+        ("no registry", "bad name", "names no registry"),
+        ("no tag", "bad name", "names no tag"),
+    ],
+)
+async def test_each_image_problem_is_one_line_that_names_the_image_and_the_fix(
+    regs: Registries, which: str, kind: str, words: str
+) -> None:
+    name = {
+        "missing tag": regs.tiny.replace(":1", ":404"),
+        "missing repository": f"{regs.public.host}/ppsmoke/nothing-here:1",
+        "private": regs.secret,
+        "arm64 only": regs.arm,
+        "nothing listening": f"127.0.0.1:{registry.free_port()}/ppsmoke/tiny:1",
+        "no registry": "pytest-ppsmoke/gpu-node:0.1.0",
+        "no tag": f"{regs.public.host}/ppsmoke/tiny",
+    }[which]
+    with pytest.raises(oci.ImageProblem) as e:
+        await oci.inspect_image(name, timeout=5)
+    message = str(e.value)
+    assert e.value.kind == kind and words in message and "\n" not in message, message
+    assert name.split("/", 1)[-1].split(":")[0] in message  # it names the image
+
+
+def test_local_mode_asks_only_a_registry_on_this_machine() -> None:
+    assert image_check("ghcr.io/pytest-ppsmoke/gpu-node:0.1.0", vastai=True) is True
+    why = image_check("ghcr.io/pytest-ppsmoke/gpu-node:0.1.0", vastai=False)
+    assert why == "local mode asks only a registry on this machine, not ghcr.io"
+    assert image_check("127.0.0.1:5000/x/y:1", vastai=False) is True
+    assert image_check("localhost:5000/x/y:1", vastai=False) is True
+    assert image_check("no-registry:1", vastai=False) is True  # asked, to fail on the name
+
+
+def test_the_orchestrator_reads_a_ggufs_blocks_without_tinygrad(synth_model: str, tmp_path: Path) -> None:
+    assert block_count(synth_model) == SYNTH.blocks
+    assert metadata(synth_model, ("general.architecture",)) == {"general.architecture": "llama"}
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"NOPE" + bytes(40))
+    with pytest.raises(ValueError, match="is not a GGUF file"):
+        block_count(bad)
+    bad.write_bytes(Path(synth_model).read_bytes()[:30])
+    with pytest.raises(ValueError, match="ends early"):
+        block_count(bad)
+
+
+# --- the pre-flight in a deployment: nothing is created ----------------------------------------
+
+
+def creates(fake: FakeVast) -> list[tuple[str, str, int]]:
+    return [r for r in fake.requests if r[0] == "PUT" and r[1].startswith("/api/v0/asks/")]
+
+
+@pytest.mark.parametrize("case", ["refused key", "missing image", "private image", "credit", "stages"])
+async def test_a_run_that_cannot_succeed_is_refused_before_any_create(
+    regs: Registries, synth_model: str, case: str
+) -> None:
+    fake = FakeVast(api_key=KEY, node_argv=SLEEPER, credit=0.0001 if case == "credit" else 100.0)
+    image = {"missing image": regs.tiny.replace(":1", ":2"), "private image": regs.secret}.get(case, regs.tiny)
+    config = RunConfig(image=image, model=synth_model, num_stages=3 if case == "stages" else 2)
+    assert config.check_image is True  # a registry on loopback: asked in local mode too
+    expected = {
+        "refused key": "vast.ai refused the API key (HTTP 401); check <setting:api_key>",
+        "missing image": "does not exist (MANIFEST_UNKNOWN: manifest unknown)",
+        "private image": "is private",
+        "credit": "the account's credit, $0.00, does not cover the run's worst case",
+        "stages": f"has {SYNTH.blocks} block(s), fewer than the 3 stages; lower <setting:num_stages>",
+    }[case]
+    async with fake:
+        started = time.monotonic()
+        async with VastClient("not-the-key" if case == "refused key" else KEY, fake.url) as vast:
+            dep = Deployment(vast, config)
+            with pytest.raises(PhaseError) as e:
+                await dep.rent()
+        assert time.monotonic() - started < 10  # seconds, not a boot's polls
+        assert e.value.phase == "preflight" and expected in str(e.value), str(e.value)
+        assert creates(fake) == [] and dep.creates_sent == 0 and dep.seed is None  # nothing rented, nothing started
+        assert [p for _, p, _ in fake.requests][:1] == ["/api/v0/users/current"]  # the key first
+
+
+async def test_a_run_that_can_succeed_records_what_the_preflight_found(regs: Registries) -> None:
+    async with FakeVast(api_key=KEY, node_argv=SLEEPER, credit=12.5) as fake, VastClient(KEY, fake.url) as vast:
+        dep = Deployment(vast, RunConfig(image=regs.tiny, budget=120.0))
+        offers = await dep.check()
+        found = dep.preflight
+        assert found is not None and found.image is not None and found.credit == 12.5
+        assert found.offers == offers and len(offers) >= 2
+        assert found.worst_case_usd == pytest.approx((offers[0].dph_total + offers[1].dph_total) * 120 / 3600)
+        summary = found.summary()
+        assert summary["image"]["image"] == regs.tiny and summary["image_checked"] == "checked"
+        assert dep.timings["preflight"] > 0 and creates(fake) == []
+
+
+def test_the_command_says_in_one_line_which_check_refused_and_preflight_off_skips_them(
+    regs: Registries, synth_model: str, tmp_path: Path
+) -> None:
+    """Through ``pp-smoke-run``: an image whose registry does not answer is refused in one line
+    that names ``--preflight off``; with it off the run goes on (this emulator's instances are
+    processes: they pull nothing) and passes."""
+
+    async def main() -> None:
+        async with FakeVast(api_key=KEY, faults="vast.boot_delay=0.05") as fake:
+            unreachable = f"127.0.0.1:{registry.free_port()}/ppsmoke/tiny:1"
+            args = ["--local", "--vast-url", fake.url, "--model", synth_model, "--max-tokens", "2"]
+            args += ["--reference", "off", "--image", unreachable]
+            env = {**os.environ, "VAST_API_KEY": KEY}
+            done = await asyncio.to_thread(run_cli, *args, env=env, timeout=120)
+            assert done.returncode == 1, done.stderr
+            lines = [ln for ln in done.stderr.splitlines() if "failed at preflight" in ln]
+            assert len(lines) == 1 and f"cannot ask 127.0.0.1:{unreachable.split(':')[1].split('/')[0]}" in lines[0]
+            assert "--preflight off" in lines[0] and "Traceback" not in done.stderr and KEY not in done.stderr
+            assert creates(fake) == []
+            report = tmp_path / "r.json"
+            done = await asyncio.to_thread(
+                run_cli, *args, "--preflight", "off", "--report", str(report), env=env, timeout=120
+            )
+            assert done.returncode == 0, done.stderr[-2000:]
+            assert json.loads(report.read_text())["preflight"] is None and len(creates(fake)) == 2
+
+    asyncio.run(main())
+
+
+# --- the emulator's hosts pull as vast.ai's do -------------------------------------------------
+
+
+@pytest.mark.parametrize("case", ["missing", "private"])
+async def test_an_image_that_cannot_be_pulled_stays_loading_and_the_wait_ends_on_its_message(
+    regs: Registries, case: str
+) -> None:
+    name = regs.tiny.replace(":1", ":9") if case == "missing" else regs.secret
+    async with FakeVast(api_key=KEY, runtime="image", faults="vast.boot_delay=0") as fake:
+        async with VastClient(KEY, fake.url) as vast:
+            offers = await vast.search_offers(RunConfig().query)
+            iid = await vast.create_instance(offers[0].id, image=name, env={}, label="ppsmoke-pull-stage0")
+            assert fake.instances[iid].cancel_unavail is True  # an error, never a stopped instance
+            seen: list[str] = []
+            started = time.monotonic()
+            with pytest.raises(NeverRuns) as e:
+                await vast.wait_running(iid, 60, 0.25, lambda n, r: seen.append(r.actual_status if r else "none"))
+            assert e.value.failure == "image pull" and len(seen) < 60 and time.monotonic() - started < 20
+            word = "manifest unknown" if case == "missing" else "unauthorized"
+            assert word in str(e.value) and "Error response from daemon" in str(e.value), str(e.value)
+            record = await vast.show_instance(iid)
+            assert record is not None and record.actual_status == "loading" and word in record.status_msg
+            await asyncio.sleep(0.5)
+            assert fake.instances[iid].actual_status == "loading" and fake.instances[iid].proc is None  # never ran
+            assert await vast.destroy_instance(iid)
+        await fake.torn_down()
+    assert fake.instances == {}
+
+
+async def test_a_pull_lasts_the_images_size_over_the_hosts_bandwidth(regs: Registries) -> None:
+    size = (await oci.inspect_image(regs.tiny)).compressed_bytes
+    mbps = size * 8 / 1e6 / 2.0  # a 2 s download
+    async with FakeVast(api_key=KEY, runtime="image", faults="vast.boot_delay=0", pull_mbps=mbps) as fake:
+        async with VastClient(KEY, fake.url) as vast:
+            offers = await vast.search_offers(RunConfig().query)
+            iid = await vast.create_instance(offers[0].id, image=regs.tiny, env={}, label="ppsmoke-slow-stage0")
+            started = time.monotonic()
+            msgs = []
+            while time.monotonic() - started < 15:
+                record = await vast.show_instance(iid)
+                assert record is not None
+                msgs.append((round(time.monotonic() - started, 1), record.actual_status, record.status_msg))
+                if record.actual_status not in (None, "loading"):
+                    break
+                await asyncio.sleep(0.2)
+            loading = [t for t, state, _ in msgs if state == "loading"]
+            assert 1.5 <= max(loading) <= 6, msgs  # loading for the modelled download, no longer
+            assert any(f"{size / 1e6:.0f} MB at {mbps:g} Mbit/s" in m for _, _, m in msgs), msgs
+            # the tiny image has no entrypoint: it fails at start, after the pull, as a broken image does
+            assert msgs[-1][1] == "exited" and "neither an ENTRYPOINT nor a CMD" in msgs[-1][2], msgs
+            await vast.destroy_instance(iid)
+        await fake.torn_down()
+
+
+def test_a_status_message_is_read_as_vast_cli_reads_it() -> None:
+    assert start_failure("Pulling image ghcr.io/x/y:1") is None
+    assert start_failure("success, running ghcr.io/x/y:1") is None
+    assert start_failure("") is None
+    pull = "Error response from daemon: manifest for ghcr.io/x/y:2 not found: manifest unknown: manifest unknown"
+    assert start_failure(pull) == "image pull"
+    assert start_failure("Error response from daemon: pull access denied for x, repository does not exist") == (
+        "image pull"
+    )
+    assert start_failure("unauthorized: authentication required") == "image pull"
+    assert start_failure("OCI runtime create failed: exec: no such file") == "container start"
