@@ -47,9 +47,13 @@ for d in dev sys; do mount --rbind "/$d" "$root/$d"; done
 mount -t proc proc "$root/proc"
 mount -t tmpfs tmpfs "$root/tmp"
 chmod 1777 "$root/tmp"
-for lib in "${LIBS[@]}"; do
+declare -A done=()
+for lib in "${LIBS[@]}"; do  # the first of each name, as the loader would find it
+  name=$(basename "$lib")
+  [[ -n ${done[$name]:-} ]] && continue
+  done[$name]=1
   real=$(readlink -f "$lib")
-  dest="$root/usr/lib/x86_64-linux-gnu/$(basename "$lib")"
+  dest="$root/usr/lib/x86_64-linux-gnu/$name"
   touch "$dest"
   mount --bind -o ro "$real" "$dest"
 done
@@ -68,7 +72,7 @@ for pass in cold warm; do
   set -e
   end=$(date +%s.%N)
   cp "$root/tmp/report-$pass.json" "$out/report-$pass.json" 2>/dev/null || true
-  echo "{\"pass\": \"$pass\", \"status\": $status, \"seconds\": $(echo "$end - $start" | bc)}" >> "$out/passes.jsonl"
+  echo "{\"pass\": \"$pass\", \"status\": $status, \"start\": $start, \"end\": $end}" >> "$out/passes.jsonl"
 done
 INNER
 )
@@ -76,10 +80,13 @@ LIBS_DECL=$(declare -p libs | sed 's/declare -a libs=/LIBS=/')
 ENV_DECL=$(declare -p env_args | sed 's/declare -a env_args=/ENV_ARGS=/')
 unshare --mount --fork bash -c "$LIBS_DECL; $ENV_DECL; $inner" inner "$root" "$out" "$@"
 t2=$(date +%s.%N)
-python3 - "$out" "$(echo "$t1 - $t0" | bc)" "$(echo "$t2 - $t1" | bc)" "$rootfs_tar" <<'PY'
+python3 - "$out" "$t0" "$t1" "$t2" "$rootfs_tar" <<'PY'
 import json, os, sys
-out, unpack, inside, tar = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+out, t0, t1, t2, tar = sys.argv[1], *map(float, sys.argv[2:5]), sys.argv[5]
+unpack, inside = t1 - t0, t2 - t1
 passes = [json.loads(line) for line in open(os.path.join(out, "passes.jsonl"))]
+for p in passes:
+    p["seconds"] = round(p.pop("end") - p.pop("start"), 2)
 reports = {}
 for p in passes:
     path = os.path.join(out, f"report-{p['pass']}.json")
