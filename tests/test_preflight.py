@@ -173,12 +173,46 @@ async def test_a_run_that_can_succeed_records_what_the_preflight_found(regs: Reg
         assert dep.timings["preflight"] > 0 and creates(fake) == []
 
 
-def test_the_command_says_in_one_line_which_check_refused_and_preflight_off_skips_them(
+@pytest.mark.parametrize("case", ["missing image", "private image", "refused key"])
+def test_the_command_refuses_in_one_line_in_seconds_and_creates_nothing(
+    regs: Registries, synth_model: str, case: str
+) -> None:
+    image = (
+        regs.tiny.replace(":1", ":7")
+        if case == "missing image"
+        else regs.secret
+        if case == "private image"
+        else regs.tiny
+    )
+    expected = {
+        "missing image": f"failed at preflight: image {image} does not exist (MANIFEST_UNKNOWN: manifest unknown); "
+        "publish it (a version tag runs the image workflow) or pass --image",
+        "private image": f"failed at preflight: image {image} is private: {regs.private.host} asks for a login",
+        "refused key": "failed at preflight: vast.ai refused the API key (HTTP 401); check --api-key",
+    }[case]
+
+    async def main() -> None:
+        async with FakeVast(api_key=KEY, node_argv=SLEEPER) as fake:
+            key = "vk-wrong-key-0000" if case == "refused key" else KEY
+            args = ["--local", "--vast-url", fake.url, "--model", synth_model, "--image", image]
+            started = time.monotonic()
+            done = await asyncio.to_thread(run_cli, *args, env={**os.environ, "VAST_API_KEY": key}, timeout=60)
+            assert time.monotonic() - started < 20  # seconds: no boot was waited for
+            assert done.returncode == 1, done.stderr
+            (line,) = [ln for ln in done.stderr.splitlines() if "failed at" in ln]
+            assert line.startswith(f"pp-smoke-run: {expected}"), line
+            assert "Traceback" not in done.stderr and key not in done.stderr + done.stdout
+            assert creates(fake) == []  # the emulator's record: no create was sent
+
+    asyncio.run(main())
+
+
+def test_an_unreachable_registry_names_preflight_off_which_skips_the_checks(
     regs: Registries, synth_model: str, tmp_path: Path
 ) -> None:
-    """Through ``pp-smoke-run``: an image whose registry does not answer is refused in one line
-    that names ``--preflight off``; with it off the run goes on (this emulator's instances are
-    processes: they pull nothing) and passes."""
+    """A registry that does not answer is refused in one line that names ``--preflight off``;
+    with it off the run goes on (this emulator's instances are processes: they pull nothing) and
+    passes."""
 
     async def main() -> None:
         async with FakeVast(api_key=KEY, faults="vast.boot_delay=0.05") as fake:
@@ -188,9 +222,9 @@ def test_the_command_says_in_one_line_which_check_refused_and_preflight_off_skip
             env = {**os.environ, "VAST_API_KEY": KEY}
             done = await asyncio.to_thread(run_cli, *args, env=env, timeout=120)
             assert done.returncode == 1, done.stderr
-            lines = [ln for ln in done.stderr.splitlines() if "failed at preflight" in ln]
-            assert len(lines) == 1 and f"cannot ask 127.0.0.1:{unreachable.split(':')[1].split('/')[0]}" in lines[0]
-            assert "--preflight off" in lines[0] and "Traceback" not in done.stderr and KEY not in done.stderr
+            (line,) = [ln for ln in done.stderr.splitlines() if "failed at preflight" in ln]
+            assert f"cannot ask {unreachable.split('/')[0]} for image {unreachable}" in line, line
+            assert "or skip this check with --preflight off" in line and "Traceback" not in done.stderr
             assert creates(fake) == []
             report = tmp_path / "r.json"
             done = await asyncio.to_thread(
@@ -198,6 +232,32 @@ def test_the_command_says_in_one_line_which_check_refused_and_preflight_off_skip
             )
             assert done.returncode == 0, done.stderr[-2000:]
             assert json.loads(report.read_text())["preflight"] is None and len(creates(fake)) == 2
+
+    asyncio.run(main())
+
+
+def test_with_the_preflight_off_a_missing_image_ends_the_boot_on_its_pull_error(
+    regs: Registries, synth_model: str
+) -> None:
+    """What the pre-flight saves, shown without it: vast.ai's hosts keep an instance whose image
+    cannot be pulled ``loading``; the run reads the pull error in ``status_msg`` and fails the boot
+    at once, naming the image, instead of after the spec's 60 polls."""
+    image = regs.tiny.replace(":1", ":8")
+
+    async def main() -> None:
+        async with FakeVast(api_key=KEY, runtime="image", faults="vast.boot_delay=0") as fake:
+            args = ["--local", "--vast-url", fake.url, "--model", synth_model, "--image", image]
+            args += ["--preflight", "off", "--poll-interval", "0.5"]
+            started = time.monotonic()
+            done = await asyncio.to_thread(run_cli, *args, env={**os.environ, "VAST_API_KEY": KEY}, timeout=120)
+            assert time.monotonic() - started < 25, done.stderr  # 60 polls at 0.5 s would be 30 s and more
+            assert done.returncode == 1, done.stderr
+            (line,) = [ln for ln in done.stderr.splitlines() if "failed at" in ln]
+            assert line.startswith("pp-smoke-run: failed at boot: stage "), line
+            assert "is loading, and its image pull failed: Error response from daemon:" in line, line
+            assert "manifest unknown" in line and f"check that image {image} exists and is public" in line, line
+            assert len(creates(fake)) == 2 and not fake.instances  # both rented, both destroyed
+        await fake.torn_down()
 
     asyncio.run(main())
 

@@ -27,6 +27,7 @@ from pytest_ppsmoke.cloud.vast import (
     Label,
     OfferGone,
     OfferQuery,
+    SearchQuotaExceeded,
     VastClient,
     VastError,
     endpoint_name,
@@ -147,6 +148,38 @@ async def test_429_waits_are_jittered_within_half_to_full() -> None:
         assert search.retry_wait_s == pytest.approx(sum(v for *_, v in rng.drawn))
         waited.append(search.retry_wait_s)
     assert waited[0] != waited[1]  # two clients refused together do not come back together
+
+
+async def test_a_retry_after_is_waited_exactly_and_one_past_a_minute_ends_the_call() -> None:
+    """vast-cli's rule: a 429's Retry-After is the wait (no jitter) up to 60 s; a longer one is
+    not waited out. The emulator sends it when vast.retry_after says so."""
+    async with (
+        emulator("vast.burst_429=2;vast.throttle_every=1000;vast.retry_after=0.3") as fake,
+        VastClient(KEY, fake.url, rng=Recording(1)) as vast,
+    ):
+        assert len(await vast.search_offers(OfferQuery())) == 4
+        search = vast.stats.of("search")
+        assert search.rate_limited == search.rate_limit_retries == 2 and search.calls == 3
+        assert search.retry_wait_s == pytest.approx(0.6)  # 2 x 0.3 s, not the jittered schedule
+        assert vast.rng.drawn == []  # type: ignore[attr-defined]
+    async with (
+        emulator("vast.burst_429=1;vast.throttle_every=1000;vast.retry_after=120") as fake,
+        VastClient(KEY, fake.url) as vast,
+    ):
+        started = time.monotonic()
+        with pytest.raises(VastError) as info:
+            await vast.search_offers(OfferQuery())
+        assert time.monotonic() - started < 5 and refused(fake) == 1
+    assert "gave up: vast.ai asks to wait 120 s (Retry-After), more than 60 s" in str(info.value)
+
+
+async def test_the_daily_search_quota_ends_the_search_at_once() -> None:
+    async with emulator("vast.search_quota") as fake, VastClient(KEY, fake.url) as vast:
+        with pytest.raises(SearchQuotaExceeded) as info:
+            await vast.search_offers(OfferQuery())
+        assert vast.stats.of("search").calls == 1  # not retried: it resets at midnight UTC
+    message = str(info.value)
+    assert info.value.status == 429 and "daily search quota is used up" in message and "resets at 20" in message
 
 
 async def test_429s_give_up_at_the_window_naming_the_call_and_the_429s() -> None:
