@@ -5,6 +5,9 @@ login). Images get into it with ``buildah push``. Nothing here reaches beyond th
 
 from __future__ import annotations
 
+import base64
+import datetime
+import json
 import os
 import shutil
 import socket
@@ -16,6 +19,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from pytest_ppsmoke import DEFAULT_IMAGE
 from pytest_ppsmoke.cloud import image
@@ -41,12 +45,105 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class TokenService:
+    """The token service a registry's Bearer challenge points to, as Docker Hub's and GHCR's do:
+    ``GET /token?service=...&scope=repository:NAME:pull`` answers a JWT (RS256, the signing
+    certificate in its ``x5c`` header) that the registry verifies against the certificate it is
+    configured with. Anonymous callers get ``pull`` on the repositories in ``public`` and a token
+    with no access for any other (GHCR's answer for a private package: the registry then refuses
+    the manifest)."""
+
+    def __init__(self, root: Path, public: set[str]) -> None:
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import rsa
+        from cryptography.x509.oid import NameOID
+
+        self.public = public
+        self.port = free_port()
+        self.realm = f"http://127.0.0.1:{self.port}/token"
+        self.service, self.issuer = "ppsmoke-registry", "ppsmoke-token-service"
+        self.key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, self.issuer)])
+        now = datetime.datetime.now(datetime.UTC)
+        cert = (
+            x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(self.key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1)).sign(self.key, hashes.SHA256())
+        )  # fmt: skip
+        self.cert_der = cert.public_bytes(serialization.Encoding.DER)
+        self.bundle = root / "token-cert.pem"
+        root.mkdir(parents=True, exist_ok=True)
+        self.bundle.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        self.asked: list[tuple[str, str]] = []  # (scope, Authorization) of each token request
+        self._server: Any = None
+
+    def token(self, scope: str, login: bool) -> str:
+        from cryptography.hazmat.primitives import hashes
+        from cryptography.hazmat.primitives.asymmetric import padding
+
+        def b64(data: bytes) -> str:
+            return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+        access = []
+        kind, _, rest = scope.partition(":")
+        repo, _, actions = rest.rpartition(":")
+        if kind == "repository" and login:  # the owner (buildah push with --creds): what it asks
+            access = [{"type": "repository", "name": repo, "actions": actions.split(",")}]
+        elif kind == "repository" and repo in self.public and "pull" in actions.split(","):
+            access = [{"type": "repository", "name": repo, "actions": ["pull"]}]
+        now = int(time.time())
+        header = {"alg": "RS256", "typ": "JWT", "x5c": [base64.b64encode(self.cert_der).decode()]}
+        claims = {"iss": self.issuer, "sub": "", "aud": self.service, "exp": now + 300, "nbf": now - 10,
+                  "iat": now, "jti": os.urandom(8).hex(), "access": access}  # fmt: skip
+        signed = b64(json.dumps(header).encode()) + "." + b64(json.dumps(claims).encode())
+        signature = self.key.sign(signed.encode(), padding.PKCS1v15(), hashes.SHA256())
+        return signed + "." + b64(signature)
+
+    def __enter__(self) -> TokenService:
+        import http.server
+        import threading
+        import urllib.parse
+
+        service = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                query = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query)
+                scope = (query.get("scope") or [""])[0]
+                login = self.headers.get("Authorization", "")
+                service.asked.append((scope, login))
+                body = json.dumps({"token": service.token(scope, bool(login))}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def config(self) -> str:
+        return (
+            f"auth:\n  token:\n    realm: {self.realm}\n    service: {self.service}\n"
+            f"    issuer: {self.issuer}\n    rootcertbundle: {self.bundle}\n"
+        )
+
+
 class LocalRegistry:
     """``with LocalRegistry(root) as reg: reg.host`` (``127.0.0.1:PORT``); ``login=(user,
-    password)`` puts it behind htpasswd."""
+    password)`` puts it behind htpasswd, ``tokens`` behind a token service (Bearer)."""
 
-    def __init__(self, root: Path, login: tuple[str, str] | None = None) -> None:
-        self.root, self.login = root, login
+    def __init__(self, root: Path, login: tuple[str, str] | None = None, tokens: TokenService | None = None) -> None:
+        self.root, self.login, self.tokens = root, login, tokens
         self.port = free_port()
         self.host = f"127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -62,6 +159,8 @@ class LocalRegistry:
             ).stdout
             (self.root / "htpasswd").write_text(hashed)
             auth = f"auth:\n  htpasswd:\n    realm: ppsmoke-private\n    path: {self.root / 'htpasswd'}\n"
+        elif self.tokens is not None:
+            auth = self.tokens.config()
         config = self.root / "config.yml"
         config.write_text(
             "version: 0.1\nlog:\n  level: error\n"
@@ -103,7 +202,7 @@ class LocalRegistry:
     def push(self, local: str, name: str) -> str:
         """``buildah push`` of the local image ``local`` as ``HOST/name``; returns that name."""
         dest = f"{self.host}/{name}"
-        creds = ["--creds", ":".join(self.login)] if self.login else []
+        creds = ["--creds", ":".join(self.login)] if self.login else ["--creds", "owner:x"] if self.tokens else []
         subprocess.run(
             [*image.BUILDAH, "push", "--quiet", "--tls-verify=false", *creds, local, f"docker://{dest}"],
             check=True, capture_output=True, timeout=900,

@@ -105,6 +105,29 @@ async def test_each_image_problem_is_one_line_that_names_the_image_and_the_fix(
     assert name.split("/", 1)[-1].split(":")[0] in message  # it names the image
 
 
+async def test_a_bearer_challenge_gets_an_anonymous_token_as_docker_pull_asks_it(
+    regs: Registries, tmp_path: Path
+) -> None:
+    """The token flow of Docker Hub and GHCR, against the distribution registry configured for it
+    (it verifies each token's signature): a 401 with a Bearer challenge, an anonymous token for
+    the challenge's scope, then the manifest. A repository the token service grants nothing on
+    anonymously is private, as GHCR answers for a private package."""
+    with (
+        registry.TokenService(tmp_path, public={"ppsmoke/open"}) as tokens,
+        registry.LocalRegistry(tmp_path / "data", tokens=tokens) as reg,
+    ):
+        open_name = reg.push("localhost/pp-tiny:amd64", "ppsmoke/open:1")
+        closed = reg.push("localhost/pp-tiny:amd64", "ppsmoke/closed:1")
+        tokens.asked.clear()
+        info = await oci.inspect_image(open_name)
+        assert info.platforms == ("linux/amd64",) and info.layers == 1
+        assert tokens.asked and all(auth == "" for _, auth in tokens.asked)  # anonymous, as a host pulls
+        assert tokens.asked[0][0] == "repository:ppsmoke/open:pull"  # the challenge's own scope
+        with pytest.raises(oci.ImageProblem) as e:
+            await oci.inspect_image(closed)
+        assert e.value.kind == "private" and "vast.ai's hosts pull anonymously" in str(e.value)
+
+
 def test_local_mode_asks_only_a_registry_on_this_machine() -> None:
     assert image_check("ghcr.io/pytest-ppsmoke/gpu-node:0.1.0", vastai=True) is True
     why = image_check("ghcr.io/pytest-ppsmoke/gpu-node:0.1.0", vastai=False)

@@ -211,7 +211,12 @@ class Image(Runtime):
         if model.is_absolute() and await asyncio.to_thread(model.is_file):
             await inst.container.copy_in(model, user)  # tinygrad opens it read-write: its user's own copy
         # buildah itself gets this process's environment (its storage settings, PATH)
-        return ChildProcess(f"instance-{inst.id}", inst.container.argv(command, env), os.environ)
+        return ChildProcess(f"instance-{inst.id}", inst.container.argv(command, env, self.volumes(inst)), os.environ)
+
+    def volumes(self, inst: Instance) -> list[str]:
+        """Host folders bound into the instance's container (``host:container[:options]``): none,
+        as on vast.ai, where an instance starts with nothing but its image."""
+        return []
 
     def container_env(self, inst: Instance) -> dict[str, str]:
         """The container's environment: the instance's only, none of this process's."""
