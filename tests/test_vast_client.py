@@ -25,6 +25,7 @@ from pytest_ppsmoke.cloud.vast import (
     ApiStats,
     Instance,
     Label,
+    NeverRuns,
     OfferGone,
     OfferQuery,
     SearchQuotaExceeded,
@@ -369,3 +370,26 @@ def test_the_schedule_is_checked() -> None:
         VastClient(KEY, rate_limit_first=10, rate_limit_cap=8)
     with pytest.raises(ValueError, match=r"window > 0"):
         VastClient(KEY, rate_limit_window=0)
+
+
+@pytest.mark.parametrize("state", ["stopped", "frozen", "loading"])
+async def test_the_boot_wait_ends_at_once_on_stopped_and_frozen_and_polls_a_slow_host(state: str) -> None:
+    """SkyPilot's reading: a ``stopped`` or ``frozen`` instance failed to provision; a host that
+    is merely slow (``loading``, no error in its message) gets every poll."""
+    shown = 0
+
+    async def show(request: web.Request) -> web.Response:
+        nonlocal shown
+        shown += 1
+        record = {"id": 7, "actual_status": state, "status_msg": "Pulling image x: 40%" if state == "loading" else ""}
+        return web.json_response({"instances": record})
+
+    async with stub(show) as url, VastClient(KEY, url) as vast:
+        if state == "loading":
+            with pytest.raises(TimeoutError, match="not running after 5 polls"):
+                await vast.wait_running(7, 5, 0.01)
+            assert shown == 5
+        else:
+            with pytest.raises(NeverRuns, match=f"instance 7 is {state} \\(no status message\\); it will never run"):
+                await vast.wait_running(7, 60, 0.01)
+            assert shown == 1
