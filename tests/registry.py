@@ -188,6 +188,7 @@ class LocalRegistry:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        forget(self.host)
         if self.proc is not None:
             self.proc.terminate()
             try:
@@ -208,6 +209,18 @@ class LocalRegistry:
             check=True, capture_output=True, timeout=900,
         )  # fmt: skip
         return dest
+
+
+def forget(host: str) -> None:
+    """Untag every image name of this machine's storage that a pull from ``host`` left (an
+    emulated host pulls by the registry's name, and each test registry has a port of its own):
+    the images stay under their other names, and nothing piles up run after run."""
+    listed = subprocess.run(
+        [*image.BUILDAH, "images", "--format", "{{.Name}}:{{.Tag}}"], capture_output=True, text=True, timeout=60
+    )
+    names = [n for n in listed.stdout.split() if n.startswith(host + "/")]
+    if names:
+        subprocess.run([*image.BUILDAH, "rmi", *names], capture_output=True, timeout=300)
 
 
 def tiny_image(tag: str, arch: str = "amd64") -> str:
