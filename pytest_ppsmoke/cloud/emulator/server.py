@@ -20,7 +20,6 @@ import shlex
 import signal
 import socket
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -85,7 +84,6 @@ class FakeVast(Resource):
         self.creates = 0  # create calls answered or held, counted from 1
         self._next_id = 12_400_000
         self._runner: web.AppRunner | None = None
-        self._tmp = tempfile.TemporaryDirectory(prefix="pp-fake-vast-")
         self.container_prefix = f"pp-fake-vast-{os.getpid()}-{secrets.token_hex(3)}-"  # + the instance's id
         self._watch: asyncio.Task[None] | None = None
         self._stopping: set[asyncio.Future[None]] = set()
@@ -162,7 +160,6 @@ class FakeVast(Resource):
         if self.network is not None:
             await self.network.close()
             self.network = None
-        self._tmp.cleanup()
 
     async def torn_down(self, timeout: float = 60.0) -> None:
         """Wait until every destroy so far has finished behind its answer: its process reaped, its
