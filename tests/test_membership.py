@@ -163,7 +163,8 @@ async def test_a_stopped_member_resumed_within_the_suspicion_time_refutes_and_st
         await asyncio.sleep(suspicion + 1.0)  # a confirmed suspicion's timer left running would fire by now
         assert not c.seen("dead", victim)
         state = c.seed.membership.members[victim]
-        assert state.status == MemberStatus.alive and state.incarnation > before
+        # it stays: never dead; on 2 loaded cores it may be suspected again, and refute again, meanwhile
+        assert state.status != MemberStatus.dead and state.incarnation > before
         assert c.seed.registry.lookup("pp-exit") is not None
         assert c.members[0].find(lambda e: e["event"] == "dead") is None
     finally:
