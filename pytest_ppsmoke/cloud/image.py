@@ -36,6 +36,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from .. import DEFAULT_IMAGE
+from .oci import ImageProblem, ImageRef, on_loopback
 
 ROOT = Path(__file__).resolve().parent.parent.parent  # the source tree (the build context)
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
@@ -227,8 +228,6 @@ async def pull(name: str, timeout: float = CREATE_TIMEOUT) -> None:
     instance: anonymously (no login of this machine's is used), over plain HTTP for a registry on
     loopback. A cancelled or late pull is stopped. PullError: the registry's refusal, as the
     engine words it (``manifest unknown``, ``unauthorized: authentication required``)."""
-    from .oci import ImageProblem, ImageRef, on_loopback
-
     try:
         ref = ImageRef.parse(name)
     except ImageProblem as e:

@@ -52,7 +52,7 @@ from ..runtime.localproc import ClusterKeys
 from ..runtime.node import Node, NodeConfig
 from ..runtime.resource import Resource
 from ..runtime.swimconfig import SwimConfig
-from .preflight import Preflight, image_check, preflight
+from .preflight import Preflight, find_offers, image_check, preflight
 from .vast import Instance, Label, NeverRuns, Offer, OfferGone, OfferQuery, VastClient, VastError, going_away
 
 log = logging.getLogger(__name__)
@@ -257,10 +257,7 @@ class Deployment(Resource):
         with nothing rented. Off (``config.preflight``): the offer search alone, in the rent."""
         c = self.config
         if not c.preflight:
-            try:
-                return await self.vast.search_offers(c.query)
-            except VastError as e:
-                raise PhaseError("rent", f"searching offers failed: {e}") from None
+            return await find_offers(self.vast, c.query, c.num_stages, phase="rent")
         t = self._begin("preflight")
         self.preflight = await preflight(
             self.vast, query=c.query, num_stages=c.num_stages, image=c.image, check_image=c.check_image or "",
@@ -292,12 +289,6 @@ class Deployment(Resource):
             )
         )
         await self.seed.start()
-        if len(offers) < c.num_stages:
-            raise PhaseError(
-                "rent",
-                f"{len(offers)} offer(s) match ({c.query.describe()}); {c.num_stages} are needed. "
-                f"Relax {setting('gpu_ram')}, {setting('max_price')} or {setting('min_reliability')}",
-            )
         tried: set[int] = set()
         for stage in range(c.num_stages):
             await self._rent_stage(stage, offers, tried)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+from multidict import CIMultiDict
 
 from ..protocol import setting
 
@@ -135,17 +136,17 @@ class _Registry:
         self.http, self.ref = http, ref
         self.token: str | None = None
 
-    async def get(self, path: str, accept: str) -> tuple[int, dict[str, str], bytes]:
+    async def get(self, path: str, accept: str) -> tuple[int, CIMultiDict[str], bytes]:
         """GET ``/v2/<repository>/<path>``, answering a Bearer challenge once with an anonymous
         token; ImageProblem (``private``) where the registry asks for a login."""
         for _ in range(2):
             headers = {"Accept": accept} | ({"Authorization": f"Bearer {self.token}"} if self.token else {})
             url = f"{self.ref.api}/v2/{self.ref.repository}/{path}"
             async with self.http.get(url, headers=headers) as resp:
-                status, got, body = resp.status, dict(resp.headers), await resp.read()
+                status, got, body = resp.status, resp.headers.copy(), await resp.read()
             if status != 401:
                 return status, got, body
-            scheme, params = _challenge(got.get("WWW-Authenticate", got.get("Www-Authenticate", "")))
+            scheme, params = _challenge(got.get("WWW-Authenticate", ""))
             if scheme != "bearer" or self.token is not None or "realm" not in params:
                 break
             self.token = await self._anonymous_token(params)

@@ -95,17 +95,7 @@ async def preflight(
     else:
         found.image_checked = str(check_image) or "not asked"
     found.blocks = _blocks(model, num_stages)
-    try:
-        found.offers = await vast.search_offers(query)
-    except SearchQuotaExceeded as e:
-        raise _fail(str(e)) from None
-    except VastError as e:
-        raise _fail(f"searching offers failed: {e}") from None
-    if len(found.offers) < num_stages:
-        raise _fail(
-            f"{len(found.offers)} offer(s) match ({query.describe()}); {num_stages} are needed. "
-            f"Relax {setting('gpu_ram')}, {setting('max_price')} or {setting('min_reliability')}"
-        )
+    found.offers = await find_offers(vast, query, num_stages)
     rate = sum(o.dph_total for o in found.offers[:num_stages])
     found.worst_case_usd = rate * budget_s / 3600
     if found.credit is not None and found.credit < found.worst_case_usd:
@@ -116,6 +106,24 @@ async def preflight(
         )
     found.seconds = time.monotonic() - started
     return found
+
+
+async def find_offers(vast: VastClient, query: OfferQuery, num_stages: int, phase: str = "preflight") -> list[Offer]:
+    """The offers that match ``query``, cheapest first: the search the rent uses, with or without
+    the pre-flight. PhaseError (``phase``) if it fails or fewer than ``num_stages`` match."""
+    try:
+        offers = await vast.search_offers(query)
+    except SearchQuotaExceeded as e:  # its own words: a daily quota, not a failed search
+        raise PhaseError(phase, str(e)) from None
+    except VastError as e:
+        raise PhaseError(phase, f"searching offers failed: {e}") from None
+    if len(offers) < num_stages:
+        raise PhaseError(
+            phase,
+            f"{len(offers)} offer(s) match ({query.describe()}); {num_stages} are needed. "
+            f"Relax {setting('gpu_ram')}, {setting('max_price')} or {setting('min_reliability')}",
+        )
+    return offers
 
 
 async def _key(vast: VastClient) -> float | None:
