@@ -41,10 +41,10 @@ MODEL = SMOLLM2.name
 
 REFERENCE = """
 import json, sys
-from pytest_ppsmoke.stage.cache import install_program_cache
-from pytest_ppsmoke.stage.model import Tokenizer, load_model, unsplit_generate
+from pytest_ppsmoke.stage.cache import DEFAULT_ROOT, WeightCache, install_program_cache
+from pytest_ppsmoke.stage.model import Tokenizer, realized_model, unsplit_generate
 install_program_cache()
-model, kv = load_model(sys.argv[1], 1024)
+model, kv, _ = realized_model(sys.argv[1], 1024, 0, 1, WeightCache(DEFAULT_ROOT))
 tok = Tokenizer(kv)
 ids = tok.chat(sys.argv[2])
 print(json.dumps({"prompt_ids": ids, "f32": unsplit_generate(model, ids, int(sys.argv[3]), tok.end_ids)}))
@@ -59,9 +59,10 @@ def pipeline(num_stages: int, wire: str, model: str = MODEL) -> LocalCluster:
 
 
 async def unsplit_reference() -> dict[str, Any]:
-    """tinygrad's unsplit ``generate``, in a process of its own: it runs beside the clusters'
-    start instead of blocking this event loop (a seed that cannot answer for tens of seconds is
-    an orphaning orchestrator to its nodes)."""
+    """tinygrad's unsplit ``generate`` (the whole model, from the weight cache that the reference
+    op fills too), in a process of its own: it runs beside the clusters' start instead of
+    blocking this event loop (a seed that cannot answer for tens of seconds is an orphaning
+    orchestrator to its nodes)."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-c", REFERENCE, MODEL, PROMPT, str(MAX_TOKENS),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,

@@ -3,20 +3,27 @@ reference's rounding and its independence from the stage code (the session's syn
 
 from __future__ import annotations
 
+import random
+import re
+import unicodedata
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from tinygrad import Tensor
+from tinygrad.apps.llm import SimpleTokenizer
 
 from pytest_ppsmoke.messages import WireDtype, round_to_wire
 from pytest_ppsmoke.stage import model as model_module
+from pytest_ppsmoke.stage.cache import WeightCache
 from pytest_ppsmoke.stage.model import (
     ModelError,
     StageModel,
     Tokenizer,
     layer_range,
     load_model,
+    realized_model,
     resolve_model,
     round_in_graph,
     run_reference,
@@ -89,6 +96,57 @@ def test_the_smollm2_chat_turn_matches_its_gguf_template(smollm2_loaded: tuple[A
         "<|im_start|>user\nSay hello<|im_end|>\n<|im_start|>assistant\n"
     )
     assert tok.end_ids == {2} and tok.decode([57, 5248, 2]) == "I'm"
+
+
+def test_the_word_pattern_in_ranges_splits_every_text_as_tinygrads_does(
+    smollm2_loaded: tuple[Any, dict[str, Any]],
+) -> None:
+    """Our tokenizer builds tinygrad's word-splitting pattern from ranges of code points, not one
+    by one (milliseconds, not half a second in every worker). Each class holds exactly the code
+    points of its Unicode category, and SmolLM2's whole tokenizer gives tinygrad's ids on every
+    code point, in order and shuffled."""
+    z, digits, letters = model_module._category_classes()
+    for body, cat in ((z, "Z"), (digits, "N"), (letters, "L")):
+        pattern = re.compile(f"[{body}]")
+        got = {cp for cp in range(0x110000) if pattern.match(chr(cp))}
+        assert got == {cp for cp in range(0x323B0) if unicodedata.category(chr(cp)).startswith(cat)}, cat
+    ours = Tokenizer(smollm2_loaded[1]).tok
+    theirs = SimpleTokenizer(*_vocab(smollm2_loaded[1]), ours.preset)  # built as tinygrad builds it
+    every = [chr(cp) for cp in range(0x323B0 + 64) if not 0xD800 <= cp < 0xE000]
+    random.Random(5).shuffle(shuffled := every.copy())
+    # tinygrad's pattern takes seconds on all of them: a sample, in order and shuffled
+    for text in ("".join(every[::40]), "".join(shuffled[:5000]), "Say héllo, wörld! 123 4567 \u2603\r\n\t  x's"):
+        assert ours._split_to_word.findall(text) == theirs._split_to_word.findall(text)
+    for attr in ("_byte_decoder", "_normal_tokens", "_special_tokens", "_tok2bytes", "preset"):
+        assert getattr(ours, attr) == getattr(theirs, attr), attr
+    sample = "Say héllo, wörld! 1234567 it's\r\n\t  naïve café<|im_end|>\n<|im_start|>assistant\n"
+    assert ours.encode(sample) == theirs.encode(sample)
+
+
+def _vocab(kv: dict[str, Any]) -> tuple[dict[str, int], dict[str, int]]:
+    types, normal, special = kv["tokenizer.ggml.token_type"], {}, {}
+    for idx, tok in enumerate(kv["tokenizer.ggml.tokens"]):
+        (normal if types[idx] == 1 else special)[tok] = idx
+    return normal, special
+
+
+def test_a_load_draws_no_random_numbers(monkeypatch: pytest.MonkeyPatch, synth_model: str, tmp_path: Path) -> None:
+    """tinygrad's layers start with random weights, which the file's weights replace: drawn,
+    they would run the random generator's kernels in every worker's load, for nothing. Neither a
+    load from the GGUF nor one from the weight cache draws any, and ``Tensor.uniform`` is
+    tinygrad's own again afterwards."""
+    uniform = Tensor.uniform
+
+    def drawn(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a load drew random numbers")
+
+    monkeypatch.setattr(Tensor, "_threefry_random_bits", staticmethod(drawn))
+    cache = WeightCache(tmp_path)
+    for source in ("gguf", "cache"):
+        model, kv, load = realized_model(synth_model, 64, 0, 1, cache)
+        assert load.source == source
+        StageModel(model, kv, 0, 1)  # realizes every tensor
+    assert Tensor.uniform == uniform
 
 
 @pytest.mark.parametrize("wire", [WireDtype.bf16, WireDtype.f16])

@@ -25,13 +25,16 @@ after prefill and now. A call flagged ``prefill`` begins a sequence: the caches 
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import gc
 import importlib.metadata
 import importlib.util
 import re
 import time
+import unicodedata
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -83,12 +86,32 @@ def resolve_model(name: str) -> str | Path:
     raise ModelError(f"unknown model {name!r}; expected one of {', '.join(model_names())}, or a path to a .gguf file")
 
 
+@contextlib.contextmanager
+def _no_initial_weights() -> Iterator[None]:
+    """Build tinygrad's layers without their random initial weights. ``nn.Linear`` and
+    ``nn.Embedding`` draw them with ``Tensor.uniform``, which runs the random generator's
+    kernels; every one of those tensors is replaced by a weight from the file before anything
+    uses it, and the pipeline samples greedily (no random number is ever drawn), so an empty
+    tensor of the same shape and dtype stands in, and the draws never run."""
+    saved = Tensor.uniform, Tensor.glorot_uniform
+
+    def empty(*shape: Any, dtype: Any = None, device: Any = None, **_: Any) -> Tensor:
+        return Tensor.empty(*shape, dtype=dtype, device=device)
+
+    Tensor.uniform = Tensor.glorot_uniform = staticmethod(empty)
+    try:
+        yield
+    finally:
+        Tensor.uniform, Tensor.glorot_uniform = saved
+
+
 def load_model(name: str, max_context: int) -> tuple[Transformer, dict[str, Any]]:
     """Parse the GGUF and build the model lazily (weights are realized by :class:`StageModel`)."""
     source = resolve_model(name)
     gguf = Tensor.from_url(source) if isinstance(source, str) else Tensor(source)
     try:
-        model, kv = Transformer.from_gguf(gguf, max_context, realize=False)
+        with _no_initial_weights():
+            model, kv = Transformer.from_gguf(gguf, max_context, realize=False)
     except Exception as e:  # tinygrad raises assorted errors on a broken file
         raise ModelError(f"model {name!r} ({source}) is not a loadable llama GGUF: {type(e).__name__}: {e}") from None
     arch = kv.get("general.architecture")
@@ -188,18 +211,19 @@ def _model_from_tensors(
     if part != Part.of_stage(stage, num_stages, total):
         raise CacheError(f"it holds {part}, but stage {stage} of {num_stages} of this model owns another range")
     n_heads, n_kv_heads = kv[f"{arch}.attention.head_count"], kv[f"{arch}.attention.head_count_kv"]
-    model = Transformer(
-        num_blocks=part.hi - part.lo,
-        dim=kv[f"{arch}.embedding_length"],
-        hidden_dim=kv.get(f"{arch}.expert_feed_forward_length", kv[f"{arch}.feed_forward_length"]),
-        n_heads=n_heads,
-        n_kv_heads=n_kv_heads,
-        norm_eps=kv[f"{arch}.attention.layer_norm_rms_epsilon"],
-        vocab_size=len(kv["tokenizer.ggml.tokens"]),
-        head_dim=kv.get(f"{arch}.attention.key_length", kv[f"{arch}.embedding_length"] // n_heads),
-        rope_theta=kv[f"{arch}.rope.freq_base"],
-        max_context=min(max_context, kv[f"{arch}.context_length"]),
-    )
+    with _no_initial_weights():
+        model = Transformer(
+            num_blocks=part.hi - part.lo,
+            dim=kv[f"{arch}.embedding_length"],
+            hidden_dim=kv.get(f"{arch}.expert_feed_forward_length", kv[f"{arch}.feed_forward_length"]),
+            n_heads=n_heads,
+            n_kv_heads=n_kv_heads,
+            norm_eps=kv[f"{arch}.attention.layer_norm_rms_epsilon"],
+            vocab_size=len(kv["tokenizer.ggml.tokens"]),
+            head_dim=kv.get(f"{arch}.attention.key_length", kv[f"{arch}.embedding_length"] // n_heads),
+            rope_theta=kv[f"{arch}.rope.freq_base"],
+            max_context=min(max_context, kv[f"{arch}.context_length"]),
+        )
     model.blk = [None] * part.lo + model.blk + [None] * (total - part.hi)
     wanted = {k: v for k, v in nn.state.get_state_dict(model).items() if part.owns(k)}
     if set(wanted) != set(tensors):
@@ -227,6 +251,59 @@ def _model_from_tensors(
     return model
 
 
+@functools.cache
+def _category_classes() -> tuple[str, str, str]:
+    """The Unicode categories Z, N and L (below U+323B0, as tinygrad's tokenizer takes them) as
+    bodies of regex character classes, written as ranges: the same sets as tinygrad's
+    ``ucat_range``, which lists every code point one by one, so a class of 140,000 members
+    that takes ``re`` half a second to compile in every worker, instead of milliseconds."""
+    runs: dict[str, list[list[int]]] = {"Z": [], "N": [], "L": []}
+    for cp in range(0x323B0):
+        group = runs.get(unicodedata.category(chr(cp))[0])
+        if group is None:
+            continue
+        if group and group[-1][1] == cp - 1:
+            group[-1][1] = cp
+        else:
+            group.append([cp, cp])
+
+    def body(group: list[list[int]]) -> str:
+        return "".join(re.escape(chr(a)) if a == b else f"{re.escape(chr(a))}-{re.escape(chr(b))}" for a, b in group)
+
+    return body(runs["Z"]), body(runs["N"]), body(runs["L"])
+
+
+class _RangedTokenizer(_SimpleTokenizer):  # type: ignore[misc]
+    """tinygrad's ``SimpleTokenizer``, whose constructor is repeated here with one change: its
+    word-splitting pattern is built from ranges (:func:`_category_classes`). The pattern matches
+    exactly what tinygrad's does, so every text encodes to the same ids (a test compares the two
+    on every code point)."""
+
+    def __init__(self, normal_tokens: dict[str, int], special_tokens: dict[str, int], preset: str = "llama3") -> None:
+        if preset not in ("llama3", "llama-v3", "llama-bpe", "qwen2", "olmo"):
+            raise ValueError(f"Invalid tokenizer preset '{preset}'")
+        bs = [*range(33, 127), *range(161, 173), *range(174, 256)]  # bytes that map to themselves
+        self._byte_decoder = {chr(b): b for b in bs} | {
+            chr(256 + i): b for i, b in enumerate(b for b in range(256) if b not in bs)
+        }
+        z, r_p_N, r_p_L = _category_classes()
+        r_ws = r"\t\n\x0b\x0c\r\x85" + z
+        self._split_to_word = re.compile(
+            "(?i:'s|'t|'re|'ve|'m|'ll|'d)|"
+            f"[^\\r\\n{r_p_N}{r_p_L}]?[{r_p_L}]+|[{r_p_N}]{{1,3}}| ?[^{r_ws}{r_p_N}{r_p_L}]+[\\r\\n]*|"
+            f"[{r_ws}]*[\\r\\n]+|[{r_ws}]+(?![^{r_ws}])|[{r_ws}]+"
+        )
+        self._split_to_sentence = re.compile(
+            "|".join(re.escape(tok) for tok in special_tokens) if special_tokens else r"(?!)"
+        )
+        self._normal_tokens = {bytes(self._byte_decoder[c] for c in tok): tid for tok, tid in normal_tokens.items()}
+        self._special_tokens = special_tokens
+        self._tok2bytes = {tid: tok for tok, tid in self._normal_tokens.items()} | {
+            tid: tok.encode() for tok, tid in self._special_tokens.items()
+        }
+        self.preset = preset
+
+
 class Tokenizer:
     """Chat-formatted tokenization, with the template and end ids taken from the GGUF."""
 
@@ -248,7 +325,7 @@ class Tokenizer:
         special: dict[str, int] = {}
         for tok, idx in vocab:
             (normal if types[idx] == 1 else special)[tok] = idx
-        self.tok = _SimpleTokenizer(normal, special, preset)
+        self.tok = _RangedTokenizer(normal, special, preset)
         self.eos_id: int = kv["tokenizer.ggml.eos_token_id"]
         self.end_ids = {self.eos_id} | {kv[k] for k in ("tokenizer.ggml.eot_token_id",) if k in kv}
         self.bos_id: int | None = (
