@@ -72,7 +72,7 @@ def synth_model(tmp_path_factory: pytest.TempPathFactory) -> str:
 def smollm2() -> str:
     """SmolLM2's model name, once it is known to be installed: the model of the tests of tokens
     and text. Without it they fail with the command that installs it."""
-    from pytest_ppsmoke.stage.model import ModelError, resolve_model  # tinygrad: only when needed
+    from pytest_ppsmoke.stage.catalog import ModelError, resolve_model
 
     try:
         resolve_model(SMOLLM2.name)

@@ -201,3 +201,21 @@ def test_loading_the_plugin_imports_only_stdlib_pytest_and_the_settings_table() 
     assert ours <= allowed, sorted(ours - allowed)
     others = {m.split(".")[0] for m in loaded - ours} - set(sys.stdlib_module_names)
     assert not others, sorted(others)  # beyond what pytest itself loaded
+
+
+def test_pp_smoke_runs_arguments_are_checked_without_tinygrad(synth_model: str) -> None:
+    """The orchestrator never runs tinygrad: resolving the offline model or a ``.gguf`` path
+    imports none of it (half a second in every ``pp-smoke-run``); a name from tinygrad's table
+    does, and resolves to its URL."""
+    probe = (
+        "import sys; from pytest_ppsmoke.harness.cli import parse_args; "
+        "from pytest_ppsmoke.stage.catalog import resolve_model; "
+        f"parse_args(['--local', '--model', {synth_model!r}]); parse_args(['--local']); "
+        "print('tinygrad' in sys.modules); print(resolve_model('llama3.2:1b')); print('tinygrad' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.split() == [
+        "False",
+        "https://huggingface.co/bartowski/Llama-3.2-1B-Instruct-GGUF/resolve/main/Llama-3.2-1B-Instruct-Q6_K.gguf",
+        "True",
+    ]

