@@ -143,7 +143,7 @@ async def test_a_killed_member_is_declared_dead_and_its_names_vanish(cluster: Cl
     )
 
 
-async def test_a_stopped_member_resumed_within_the_suspicion_time_refutes_and_stays() -> None:
+async def test_a_stopped_member_resumed_within_the_suspicion_time_refutes_and_its_suspicion_never_fires() -> None:
     suspicion = 4.0
     c, _ = await start_cluster(SwimConfig(suspicion_timeout=suspicion), f"suspicion_timeout={suspicion}")
     try:
@@ -159,14 +159,21 @@ async def test_a_stopped_member_resumed_within_the_suspicion_time_refutes_and_st
         )
         c.members[1].signal(signal.SIGCONT)
         assert time.monotonic() - stopped_at < suspicion
+        stopped = c.seen("suspect", victim)[suspected].member.incarnation
         await c.seed.membership.wait_until(lambda: len(c.seen("alive", victim)) > refuted, suspicion, "the refutation")
+        assert c.seen("alive", victim)[refuted].member.incarnation > stopped >= before
         await asyncio.sleep(suspicion + 1.0)  # a confirmed suspicion's timer left running would fire by now
-        assert not c.seen("dead", victim)
-        state = c.seed.membership.members[victim]
-        # it stays: never dead; on 2 loaded cores it may be suspected again, and refute again, meanwhile
-        assert state.status != MemberStatus.dead and state.incarnation > before
-        assert c.seed.registry.lookup("pp-exit") is not None
-        assert c.members[0].find(lambda e: e["event"] == "dead") is None
+        # The refuted suspicion never fires. On 2 loaded cores the resumed process can be starved
+        # long enough to be suspected again; a death then is the detector's verdict on the new
+        # incarnation, after a suspicion of its own that ran its whole time.
+        for dead in c.seen("dead", victim):
+            assert dead.member.incarnation > stopped, "the refuted suspicion declared the member dead"
+            again = [e for e in c.seen("suspect", victim) if e.member.incarnation == dead.member.incarnation]
+            assert again and dead.at - again[0].at >= suspicion - 0.05, (dead, again)
+        if not c.seen("dead", victim):  # as on an idle machine: it stays, and so do its names
+            assert c.seed.membership.members[victim].status != MemberStatus.dead
+            assert c.seed.registry.lookup("pp-exit") is not None
+            assert c.members[0].find(lambda e: e["event"] == "dead") is None
     finally:
         await shut(c)
 

@@ -14,6 +14,7 @@ from pytest_ppsmoke.messages import NextToken
 from pytest_ppsmoke.runtime import _irohpatch, codec
 from pytest_ppsmoke.runtime.codec import Echo, Envelope, ErrorReply
 from pytest_ppsmoke.runtime.node import Node, NodeConfig, RemoteError
+from pytest_ppsmoke.runtime.swimconfig import SwimConfig
 from pytest_ppsmoke.runtime.transport import ALPN, PeerAddr, Transport, TransportError, endpoint_id, endpoint_options
 
 from .helpers import cluster_configs
@@ -224,7 +225,9 @@ def test_error_reply_and_secret_key_stay_out_of_reprs() -> None:
 
 
 async def test_a_sender_that_gives_up_waiting_does_not_break_the_frame_in_flight(nodes) -> None:
-    a_cfg, b_cfg = cluster_configs(2)
+    # the 24 MiB frame holds b's one stream to a, its SWIM acks behind it: on 2 loaded cores that
+    # can outlast the loopback preset's lone suspicion (6 s), and a would forget b as dead
+    a_cfg, b_cfg = cluster_configs(2, SwimConfig.shared_cpu())
     a = await nodes(a_cfg)
     b_cfg.seed = a.ticket()
     b = await nodes(b_cfg)
