@@ -261,3 +261,43 @@ def test_processes_that_start_together_make_each_program_once(tmp_path: Path) ->
     needed = a["misses"] + a["hits"]
     assert needed >= 20 and b["misses"] + b["hits"] == needed, (a, b)
     assert a["misses"] + b["misses"] == needed, (a, b)  # none made twice
+
+
+LOAD_TOGETHER = """
+import json, sys
+from pytest_ppsmoke.stage.cache import WeightCache
+from pytest_ppsmoke.stage.model import realized_model
+print("ready", flush=True)
+sys.stdin.readline()  # the other process is ready too
+model, kv, load = realized_model(sys.argv[1], 64, 0, 2, WeightCache(sys.argv[2]))
+print(json.dumps({"source": load.source, "path": load.path, "note": load.note}), flush=True)
+"""
+
+
+def test_processes_that_load_one_part_together_realize_it_once(synth_model: str, tmp_path: Path) -> None:
+    """Two processes that load the same stage of the same model at the same moment, on an empty
+    weight cache: one realizes it from the GGUF and writes the file while the other waits, then
+    reads that file; neither says anything went wrong."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", LOAD_TOGETHER, synth_model, str(tmp_path / "w")],
+            text=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        for _ in range(2)
+    ]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        loads = [json.loads(proc.communicate(timeout=120)[0]) for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    assert sorted(load["source"] for load in loads) == ["cache", "gguf"], loads
+    assert loads[0]["path"] == loads[1]["path"] and not loads[0]["note"] and not loads[1]["note"], loads

@@ -15,8 +15,9 @@ content (blake2b; remembered per file by its inode, size and change times), so a
 model, of a changed file, or of another tinygrad version is never used; the header repeats the
 key and a digest of the tensors, and a file whose header or digest does not match is ignored
 and written again. Files are written whole and renamed into place, so concurrent writers (two
-stages on one host) never expose half a file. The directory is kept under ``max_bytes`` by
-removing the least recently used files.
+stages on one host) never expose half a file, and a process that loads a part another one is
+realizing waits for it (a lock beside the file) and reads what it wrote. The directory is kept
+under ``max_bytes`` by removing the least recently used files.
 
 **Programs.** tinygrad caches compiled kernels on disk (``CACHEDB``), keyed by their source,
 but a new process still generates every kernel's source from its AST (linearize and render:
@@ -41,7 +42,7 @@ import pickle
 import re
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -190,6 +191,15 @@ class WeightCache:
             os.utime(path)  # least recently used goes first
         return kv, Part(**header["part"]), tensors, path
 
+    @contextlib.contextmanager
+    def making(self, key: dict[str, Any], note: Callable[[str], None]) -> Iterator[None]:
+        """Held while this process looks for ``key``'s file and, missing, realizes and writes it:
+        processes that load the same part together (a test's clusters, a stage restarted beside
+        its old self) wait for the first, then read what it wrote, instead of each realizing it
+        from the GGUF on the same cores. ``note``: why it could not be held, if so."""
+        with _held(self.path_for(key).with_suffix(".lock"), "weight cache", note):
+            yield
+
     def write(self, key: dict[str, Any], kv: dict[str, Any], part: Part, tensors: dict[str, np.ndarray | str]) -> Path:
         """``tensors``: arrays by name, or for a tied tensor the name of the one it shares."""
         meta = pickle.dumps(kv, protocol=5)
@@ -325,12 +335,21 @@ def _generating(key: str) -> Iterator[None]:
     if CACHELEVEL.value < 1:  # no disk cache: nothing to wait for
         yield
         return
+    locks = Path(CACHEDB).with_name(Path(CACHEDB).name + ".locks")
+    with _held(locks / f"{int(key[:4], 16) % LOCK_STRIPES:02x}", "program", PROGRAMS.errors.append):
+        yield
+
+
+@contextlib.contextmanager
+def _held(path: Path, what: str, note: Callable[[str], None]) -> Iterator[None]:
+    """An exclusive ``flock`` on ``path`` (made if missing) for the block, waited for at most
+    ``LOCK_WAIT`` seconds; where it cannot be made or is still held then, the block runs
+    without it, and ``note`` is told why. The lock ends with the process, however it ends."""
     try:
-        locks = Path(CACHEDB).with_name(Path(CACHEDB).name + ".locks")
-        locks.mkdir(parents=True, exist_ok=True)
-        fd = os.open(locks / f"{int(key[:4], 16) % LOCK_STRIPES:02x}", os.O_RDWR | os.O_CREAT, 0o666)
-    except OSError as e:  # a read-only cache directory: no lock, generated here
-        PROGRAMS.errors.append(f"program lock: {e}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as e:  # a read-only cache directory: no lock, made here
+        note(f"{what} lock: {e}")
         yield
         return
     try:
@@ -341,7 +360,7 @@ def _generating(key: str) -> Iterator[None]:
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
-                    PROGRAMS.errors.append(f"program lock: still held after {LOCK_WAIT:g} s; generated here too")
+                    note(f"{what} lock: still held after {LOCK_WAIT:g} s; made here too")
                     break
                 time.sleep(0.005)
         yield

@@ -106,36 +106,48 @@ def realized_model(
 ) -> tuple[Transformer, dict[str, Any], WeightLoad]:
     """The model with the tensors of one stage's part realized (``num_stages=1``: all of them),
     the others left lazy; from the weight cache when it holds this split of this model file,
-    else from the GGUF, writing the cache for the next load. A cache file that cannot be used is
+    else from the GGUF, writing the cache for the next load (another process loading the same
+    part meanwhile waits for this one, then reads it). A cache file that cannot be used is
     ignored (and replaced); the reason is in the returned ``WeightLoad.note``."""
     started = time.monotonic()
-    note, key = "", None
+    notes: list[str] = []
+    key = None
     if cache is not None:
         path = model_file(name)
         try:
             key = cache.key(cache.model_digest(path), stage, num_stages)
-            found = cache.read(key)
-            if found is not None:
-                kv, part, tensors, at = found
-                model = _model_from_tensors(name, kv, max_context, part, tensors, stage, num_stages)
-                nbytes = sum(t.nbytes for t in tensors.values() if not isinstance(t, str))
-                took = time.monotonic() - started
-                return model, kv, WeightLoad("cache", took, nbytes, str(at), "", *_dtype(model, part.lo))
         except (CacheError, OSError) as e:
-            note = f"weight cache not used: {e}"
-    model, kv = load_model(name, max_context)
-    part = Part.of_stage(stage, num_stages, len(model.blk))
-    owned = {k: v for k, v in nn.state.get_state_dict(model).items() if part.owns(k)}
-    Tensor.realize(*owned.values())
-    nbytes = sum(t.nbytes() for t in owned.values())
-    written = ""
-    if cache is not None and key is not None:
-        try:
-            written = str(cache.write(key, kv, part, _host_tensors(owned)))
-        except OSError as e:
-            note = f"{note}; " if note else ""
-            note += f"weight cache not written: {e}"
-    return model, kv, WeightLoad("gguf", time.monotonic() - started, nbytes, written, note, *_dtype(model, part.lo))
+            notes.append(f"weight cache not used: {e}")
+    held = cache.making(key, notes.append) if cache is not None and key is not None else contextlib.nullcontext()
+    with held:
+        if cache is not None and key is not None:
+            try:
+                found = cache.read(key)
+                if found is not None:
+                    kv, part, tensors, at = found
+                    model = _model_from_tensors(name, kv, max_context, part, tensors, stage, num_stages)
+                    nbytes = sum(t.nbytes for t in tensors.values() if not isinstance(t, str))
+                    took = time.monotonic() - started
+                    return (
+                        model,
+                        kv,
+                        WeightLoad("cache", took, nbytes, str(at), "; ".join(notes), *_dtype(model, part.lo)),
+                    )
+            except (CacheError, OSError) as e:
+                notes.append(f"weight cache not used: {e}")
+        model, kv = load_model(name, max_context)
+        part = Part.of_stage(stage, num_stages, len(model.blk))
+        owned = {k: v for k, v in nn.state.get_state_dict(model).items() if part.owns(k)}
+        Tensor.realize(*owned.values())
+        nbytes = sum(t.nbytes() for t in owned.values())
+        written = ""
+        if cache is not None and key is not None:
+            try:
+                written = str(cache.write(key, kv, part, _host_tensors(owned)))
+            except OSError as e:
+                notes.append(f"weight cache not written: {e}")
+    took = time.monotonic() - started
+    return model, kv, WeightLoad("gguf", took, nbytes, written, "; ".join(notes), *_dtype(model, part.lo))
 
 
 _WEIGHT_DTYPES = {"half": "f16", "float": "f32", "bfloat16": "bf16"}
