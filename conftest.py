@@ -27,7 +27,7 @@ pytest_plugins = ["pytester"]
 SESSION_TAG = f"pytest-{os.getpid()}"
 
 # The files whose tests take longest, first: under xdist a file goes to one worker whole, so a long
-# file that starts last is the suite's tail (measured: each of these holds a worker 30-120 s). The
+# file that starts last is the suite's tail (measured: each of these holds a worker 35-135 s). The
 # two whose fixtures start SmolLM2 clusters (test_pipeline, the spec suite) start apart: started
 # together, their loads competed for the cores (the suite 354-380 s in that order, 325-335 s in
 # three random ones).
@@ -37,8 +37,15 @@ LONGEST_FIRST = (
     "tests/test_plugin.py",
     "pytest_ppsmoke/spec/test_spec.py",
     "tests/test_signals.py",
+    "tests/test_layout_grid.py",
+    "tests/test_worker.py",
+    "tests/test_cache.py",
     "tests/test_network_run.py",
+    "tests/test_stages.py",
     "tests/test_image.py",
+    "tests/test_driver.py",
+    "tests/test_bridge.py",
+    "tests/test_xdist.py",
 )
 
 
