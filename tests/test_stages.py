@@ -1,5 +1,6 @@
-"""The layer split and what a stage keeps in memory (in this process, real SmolLM2 weights); the
-reference's rounding and its independence from the stage code (the session's synthetic model)."""
+"""The layer split and what a stage keeps in memory (in this process, a synthetic model; SmolLM2's
+split in a worker: test_worker.py's kv_info); SmolLM2's tokenizer and chat turn; the reference's
+rounding and its independence from the stage code (the session's synthetic model)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from pytest_ppsmoke.stage.model import (
     run_reference,
     unsplit_generate,
 )
+from pytest_ppsmoke.stage.synth import SHAPES, write
 
 from .helpers import SYNTH
 
@@ -37,7 +39,7 @@ pytestmark = pytest.mark.local
 
 @pytest.fixture(scope="module")
 def smollm2_loaded(smollm2: str) -> tuple[Any, dict[str, Any]]:
-    """SmolLM2 parsed once (lazily: nothing realized), for this module's two tests."""
+    """SmolLM2 parsed once (lazily: nothing realized), for this module's tokenizer tests."""
     return load_model(smollm2, 256)
 
 
@@ -68,21 +70,26 @@ def test_model_names_resolve_or_say_what_is_expected() -> None:
         resolve_model("llama9")
 
 
-def test_a_stage_realizes_only_what_it_owns(smollm2_loaded: tuple[Any, dict[str, Any]]) -> None:
-    model, kv = smollm2_loaded  # the only test that uses the model itself, which a StageModel trims
-    dropped_block = model.blk[3].attn_q.weight
-    kept_block = model.blk[20].attn_q.weight
+def test_a_stage_realizes_only_what_it_owns(tmp_path: Path) -> None:
+    """What a stage keeps in memory, on a synthetic model of 4 blocks (its tokens are not the
+    point; SmolLM2's split is the pipeline tests'): stage 1 of 2 realizes blocks 2 and 3 and the
+    head, and stage 0's blocks are never materialized."""
+    path = tmp_path / "tiny.gguf"
+    write(path, SHAPES["tiny"], seed=3)
+    model, kv = load_model(str(path), 256)  # lazy: nothing realized yet
+    dropped_block = model.blk[1].attn_q.weight
+    kept_block = model.blk[3].attn_q.weight
     stage = StageModel(model, kv, 1, 2)
-    assert (stage.lo, stage.hi, stage.first, stage.last) == (15, 30, False, True)
+    assert (stage.lo, stage.hi, stage.first, stage.last) == (2, 4, False, True)
     assert not dropped_block.uop.is_realized, "a block of stage 0 was materialized on stage 1"
     assert kept_block.uop.is_realized
-    assert model.blk[3] is None and model.blk[20] is not None
+    assert model.blk[1] is None and model.blk[3] is not None
     assert stage.token_embd is None and stage.output is not None
     # what kv_info reads from tinygrad's objects: stage 0's blocks are gone, stage 1's realized, no cache yet
     info = stage.kv_info()
-    assert (info.stage, info.first_block, info.end_block, info.prefill_len, info.writes) == (1, 15, 30, 0, ())
+    assert (info.stage, info.first_block, info.end_block, info.prefill_len, info.writes) == (1, 2, 4, 0, ())
     seen = [(b.block, b.owned, b.present, b.weights_realized, b.cache_shape) for b in info.blocks]
-    assert seen == [(i, i >= 15, i >= 15, i >= 15, ()) for i in range(30)]
+    assert seen == [(i, i >= 2, i >= 2, i >= 2, ()) for i in range(4)]
     with pytest.raises(ValueError, match="stage 1 has no embedding"):
         stage.embed_and_forward([1, 2], 0)
 
