@@ -15,12 +15,14 @@ import numpy as np
 import pytest
 
 from pytest_ppsmoke.messages import Hidden, KvInfo, WireDtype, digest, from_json
+from pytest_ppsmoke.nodeenv import NodeEnv
 
 from .helpers import SMOLLM2, SYNTH
 
 pytestmark = pytest.mark.local
 
 DIM, BLOCKS, HALF = SMOLLM2.dim, SMOLLM2.blocks, SMOLLM2.blocks // 2
+CONTEXT = NodeEnv().max_context  # the default: what the pipeline's and the spec suite's workers have
 WORKER = Path(__file__).resolve().parent.parent / "worker" / "pp_tinygrad_worker.py"
 
 
@@ -47,10 +49,11 @@ class Worker:
 
 @pytest.fixture(scope="module")
 def workers(smollm2: str) -> Iterator[dict[int, Worker]]:
-    """Both stages of a two-stage split, started together so that they load side by side."""
+    """Both stages of a two-stage split, started together so that they load side by side, with
+    the context the pipeline's runs have (``CONTEXT``): the same programs as theirs, made once."""
     started = {
-        0: Worker(STAGE="0", NUM_STAGES="2", PP_WIRE_DTYPE="f32"),
-        1: Worker(STAGE="1", NUM_STAGES="2", PP_WIRE_DTYPE="bf16"),
+        0: Worker(STAGE="0", NUM_STAGES="2", PP_WIRE_DTYPE="f32", PP_MAX_CONTEXT=str(CONTEXT)),
+        1: Worker(STAGE="1", NUM_STAGES="2", PP_WIRE_DTYPE="bf16", PP_MAX_CONTEXT=str(CONTEXT)),
     }
     yield started
     for w in started.values():
@@ -83,8 +86,8 @@ def test_bad_requests_get_errors_that_name_the_value_and_the_worker_goes_on(last
          f"hidden state of shape (3, {DIM}) in bf16 needs {3 * DIM * 2} bytes, got {2 * DIM * 2}"),
         ({"op": "forward_and_sample", "request_id": 4, "hidden_b64": good, "position": 0, "seq_len": 2, "dtype": "f32"},
          "hidden dtype 'f32' differs from this worker's wire dtype bf16"),
-        ({"op": "forward_and_sample", "request_id": 5, "hidden_b64": good, "position": 127, "seq_len": 2},
-         "positions 127..128 do not fit the context of 128"),
+        ({"op": "forward_and_sample", "request_id": 5, "hidden_b64": good, "position": CONTEXT - 1, "seq_len": 2},
+         f"positions {CONTEXT - 1}..{CONTEXT} do not fit the context of {CONTEXT}"),
         ({"op": "forward_and_sample", "request_id": 6, "hidden_b64": good, "position": -1, "seq_len": 2},
          "position must be a non-negative integer, got -1"),
         ({"op": "embed_and_forward", "request_id": 7, "tokens": [1, 2], "position": 0},
@@ -135,7 +138,7 @@ def test_kv_info_reads_every_block_and_the_caches_of_a_sequence(last_stage: tupl
         )  # fmt: skip
     for b in blocks[HALF:]:
         assert (b["owned"], b["present"], b["weights_realized"]) == (True, True, True)
-        assert b["cache_shape"][0] == 2 and b["cache_shape"][-2] == 128  # K and V, the context
+        assert b["cache_shape"][0] == 2 and b["cache_shape"][-2] == CONTEXT  # K and V, the context
         assert b["filled"] == [[0, 5]]  # row 9, written before the prefill, was zeroed by it
         assert len(b["prefill_digest"]) == 32 and b["digest"] == b["prefill_digest"]
     # a recompute of the prompt over the same positions: same bits, but the writes say so
