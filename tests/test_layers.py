@@ -10,7 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import pytest_ppsmoke
+
+# in the suite that .ci/run and the README's command run (-m local): a check that never runs checks nothing
+pytestmark = pytest.mark.local
 
 PACKAGE = Path(pytest_ppsmoke.__file__).parent
 
@@ -219,3 +224,14 @@ def test_pp_smoke_runs_arguments_are_checked_without_tinygrad(synth_model: str) 
         "https://huggingface.co/bartowski/Llama-3.2-1B-Instruct-GGUF/resolve/main/Llama-3.2-1B-Instruct-Q6_K.gguf",
         "True",
     ]
+
+
+def test_every_test_runs_in_the_suite_that_ci_runs() -> None:
+    """``.ci/run`` and the README run ``pytest -m local``: a test without the ``local`` mark (a
+    file that forgot its ``pytestmark``) would never run there. Only the GPU's tests are apart."""
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0", "-m", "not local and not gpu"],
+        cwd=root, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 5, done.stdout[-3000:]  # 5: no tests collected

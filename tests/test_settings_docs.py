@@ -5,7 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from pytest_ppsmoke.harness.settings import OPTIONS
+
+# in the suite that .ci/run and the README's command run (-m local): a check that never runs checks nothing
+pytestmark = pytest.mark.local
 
 # the file that holds the options table (the one whose header starts with HEADER)
 OPTIONS_DOC = Path(__file__).parent.parent / "docs" / "run.md"
