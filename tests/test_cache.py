@@ -234,16 +234,11 @@ print(json.dumps({"misses": stats.misses, "hits": stats.hits, "errors": stats.er
 """
 
 
-def test_processes_that_start_together_make_each_program_once(tmp_path: Path) -> None:
-    """Two processes on a fresh database that need the same programs at the same moment (two
-    stages on one host): each program is generated and compiled by one of them, and read from
-    the cache by the other, which waited for it."""
-    env = {**os.environ, "CACHEDB": str(tmp_path / "tinygrad.db")}
+def together(argv: list[str], env: dict[str, str]) -> list[dict]:
+    """Two processes of ``argv``, each saying ``ready``, then told to go at the same moment; the
+    JSON line each ends with."""
     procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", TOGETHER], env=env, text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE
-        )
-        for _ in range(2)
+        subprocess.Popen(argv, env=env, text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE) for _ in range(2)
     ]
     try:
         for proc in procs:
@@ -252,11 +247,19 @@ def test_processes_that_start_together_make_each_program_once(tmp_path: Path) ->
             assert proc.stdin is not None
             proc.stdin.write("go\n")
             proc.stdin.flush()
-        a, b = (json.loads(proc.communicate(timeout=120)[0]) for proc in procs)
+        return [json.loads(proc.communicate(timeout=120)[0]) for proc in procs]
     finally:
         for proc in procs:
             proc.kill()
             proc.wait()
+
+
+def test_processes_that_start_together_make_each_program_once(tmp_path: Path) -> None:
+    """Two processes on a fresh database that need the same programs at the same moment (two
+    stages on one host): each program is generated and compiled by one of them, and read from
+    the cache by the other, which waited for it."""
+    env = {**os.environ, "CACHEDB": str(tmp_path / "tinygrad.db")}
+    a, b = together([sys.executable, "-c", TOGETHER], env)
     assert not a["errors"] and not b["errors"], (a, b)
     needed = a["misses"] + a["hits"]
     assert needed >= 20 and b["misses"] + b["hits"] == needed, (a, b)
@@ -278,26 +281,6 @@ def test_processes_that_load_one_part_together_realize_it_once(synth_model: str,
     """Two processes that load the same stage of the same model at the same moment, on an empty
     weight cache: one realizes it from the GGUF and writes the file while the other waits, then
     reads that file; neither says anything went wrong."""
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", LOAD_TOGETHER, synth_model, str(tmp_path / "w")],
-            text=True,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-        )
-        for _ in range(2)
-    ]
-    try:
-        for proc in procs:
-            assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
-        for proc in procs:
-            assert proc.stdin is not None
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
-        loads = [json.loads(proc.communicate(timeout=120)[0]) for proc in procs]
-    finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
+    loads = together([sys.executable, "-c", LOAD_TOGETHER, synth_model, str(tmp_path / "w")], dict(os.environ))
     assert sorted(load["source"] for load in loads) == ["cache", "gguf"], loads
     assert loads[0]["path"] == loads[1]["path"] and not loads[0]["note"] and not loads[1]["note"], loads

@@ -111,43 +111,40 @@ def realized_model(
     ignored (and replaced); the reason is in the returned ``WeightLoad.note``."""
     started = time.monotonic()
     notes: list[str] = []
-    key = None
+    usable: WeightCache | None = None  # the cache, once this file's key in it is known
     if cache is not None:
         path = model_file(name)
         try:
             key = cache.key(cache.model_digest(path), stage, num_stages)
+            usable = cache
         except (CacheError, OSError) as e:
             notes.append(f"weight cache not used: {e}")
-    held = cache.making(key, notes.append) if cache is not None and key is not None else contextlib.nullcontext()
-    with held:
-        if cache is not None and key is not None:
+    with usable.making(key, notes.append) if usable is not None else contextlib.nullcontext():
+        found = None
+        if usable is not None:
             try:
-                found = cache.read(key)
-                if found is not None:
-                    kv, part, tensors, at = found
-                    model = _model_from_tensors(name, kv, max_context, part, tensors, stage, num_stages)
-                    nbytes = sum(t.nbytes for t in tensors.values() if not isinstance(t, str))
-                    took = time.monotonic() - started
-                    return (
-                        model,
-                        kv,
-                        WeightLoad("cache", took, nbytes, str(at), "; ".join(notes), *_dtype(model, part.lo)),
-                    )
+                found = usable.read(key)
             except (CacheError, OSError) as e:
                 notes.append(f"weight cache not used: {e}")
-        model, kv = load_model(name, max_context)
-        part = Part.of_stage(stage, num_stages, len(model.blk))
-        owned = {k: v for k, v in nn.state.get_state_dict(model).items() if part.owns(k)}
-        Tensor.realize(*owned.values())
-        nbytes = sum(t.nbytes() for t in owned.values())
-        written = ""
-        if cache is not None and key is not None:
-            try:
-                written = str(cache.write(key, kv, part, _host_tensors(owned)))
-            except OSError as e:
-                notes.append(f"weight cache not written: {e}")
+        if found is not None:
+            kv, part, tensors, at = found
+            model = _model_from_tensors(name, kv, max_context, part, tensors, stage, num_stages)
+            nbytes = sum(t.nbytes for t in tensors.values() if not isinstance(t, str))
+            source, written = "cache", str(at)
+        else:
+            model, kv = load_model(name, max_context)
+            part = Part.of_stage(stage, num_stages, len(model.blk))
+            owned = {k: v for k, v in nn.state.get_state_dict(model).items() if part.owns(k)}
+            Tensor.realize(*owned.values())
+            nbytes = sum(t.nbytes() for t in owned.values())
+            source, written = "gguf", ""
+            if usable is not None:
+                try:
+                    written = str(usable.write(key, kv, part, _host_tensors(owned)))
+                except OSError as e:
+                    notes.append(f"weight cache not written: {e}")
     took = time.monotonic() - started
-    return model, kv, WeightLoad("gguf", took, nbytes, written, "; ".join(notes), *_dtype(model, part.lo))
+    return model, kv, WeightLoad(source, took, nbytes, written, "; ".join(notes), *_dtype(model, part.lo))
 
 
 _WEIGHT_DTYPES = {"half": "f16", "float": "f32", "bfloat16": "bf16"}
