@@ -5,7 +5,6 @@ Loading the plugin imports only the standard library, pytest and the settings ta
 from __future__ import annotations
 
 import ast
-import itertools
 import subprocess
 import sys
 from pathlib import Path
@@ -101,7 +100,8 @@ def graph(run_only: bool = False) -> dict[str, list[tuple[int, str]]]:
     known = modules()
     edges = {m: imports(m, p, known) for m, p in known.items()}
     if run_only:
-        edges = {m: [(n, t) for n, t in ts if n not in typing_only_lines(known[m])] for m, ts in edges.items()}
+        typing = {m: typing_only_lines(p) for m, p in known.items()}
+        edges = {m: [(n, t) for n, t in ts if n not in typing[m]] for m, ts in edges.items()}
     return edges
 
 
@@ -122,25 +122,45 @@ def up_arrows(edges: dict[str, list[tuple[int, str]]]) -> list[str]:
 
 
 def cycles(edges: dict[str, list[tuple[int, str]]]) -> list[str]:
-    """Each import cycle once, as its modules with the file and line of each arrow."""
-    out, seen = [], set()
+    """Each import cycle once: every group of modules that reach each other (a strongly connected
+    component, Tarjan's), with the file and line of each arrow inside it. An arrow lies on a cycle
+    exactly when both its ends are in one group, so the arrows listed are those to cut. Linear in
+    the arrows: listing the loops one by one grows with the number of paths."""
     succ = {m: {t: line for line, t in reversed(ts)} for m, ts in edges.items()}
-    for start in sorted(succ):
-        stack = [(start, [start])]
-        while stack:
-            node, path = stack.pop()
-            for nxt in sorted(succ.get(node, {})):
-                if nxt == start:
-                    key = frozenset(path)
-                    if key not in seen:
-                        seen.add(key)
-                        loop = [*path, start]
-                        out.append(
-                            " -> ".join(f"{where(a)}:{succ[a][b]}" for a, b in itertools.pairwise(loop))
-                            + f" -> {where(start)}"
-                        )
-                elif nxt not in path and nxt > start:
-                    stack.append((nxt, [*path, nxt]))
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[list[str]] = []
+    for root in sorted(succ):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(succ.get(root, {}))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    group = []
+                    while (top := stack.pop()) != node:
+                        group.append(top)
+                    groups.append(sorted([node, *group]))
+            elif child not in index:
+                index[child] = low[child] = len(index)
+                stack.append(child)
+                work.append((child, iter(sorted(succ.get(child, {})))))
+            elif child in stack:
+                low[node] = min(low[node], index[child])
+    out = []
+    for group in groups:
+        inside = set(group)
+        arrows = [f"{where(a)}:{succ[a][b]} -> {where(b)}" for a in group for b in sorted(succ[a]) if b in inside]
+        if arrows:  # a group of one is a cycle only through an arrow to itself
+            out.append("; ".join(arrows))
     return out
 
 
