@@ -14,6 +14,7 @@ import contextlib
 import importlib.util
 import os
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +26,14 @@ from tests.helpers import SMOLLM2, SYNTH, SYNTH_SEED, TEST_TAG, tagged_processes
 pytest_plugins = ["pytester"]
 
 SESSION_TAG = f"pytest-{os.getpid()}"
+
+# The suite starts some 400 interpreters (nodes, workers, pp-smoke-run, the emulator, inner pytest
+# sessions, xdist's workers). Where the environment says PYTHONDONTWRITEBYTECODE (as container
+# images often do), each of them compiles the package anew, and pytest rewrites the asserts of
+# every test module it imports again: a collection of the suite took 8 s instead of 4. The suite
+# writes its bytecode (__pycache__, which git ignores), for this process and all it starts.
+if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None:
+    sys.dont_write_bytecode = False
 
 # The files whose tests take longest, first: under xdist a file goes to one worker whole, so a long
 # file that starts last is the suite's tail (measured: each of these holds a worker 35-135 s). The
