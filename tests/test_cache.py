@@ -156,8 +156,8 @@ def test_a_warm_worker_reads_its_weights_generates_no_program_and_answers_the_sa
     synth_model: str, tmp_path: Path
 ) -> None:
     """Two worker processes in turn on fresh caches (tinygrad's database included): the first
-    realizes from the GGUF and generates its programs, the second reads both, and their
-    hidden states, tokens and reference are the same bytes."""
+    realizes from the GGUF and generates its programs and schedules, the second reads all three,
+    and their hidden states, tokens and reference are the same bytes."""
     env = {
         **os.environ,
         "MODEL": synth_model,
@@ -168,7 +168,7 @@ def test_a_warm_worker_reads_its_weights_generates_no_program_and_answers_the_sa
         "PP_WEIGHT_CACHE": str(tmp_path / "w"),
         "CACHEDB": str(tmp_path / "tinygrad.db"),
     }
-    answers = []
+    answers, schedules = [], []
     for _ in ("cold", "warm"):
         proc, ready = _start(env)
         try:
@@ -184,7 +184,13 @@ def test_a_warm_worker_reads_its_weights_generates_no_program_and_answers_the_sa
             proc.kill()
             proc.wait()
         answers.append((ready, prefill, steps, ref, bye["programs"]))
+        schedules.append(bye["schedules"])
     (cold, *_, cold_programs), (warm, *_, warm_programs) = answers
+    # every graph the warm worker ran (its prefill, the JIT's capture, the reference) was scheduled
+    # by the cold one, whose model a GGUF load rebuilds as a cache load builds it; the GGUF's
+    # dequantization graphs are not needed
+    assert schedules[0]["misses"] > 0 and schedules[0]["hits"] == 0, schedules
+    assert schedules[1]["misses"] == 0 and 0 < schedules[1]["hits"] < schedules[0]["misses"], schedules
     assert cold["weights"]["source"] == "gguf" and cold["programs"]["misses"] > 0, cold
     assert warm["weights"]["source"] == "cache" and warm["weights"]["path"] == cold["weights"]["path"], warm
     assert warm["programs"]["misses"] == 0 and not warm["programs"]["errors"]  # the decode warm-up's are read

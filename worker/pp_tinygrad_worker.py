@@ -5,17 +5,17 @@ or a GGUF path), the wire dtype (bf16, f16, f32: the dtype of the hidden states)
 (default 1024) and whether decode is compiled (the default; off: the spec's uncompiled path).
 
 The first line on stdout is ``{"status": "ready", "pid": ..., ...}``; then one JSON reply per
-request line. Before it, the worker has realized its part (from the weight cache when it holds
-it: ``weights``), and captured its compiled decode step (``warm_up_s``), so that a request's
-decode is compiled from its first token; ``programs`` counts the programs it read from the
-program cache and generated (``stage/cache.py``), and so does the ``shutdown`` reply, for the
-worker's whole life. Hidden states are base64 of raw little-endian bytes in the wire dtype, shape
-``[seq_len, dim]``; a reply that carries one has ``hidden_digest``, and a reply to a request that
-carried one has ``received_digest``: the hex blake2b (``messages.digest``) of the raw bytes this
-worker produced, before base64, and of those it decoded, so that a stage can show that an
-activation arrived as it was sent. ``"prefill": true`` (default false) on a compute call at
-position 0 begins a sequence (``StageModel``: caches zeroed, writes recorded, the prompt's
-positions digested). Operations::
+request line. Before it, the worker has realized its part (from the weight cache when it holds it:
+``weights``), and captured its compiled decode step (``warm_up_s``), so that a request's decode is
+compiled from its first token; ``programs`` counts the programs it read from the program cache and
+generated (``stage/cache.py``), ``schedules`` the schedules likewise, and so does the ``shutdown``
+reply, for the worker's whole life. Hidden states are base64 of raw little-endian bytes in the wire
+dtype, shape ``[seq_len, dim]``; a reply that carries one has ``hidden_digest``, and a reply to a
+request that carried one has ``received_digest``: the hex blake2b (``messages.digest``) of the raw
+bytes this worker produced, before base64, and of those it decoded, so that a stage can show that an
+activation arrived as it was sent. ``"prefill": true`` (default false) on a compute call at position
+0 begins a sequence (``StageModel``: caches zeroed, writes recorded, the prompt's positions
+digested). Operations::
 
     {"op": "embed_and_forward", "request_id": 1, "tokens": [...], "position": 0, "prefill": true}  stage 0
     {"op": "decode_step", "request_id": 2, "token_id": 42, "position": 11}              stage 0
@@ -74,7 +74,7 @@ import numpy as np
 from pytest_ppsmoke.messages import Hidden, WireDtype, digest, to_json
 from pytest_ppsmoke.nodeenv import NodeEnv
 from pytest_ppsmoke.stage.bridge import FRAMINGS
-from pytest_ppsmoke.stage.cache import WeightCache, install_program_cache
+from pytest_ppsmoke.stage.cache import SCHEDULES, WeightCache, install_program_cache
 from pytest_ppsmoke.stage.model import StageModel, Tokenizer, realized_model, run_reference
 
 MAX_PAYLOAD = 256 << 20  # bytes: a prefill's hidden state at the largest context is far below
@@ -144,6 +144,7 @@ class Worker:
             "warm_up_s": round(self.warm_up_s, 3),
             "weights": to_json(dataclasses.replace(self.weights, seconds=round(self.weights.seconds, 3))),
             "programs": dataclasses.asdict(self.programs) if self.programs else None,
+            "schedules": dataclasses.asdict(SCHEDULES) if self.programs else None,
             "framing": list(FRAMINGS),  # what this worker offers: all of them
         }
 
@@ -231,7 +232,8 @@ class Worker:
             return {"request_id": rid, **to_json(ref)}, None
         if op == "shutdown":  # with the programs this process generated and read, over its life
             programs = dataclasses.asdict(self.programs) if self.programs else None
-            return {"request_id": rid, "status": "bye", "programs": programs}, None
+            schedules = dataclasses.asdict(SCHEDULES) if self.programs else None
+            return {"request_id": rid, "status": "bye", "programs": programs, "schedules": schedules}, None
         ops = (
             "embed_and_forward, decode_step, forward, forward_and_sample, tokenize, detokenize, kv_info, reference, "
             "shutdown"

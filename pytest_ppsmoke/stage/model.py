@@ -139,10 +139,13 @@ def realized_model(
             nbytes = sum(t.nbytes() for t in owned.values())
             source, written = "gguf", ""
             if usable is not None:
+                host = _host_tensors(owned)
                 try:
-                    written = str(usable.write(key, kv, part, _host_tensors(owned)))
+                    written = str(usable.write(key, kv, part, host))
                 except OSError as e:
                     notes.append(f"weight cache not written: {e}")
+                else:  # the objects a warm load builds: their graphs, schedules and programs are the same
+                    model = _model_from_tensors(name, kv, max_context, part, host, stage, num_stages)
     took = time.monotonic() - started
     return model, kv, WeightLoad(source, took, nbytes, written, "; ".join(notes), *_dtype(model, part.lo))
 
