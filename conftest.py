@@ -36,24 +36,27 @@ if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None:
     sys.dont_write_bytecode = False
 
 # The files whose tests take longest, first: under xdist a file goes to one worker whole, so a long
-# file that starts last is the suite's tail (measured: each of these holds a worker 35-135 s). The
-# two whose fixtures start SmolLM2 clusters (test_pipeline, the spec suite) start apart: started
-# together, their loads competed for the cores (the suite 354-380 s in that order, 325-335 s in
-# three random ones).
+# file that starts last is the suite's tail. Ordered by their times in a fresh machine's run
+# (JUnit, 2026-12-02: test_worker 267 s, test_lifecycle 136 s, ... test_bridge 46 s). test_worker
+# holds a worker longest and starts first; three of the first four start SmolLM2 workers, and the
+# program locks (stage/cache.py) have each cold program made once among them.
 LONGEST_FIRST = (
-    "tests/test_pipeline.py",
-    "tests/test_lifecycle.py",
-    "tests/test_plugin.py",
-    "pytest_ppsmoke/spec/test_spec.py",
-    "tests/test_signals.py",
-    "tests/test_layout_grid.py",
     "tests/test_worker.py",
+    "tests/test_lifecycle.py",
+    "tests/test_pipeline.py",
+    "pytest_ppsmoke/spec/test_spec.py",
     "tests/test_cache.py",
-    "tests/test_network_run.py",
+    "tests/test_plugin.py",
+    "tests/test_layout_grid.py",
     "tests/test_stages.py",
-    "tests/test_image.py",
+    "tests/test_signals.py",
+    "tests/test_cli.py",
+    "tests/test_network_run.py",
     "tests/test_driver.py",
     "tests/test_bridge.py",
+    "tests/test_vast.py",
+    "tests/test_codec.py",
+    "tests/test_preflight.py",
     "tests/test_xdist.py",
 )
 
