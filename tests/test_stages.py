@@ -217,3 +217,38 @@ def test_the_reference_rounds_at_each_stage_boundary_only_for_a_narrow_wire(
         prompt = len(ref.prompt_token_ids)
         # the prompt, then decode steps until tinygrad's JIT replays its capture without Python
         assert seen[0] == ((1, prompt, SYNTH.dim), wire) and ((1, 1, SYNTH.dim), wire) in seen[1:], seen
+
+
+@pytest.mark.parametrize("which", ["synth", "smollm2"])
+def test_a_load_holds_tinygrads_own_tensors_and_same_sized_ones_share_their_kernels(
+    which: str, request: pytest.FixtureRequest
+) -> None:
+    """``load_model`` gives, bit for bit, what tinygrad's own ``Transformer.from_gguf`` gives for
+    every kind of tensor the file holds (SmolLM2: Q4_1 blocks, a Q8_0 embedding, f32 norms; the
+    synthetic model: f16), while each tensor's bytes sit in a buffer of their own: the kernels
+    that dequantize three blocks' same-sized tensors are one kernel, where tinygrad's carry each
+    tensor's offset in the file."""
+    from tinygrad import nn
+    from tinygrad.apps.llm import Transformer
+    from tinygrad.uop.ops import Ops
+
+    name = request.getfixturevalue("synth_model" if which == "synth" else "smollm2")
+
+    def tinygrads() -> dict[str, Tensor]:
+        with model_module._no_initial_weights():
+            model, _ = Transformer.from_gguf(Tensor(Path(model_module.model_file(name))), 64, realize=False)
+        return nn.state.get_state_dict(model)
+
+    def kernels(state: dict[str, Tensor]) -> list[bytes]:  # schedules (and so uses up) the tensors
+        tensors = [state[f"blk.{i}.attn_q.weight"] for i in range(min(3, SYNTH.blocks if which == "synth" else 3))]
+        return [si.ast.key for si in Tensor.schedule(*tensors) if si.ast.op is Ops.SINK]
+
+    ours, theirs = kernels(nn.state.get_state_dict(load_model(name, 64)[0])), kernels(tinygrads())
+    assert len(ours) >= 2 and len(set(ours)) == 1, ours  # one kernel, however many tensors
+    assert len(theirs) >= 2 and len(set(theirs)) == len(theirs)  # one per tensor: the offsets differ
+    a, b = nn.state.get_state_dict(load_model(name, 64)[0]), tinygrads()
+    names = [k for k in a if k.startswith(("blk.0.", "token_embd.", "output_norm."))]
+    assert len(names) >= 10 and set(a) == set(b)
+    for k in names:
+        x, y = a[k].numpy(), b[k].numpy()
+        assert x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes(), k

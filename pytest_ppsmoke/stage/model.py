@@ -75,12 +75,48 @@ def _no_initial_weights() -> Iterator[None]:
         Tensor.uniform, Tensor.glorot_uniform = saved
 
 
+# ggml's quantized types: (elements, bytes) per block, as tinygrad's ``ggml_data_to_tensor`` reads them
+_GGML_BLOCKS = {2: (32, 18), 3: (32, 20), 8: (32, 34), 12: (256, 144), 14: (256, 210), 39: (32, 17)}
+_GGML_ITEMSIZE = {0: 4, 1: 2, 16: 1, 17: 2, 18: 4}
+
+
+@contextlib.contextmanager
+def _tensors_in_buffers_of_their_own(disk: Tensor) -> Iterator[None]:
+    """tinygrad's ``Transformer.from_gguf`` copies the whole file to the device and dequantizes
+    each tensor from a slice of it, so every tensor's kernels carry its offset in the file: one
+    program per tensor (SmolLM2: 138 of a stage's 159, generated and compiled on a fresh host).
+    Here tinygrad's own ``gguf_load`` reads the file where it lies (``disk``), and each tensor's
+    bytes are copied into a buffer of their own before tinygrad's own ``ggml_data_to_tensor``
+    dequantizes them: tensors of one type and size share their programs (and schedules), and the
+    values are the same bytes (``tests/test_stages.py``). A type this table does not know goes
+    to tinygrad as it is."""
+    state = nn.state
+    load, to_tensor = state.gguf_load, state.ggml_data_to_tensor
+
+    def own_buffer(t: Tensor, n: int, ggml_type: int) -> Tensor:
+        if ggml_type in _GGML_ITEMSIZE:
+            nbytes = _GGML_ITEMSIZE[ggml_type] * n
+        elif ggml_type in _GGML_BLOCKS:
+            elements, size = _GGML_BLOCKS[ggml_type]
+            nbytes = n // elements * size
+        else:
+            return to_tensor(t.to(None), n, ggml_type)
+        return to_tensor(t[:nbytes].to(None), n, ggml_type)
+
+    state.gguf_load = lambda _copied: load(disk)
+    state.ggml_data_to_tensor = own_buffer
+    try:
+        yield
+    finally:
+        state.gguf_load, state.ggml_data_to_tensor = load, to_tensor
+
+
 def load_model(name: str, max_context: int) -> tuple[Transformer, dict[str, Any]]:
     """Parse the GGUF and build the model lazily (weights are realized by :class:`StageModel`)."""
     source = resolve_model(name)
     gguf = Tensor.from_url(source) if isinstance(source, str) else Tensor(source)
     try:
-        with _no_initial_weights():
+        with _no_initial_weights(), _tensors_in_buffers_of_their_own(gguf):
             model, kv = Transformer.from_gguf(gguf, max_context, realize=False)
     except Exception as e:  # tinygrad raises assorted errors on a broken file
         raise ModelError(f"model {name!r} ({source}) is not a loadable llama GGUF: {type(e).__name__}: {e}") from None
