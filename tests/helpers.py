@@ -41,8 +41,12 @@ SYNTH_SEED = 0
 # every pytester project's ini starts with this (tests/conftest.py writes it; a test's own makeini
 # starts from it): pytest-asyncio, one of the dev tools, warns in every session that leaves it
 # unset; hypothesis, the dev tool of this suite's own property tests, is not loaded: its plugin
-# costs every inner session a second (1.8 s against 0.8 s here), and about 90 of them run
-PYTESTER_INI = "[pytest]\nasyncio_default_fixture_loop_scope = function\naddopts = -p no:hypothesispytest\n"
+# costs every inner session a second (1.8 s against 0.8 s here), and about 90 of them run; nor is
+# pytest-randomly, as in the suite's own addopts (it imports numpy and looks for four test-data
+# libraries: 0.85 s against 0.5 s a session), unless a test asks for it with ``-p randomly``
+PYTESTER_INI = (
+    "[pytest]\nasyncio_default_fixture_loop_scope = function\naddopts = -p no:hypothesispytest -p no:randomly\n"
+)
 TEST_TAG = "PPSMOKE_TEST_TAG"  # not PP_*: the emulator passes everything else through to its nodes
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]  # an instance that is not a node
