@@ -200,7 +200,7 @@ class NodeEnv:
         True,
         "PP_PROGRAM_CACHE",
         FLAG,
-        "1: keep tinygrad's generated programs in its disk cache; 0: do not",
+        "1: keep tinygrad's generated programs and schedules in its disk cache; 0: do not",
         "the orchestrator (the program_cache setting)",
     )
     worker: str = _var(

@@ -236,7 +236,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     _opt(
         "program_cache",
-        "each node keeps tinygrad's generated programs in tinygrad's disk cache: on (default) or off",
+        "each node keeps tinygrad's generated programs and schedules in tinygrad's disk cache: on (default) or off",
         _on_off,
         NODE.program_cache,
         choices=("on", "off"),
