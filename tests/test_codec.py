@@ -111,7 +111,7 @@ def test_a_json_record_that_is_not_the_record_names_the_field() -> None:
         messages.from_json(messages.BlockCache, {**block, "digest": "zz"})
 
 
-@settings(max_examples=200, deadline=None)  # no per-example deadline: on 2 loaded cores one example took over 200 ms
+@settings(max_examples=200)
 @given(st.sampled_from(list(WireDtype)), st.integers(1, 5), st.integers(1, 40), st.data())
 def test_hidden_state_round_trips_in_every_dtype(dtype: WireDtype, seq: int, dim: int, data: st.DataObject) -> None:
     floats = st.floats(-1e4, 1e4, width=32, allow_nan=False)
