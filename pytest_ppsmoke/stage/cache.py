@@ -376,12 +376,7 @@ def install_schedule_cache() -> ScheduleStats:
 def _schedule_key(graph_key: bytes) -> str:
     """The graph's own key (its structure, devices and dtypes), with every tinygrad setting in
     effect and tinygrad's version, as for programs."""
-    from tinygrad.helpers import ContextVar
-
-    settings = sorted((k, repr(v.value)) for k, v in ContextVar._cache.items())
-    h = hashlib.sha256(b"schedule\0" + graph_key)
-    h.update(repr((settings, _codegen_env(), tinygrad_key())).encode())
-    return h.hexdigest()
+    return hashlib.sha256(b"schedule\0" + graph_key + _settings()).hexdigest()
 
 
 @contextlib.contextmanager
@@ -434,14 +429,18 @@ def _program_key(ast: Any, renderer: Any) -> str:
     """The AST's own key, the renderer (its class and arguments), every tinygrad setting in
     effect (its ``ContextVar``s, among them the CPU thread count, and the variables its code
     generation reads with ``getenv``), and tinygrad's version."""
+    cls = type(renderer)
+    ident = repr((f"{cls.__module__}.{cls.__qualname__}", renderer.__reduce__()[1], renderer.device))
+    return hashlib.sha256(ident.encode() + ast.key + _settings()).hexdigest()
+
+
+def _settings() -> bytes:
+    """Every tinygrad setting in effect (its ``ContextVar``s and the variables its code generation
+    reads), and tinygrad's version: what a program's or a schedule's key adds to its own."""
     from tinygrad.helpers import ContextVar
 
     settings = sorted((k, repr(v.value)) for k, v in ContextVar._cache.items())
-    cls = type(renderer)
-    ident = repr((f"{cls.__module__}.{cls.__qualname__}", renderer.__reduce__()[1], renderer.device))
-    h = hashlib.sha256(ident.encode() + ast.key)
-    h.update(repr((settings, _codegen_env(), tinygrad_key())).encode())
-    return h.hexdigest()
+    return repr((settings, _codegen_env(), tinygrad_key())).encode()
 
 
 @functools.cache
