@@ -35,6 +35,16 @@ SESSION_TAG = f"pytest-{os.getpid()}"
 if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None:
     sys.dont_write_bytecode = False
 
+# pytester points HOME at each test's own directory, so that an inner session reads no user
+# configuration. The caches under HOME went with it: every inner session that ran the spec, and
+# every pp-smoke-run, node and worker it started, found tinygrad's database (programs, schedules)
+# and the weight cache empty and made them anew (a cold suite generated 753 programs, most of
+# them the synthetic model's, again in each such session). The caches are the machine's, as they
+# are for a user's runs: XDG_CACHE_HOME, which tinygrad and the weight cache both follow, names
+# this session's own. A test that wants a cold cache names one of its own (CACHEDB,
+# PP_WEIGHT_CACHE), as tests/test_cache.py does.
+os.environ.setdefault("XDG_CACHE_HOME", str(Path.home() / ".cache"))
+
 # The files whose tests take longest, first: under xdist a file goes to one worker whole, so a long
 # file that starts last is the suite's tail. Ordered by their times in a fresh machine's run
 # (JUnit, 2026-12-02: test_worker 267 s, test_lifecycle 136 s, ... test_bridge 46 s). test_worker
