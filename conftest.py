@@ -46,27 +46,34 @@ if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None:
 os.environ.setdefault("XDG_CACHE_HOME", str(Path.home() / ".cache"))
 
 # The files whose tests take longest, first: under xdist a file goes to one worker whole, so a long
-# file that starts last is the suite's tail. Ordered by their times in a fresh machine's run
-# (JUnit, 2026-12-02: test_worker 267 s, test_lifecycle 136 s, ... test_bridge 46 s). test_worker
-# holds a worker longest and starts first; three of the first four start SmolLM2 workers, and the
-# program locks (stage/cache.py) have each cold program made once among them.
+# file that starts last is the suite's tail. xdist hands files out in this order only with
+# --no-loadscope-reorder (pyproject.toml): its default reorders them by their number of tests,
+# which sent test_codec's 79 quick ones first and test_layout_grid's 3 long ones near the end.
+# Ordered by their times in a cold run on a fresh machine (JUnit, 2026-12-02: test_worker 182 s,
+# test_lifecycle 123 s, test_layout_grid 102 s, ... test_xdist 15 s). test_worker starts SmolLM2
+# workers and the uncompiled split, which on a cold machine generate the most programs.
 LONGEST_FIRST = (
     "tests/test_worker.py",
     "tests/test_lifecycle.py",
-    "tests/test_pipeline.py",
-    "pytest_ppsmoke/spec/test_spec.py",
-    "tests/test_cache.py",
-    "tests/test_plugin.py",
     "tests/test_layout_grid.py",
+    "tests/test_cache.py",
     "tests/test_stages.py",
+    "tests/test_pipeline.py",
     "tests/test_signals.py",
-    "tests/test_cli.py",
+    "pytest_ppsmoke/spec/test_spec.py",
+    "tests/test_plugin.py",
     "tests/test_network_run.py",
-    "tests/test_driver.py",
-    "tests/test_bridge.py",
-    "tests/test_vast.py",
+    "tests/test_layers.py",
+    "tests/test_cli.py",
     "tests/test_codec.py",
     "tests/test_preflight.py",
+    "tests/test_image.py",
+    "tests/test_driver.py",
+    "tests/test_vast.py",
+    "tests/test_budget.py",
+    "tests/test_bridge.py",
+    "tests/test_membership.py",
+    "tests/test_fake_vast.py",
     "tests/test_xdist.py",
 )
 
