@@ -436,11 +436,15 @@ def _program_key(ast: Any, renderer: Any) -> str:
 
 def _settings() -> bytes:
     """Every tinygrad setting in effect (its ``ContextVar``s and the variables its code generation
-    reads), and tinygrad's version: what a program's or a schedule's key adds to its own."""
+    reads), and tinygrad's version: what a program's or a schedule's key adds to its own. Not
+    ``HALF``, which the weight cache's key holds: it decides the dtype of the weights a load
+    makes, and that dtype is in the graph and the AST already. With it, a worker of the synthetic
+    model (float16 in its file, so float16 either way) generated every program again under the
+    other ``HALF``."""
     from tinygrad.helpers import ContextVar
 
     settings = sorted((k, repr(v.value)) for k, v in ContextVar._cache.items())
-    return repr((settings, _codegen_env(), tinygrad_key())).encode()
+    return repr((settings, _codegen_env(), tinygrad_key()["tinygrad"])).encode()
 
 
 @functools.cache
