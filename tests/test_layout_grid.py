@@ -1,7 +1,8 @@
 """A layout grid measured through the real path (pytest_ppsmoke/layout/grid.py): the emulator rents
-the instances, the nodes run the session's synthetic model, and each point holds what the run
-recorded: hops with the bytes the spec's wire format gives, worker calls with their blocks, their
-decode positions and their stages' idle gaps; the weights in the dtype the grid asked for."""
+the instances, the nodes run a synthetic model of four blocks (one file for both grids), and each
+point holds what the run recorded: hops with the bytes the spec's wire format gives, worker calls
+with their blocks, their decode positions and their stages' idle gaps; the weights in the dtype
+the grid asked for."""
 
 from __future__ import annotations
 
@@ -17,19 +18,29 @@ from pytest_ppsmoke.layout.points import Grid
 from pytest_ppsmoke.messages import WeightLoad
 from pytest_ppsmoke.stage.synth import SHAPES, write
 
-from .helpers import SYNTH
 from .smoke import Smoke, assert_nothing_left
 
 REPORT_FILES = ("layout.json", "layout.md", "ttft_vs_prompt.png", "tpot_vs_delay.png", "cost_vs_latency.png")
 
 pytestmark = pytest.mark.local
 
+TINY = SHAPES["tiny"]  # 4 blocks: room for 3 stages
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One synthetic model for both grids, so that the second one's points find the first one's
+    programs (the same shapes at the same prompt lengths)."""
+    path = tmp_path_factory.mktemp("grid") / "tiny.gguf"
+    write(path, TINY)
+    return path
+
 
 async def test_a_grid_measures_every_point_and_each_hop_carries_the_wire_bytes(
-    synth_model: str, tmp_path: Path
+    tiny_model: Path, tmp_path: Path
 ) -> None:
     spec = GridSpec(
-        model=synth_model,
+        model=str(tiny_model),
         prompts=(40, 64, 96),
         stages=(1, 2),
         networks=("loopback",),
@@ -44,19 +55,21 @@ async def test_a_grid_measures_every_point_and_each_hop_carries_the_wire_bytes(
     lengths = sorted({p.prompt_tokens for p in grid.points})
     assert len(lengths) == 3 and all(abs(n - t) <= 6 for n, t in zip(lengths, spec.prompts, strict=True)), lengths
     for p in grid.points:
-        assert p.dim == SYNTH.dim and p.num_blocks == SYNTH.blocks and len(p.ttft_s) == len(p.tpot_s) == 1
+        assert p.dim == TINY.dim and p.num_blocks == TINY.blocks and len(p.ttft_s) == len(p.tpot_s) == 1
         assert p.ttft_s[0] > 0 and p.tpot_s[0] > 0 and p.dph and min(p.dph) > 0
         if p.stages == 1:  # the model in one piece: no hop, every block, both ends
-            assert not p.hops and {(c.blocks, c.first, c.last) for c in p.compute} == {(SYNTH.blocks, True, True)}
+            assert not p.hops and {(c.blocks, c.first, c.last) for c in p.compute} == {(TINY.blocks, True, True)}
             continue
         assert len(p.dph) == 2  # both instances' $/hour
         prefill = [h for h in p.hops if h.phase == "prefill"]
         decode = [h for h in p.hops if h.phase == "decode"]
-        assert [h.bytes for h in prefill] == [p.prompt_tokens * SYNTH.dim * 2]  # bf16: 2 bytes a value
-        assert decode and {h.bytes for h in decode} == {SYNTH.dim * 2}
+        assert [h.bytes for h in prefill] == [p.prompt_tokens * TINY.dim * 2]  # bf16: 2 bytes a value
+        assert decode and {h.bytes for h in decode} == {TINY.dim * 2}
         assert all(h.seconds >= 0 for h in p.hops)
         calls = {(c.stage, c.blocks, c.first, c.last, c.phase, c.tokens) for c in p.compute}
-        assert (0, 1, True, False, "prefill", p.prompt_tokens) in calls and (1, 1, False, True, "decode", 1) in calls
+        half = TINY.blocks // 2
+        assert (0, half, True, False, "prefill", p.prompt_tokens) in calls
+        assert (1, half, False, True, "decode", 1) in calls
         # a decode call's context is the position it decodes: the prompt's end on; stage 0 waits
         # for each token to come back through stage 1 (its idle gap), which is never nothing
         for stage in (0, 1):
@@ -96,14 +109,15 @@ def test_a_prompt_is_sized_from_the_template_and_the_word() -> None:
         _check_weights(GridSpec(), [f16_cache, WeightLoad("gguf", 1.0, 10, dtype="bf16")])
 
 
-async def test_pp_smoke_run_grid_rents_where_the_run_would(emulator: Callable[..., Any], tmp_path: Path) -> None:
+async def test_pp_smoke_run_grid_rents_where_the_run_would(
+    emulator: Callable[..., Any], tiny_model: Path, tmp_path: Path
+) -> None:
     """``pp-smoke-run --grid`` on a vast.ai API named by URL and key (an emulator started apart,
     as vast.ai would be): every deployment rents there and is destroyed, the points are of its one
     network, stage count 1 (this machine) is left out and said so, the report is in --grid-out,
     and the key appears nowhere; then a grid that cannot be measured fails in one line."""
     fake = await emulator("")
-    out, tiny = tmp_path / "layout", tmp_path / "tiny.gguf"
-    write(tiny, SHAPES["tiny"])  # 4 blocks: room for 3 stages
+    out, tiny = tmp_path / "layout", tiny_model
     grid_text = "prompts=40,64,96;stages=1,2,3;repeats=1;max_tokens=8"
     run = Smoke(fake, tmp_path, "--grid", grid_text, "--grid-out", str(out))
     run.argv[run.argv.index("--model") + 1] = str(tiny)
