@@ -99,8 +99,11 @@ ROWS = {
     ),
     "the cluster never converges": (
         "vast.no_join=1",
-        ["--converge-timeout", "4"],  # it never will: the deadline is all this waits for
-        r"failed at converge: 2 of 3 members alive after 4 s; missing: instance \d+ \(stage 1\), last seen running",
+        # it never will: the deadline is all this waits for, and long enough that stage 0 has
+        # joined: with 4 s it failed once under -p randomly (seed 22) and passed when run again,
+        # a stage 0 still joining on the loaded cores the likely cause
+        ["--converge-timeout", "8"],
+        r"failed at converge: 2 of 3 members alive after 8 s; missing: instance \d+ \(stage 1\), last seen running",
         2,
     ),
     "pp-entry never resolves": (
