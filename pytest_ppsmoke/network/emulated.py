@@ -15,7 +15,7 @@ import logging
 import os
 import string
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..runtime.localproc import ChildError, ChildProcess
@@ -41,6 +41,8 @@ class Member:
     name: str
     netns: str | None
     addr: str
+    public_addr: str | None = None  # behind NAT (the internet profiles): its host's address
+    ports: dict[int, int] = field(default_factory=dict)  # behind NAT: UDP port -> the public port forwarded to it
 
     def wrap(self, argv: list[str]) -> list[str]:
         """``argv`` run inside this member's namespace (unchanged where there is none). The wrapper
@@ -70,6 +72,9 @@ class EmulatedNetwork(Resource):
         self.host_addr = LOOPBACK_ADDR
         self.subnet: str | None = None
         self.members: dict[str, Member] = {}
+        self.home_netns: str | None = None  # NAT: the orchestrator's namespace, behind the home router
+        self.home_addr: str | None = None
+        self._left: int | None = None  # while this process is at home: its own namespace to go back to
         self._switch: ChildProcess | None = None
         self._ids = itertools.count(1)
         self._lock = asyncio.Lock()
@@ -99,6 +104,7 @@ class EmulatedNetwork(Resource):
             raise NetworkError(str(e)) from None
         self.host_addr = str(ready["host_addr"])
         self.subnet = str(ready["subnet"])
+        self.home_netns, self.home_addr = ready.get("home_netns"), ready.get("home_addr")
         log.info(
             "network %s: %s, host %s (switch pid %d)", self.spec.name, self.subnet, self.host_addr, self._switch.pid
         )
@@ -120,8 +126,10 @@ class EmulatedNetwork(Resource):
             raise NetworkError(f"network {self.spec.name!r}: {op} {args}: {reply.get('error')}")
         return reply
 
-    async def add_member(self, name: str) -> Member:
-        """A new member ``name`` (``0``, ``1``, ...; ``host`` is the root namespace's, always there)."""
+    async def add_member(self, name: str, ports: list[int] | None = None, server: bool = False) -> Member:
+        """A new member ``name`` (``0``, ``1``, ...; ``host`` is the root namespace's, always there).
+        On a NAT network a member that is not a ``server`` runs behind its host's address, which
+        forwards a public port to each of ``ports`` (UDP)."""
         if name == "host":
             return self.host
         if name in self.members:
@@ -129,8 +137,9 @@ class EmulatedNetwork(Resource):
         if not self.spec.emulated:
             m = Member(name, None, LOOPBACK_ADDR)
         else:
-            reply = await self._request("add", member=name)
-            m = Member(name, str(reply["netns"]), str(reply["addr"]))
+            reply = await self._request("add", member=name, ports=list(ports or []), server=server)
+            mapped = {int(p): int(q) for p, q in reply.get("ports", {}).items()}
+            m = Member(name, str(reply["netns"]), str(reply["addr"]), reply.get("public_addr"), mapped)
         self.members[name] = m
         return m
 
@@ -167,7 +176,42 @@ class EmulatedNetwork(Resource):
         if not self.spec.emulated:
             raise NetworkError(f"network {self.spec.name!r} is loopback: there is no link to {what}")
 
+    def enter_home(self) -> None:
+        """Put this process behind the home NAT: its main thread moves into the orchestrator's
+        namespace, and every thread it starts from now on, with every socket, is made there.
+        Must come before the process starts iroh (whose runtime threads would stay where they
+        were made: NetworkError says so); :meth:`close` brings the thread back."""
+        if self.home_netns is None:
+            raise NetworkError(f"network {self.spec.name!r} has no home NAT to enter")
+        if self._left is not None:
+            return
+        started = netns.iroh_threads()
+        if started:
+            raise NetworkError(
+                f"network {self.spec.name!r} puts the orchestrator behind a NAT, but this process already runs "
+                f"iroh ({started} runtime threads, which stay in the namespace they were made in): run it in a "
+                "process of its own (pp-smoke-run, or a pytest session of its own)"
+            )
+        self._left = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            netns.setns(self.home_netns)
+        except BaseException:
+            os.close(self._left)
+            self._left = None
+            raise
+        log.info("this process is now behind the home NAT of network %s (%s)", self.spec.name, self.home_addr)
+
+    def leave_home(self) -> None:
+        """Back to the namespace :meth:`enter_home` left (a no-op if it did not)."""
+        fd, self._left = self._left, None
+        if fd is not None:
+            try:
+                netns.setns_fd(fd)
+            finally:
+                os.close(fd)
+
     async def close(self) -> None:
+        self.leave_home()  # first: the switch SIGKILLs what is still inside its namespaces
         sw, self._switch = self._switch, None
         try:
             if sw is not None and sw.proc is not None:

@@ -150,14 +150,32 @@ def remove_netns(name: str) -> list[int]:
 
 def setns(name: str) -> None:
     """Move the calling thread (of a process about to exec) into namespace ``name``."""
-    libc = ctypes.CDLL(None, use_errno=True)
     fd = os.open(NETNS_DIR / name, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        if libc.setns(fd, _CLONE_NEWNET) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"setns into network namespace {name!r}: {os.strerror(err)}")
+        setns_fd(fd, name)
     finally:
         os.close(fd)
+
+
+def setns_fd(fd: int, name: str = "") -> None:
+    """Move the calling thread into the network namespace open at ``fd``."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.setns(fd, _CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"setns into network namespace {name or fd!r}: {os.strerror(err)}")
+
+
+_IROH_THREADS = ("tokio-rt-worker", "async-compat/to")  # the names iroh's runtime gives its threads
+
+
+def iroh_threads() -> int:
+    """How many threads of this process belong to iroh's runtime (0: it has not started here)."""
+    count = 0
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/self/task/{tid}/comm").read_text().strip() in _IROH_THREADS:
+                count += 1
+    return count
 
 
 # --- TUN devices and addresses --------------------------------------------------------------------
@@ -281,3 +299,46 @@ def sweep() -> list[str]:
                 delete_root_link(ifname)
                 removed.append(ifname)
     return removed
+
+
+# --- NAT: veth pairs, routes and iptables inside a namespace (the internet profiles) -----------------
+
+
+def veth_between(a: str, ns_a: str | None, b: str, ns_b: str) -> None:
+    """A veth pair: end ``a`` in namespace ``ns_a`` (None: this one), end ``b`` in ``ns_b``."""
+    from pyroute2 import IPRoute
+
+    with IPRoute() as ipr:
+        ipr.link("add", ifname=a, kind="veth", peer=b)
+        for end, ns in ((a, ns_a), (b, ns_b)):
+            if ns is not None:
+                ipr.link("set", index=ipr.link_lookup(ifname=end)[0], net_ns_fd=ns)
+
+
+def address_in(ns: str, ifname: str, addr: str, prefixlen: int, gateway: str | None = None) -> None:
+    """Give ``ifname`` in ``ns`` ``addr``/``prefixlen``, bring it and ``lo`` up, and with
+    ``gateway`` make that the namespace's default route."""
+    from pyroute2 import NetNS
+
+    with NetNS(ns) as nsr:
+        nsr.link("set", index=nsr.link_lookup(ifname="lo")[0], state="up")
+        idx = nsr.link_lookup(ifname=ifname)[0]
+        nsr.addr("add", index=idx, address=addr, prefixlen=prefixlen)
+        nsr.link("set", index=idx, state="up")
+        if gateway is not None:
+            nsr.route("add", dst="default", gateway=gateway)
+
+
+def firewall(ns: str, rules: str, forward: bool = True) -> None:
+    """Load ``rules`` (iptables-restore's format) into namespace ``ns``, and with ``forward`` let it
+    route (``net.ipv4.ip_forward``, which each namespace has of its own). The rules go with the
+    namespace: nothing is ever added to this machine's own tables."""
+    import subprocess
+
+    script = "echo 1 > /proc/sys/net/ipv4/ip_forward && " if forward else ""
+    script += "exec iptables-restore"
+    done = subprocess.run(
+        ["ip", "netns", "exec", ns, "sh", "-c", script], input=rules.encode(), capture_output=True, timeout=30
+    )
+    if done.returncode != 0:
+        raise OSError(f"iptables in network namespace {ns}: {done.stderr.decode(errors='replace').strip()}")

@@ -3,7 +3,8 @@
 A link is directed (``src -> dst``): one-way delay with jitter, loss (independent or bursty) and a
 rate. A :class:`NetworkSpec` is a default profile plus per-link overrides, written as text:
 ``wan`` or ``wan;host->1=far;1->0=lan`` (members are named ``host`` (the orchestrator) and
-``0``, ``1``, ... (the stages)).
+``0``, ``1``, ... (the stages)). ``internet`` and ``internet-far`` are ``wan`` and ``far`` with NAT:
+the orchestrator behind a home router, each instance behind its host's public address.
 """
 
 from __future__ import annotations
@@ -67,6 +68,9 @@ PROFILES: dict[str, LinkProfile | None] = {
     "slow": LinkProfile(delay_ms=300, jitter_ms=50),  # Jepsen's "slow"
     "flaky": LinkProfile(loss=0.2, loss_corr=0.75),
 }
+# The internet between the machines: the links of a profile above, and the orchestrator behind a
+# home NAT, each instance on a private address behind its host's public one (docs/network.md)
+NAT_PROFILES: dict[str, str] = {"internet": "wan", "internet-far": "far"}
 
 _LINK = re.compile(r"^\s*([A-Za-z0-9_]+)\s*->\s*([A-Za-z0-9_]+)\s*=\s*([a-z]+)\s*$")
 
@@ -78,6 +82,12 @@ class NetworkSpec:
     name: str
     default: LinkProfile | None
     overrides: dict[tuple[str, str], LinkProfile] = field(default_factory=dict)
+    nat: bool = False  # the internet: a home NAT before the orchestrator, each instance behind its host's
+
+    @property
+    def profile(self) -> str:
+        """The base profile's name (``wan`` of ``wan;host->1=far``)."""
+        return self.name.split(";", 1)[0].strip()
 
     @property
     def emulated(self) -> bool:
@@ -92,17 +102,19 @@ class NetworkSpec:
         return {
             "default": self.default.to_json(),
             "overrides": {f"{s}->{d}": p.to_json() for (s, d), p in self.overrides.items()},
+            "nat": self.nat,
         }
 
 
 def parse_network(text: str) -> NetworkSpec:
     """``PROFILE[;SRC->DST=PROFILE]...``, e.g. ``wan;host->1=far;1->0=lan``."""
-    known = ", ".join(PROFILES)
+    known = ", ".join([*PROFILES, *NAT_PROFILES])
     parts = [p for p in text.split(";")]
     base = parts[0].strip()
-    if base not in PROFILES:
+    nat = base in NAT_PROFILES
+    if base not in PROFILES and not nat:
         raise ValueError(f"network {text!r}: unknown profile {base!r}; known profiles: {known}")
-    default = PROFILES[base]
+    default = PROFILES[NAT_PROFILES.get(base, base)]
     overrides: dict[tuple[str, str], LinkProfile] = {}
     for part in parts[1:]:
         m = _LINK.match(part)
@@ -117,4 +129,4 @@ def parse_network(text: str) -> NetworkSpec:
         if src == dst:
             raise ValueError(f"network {text!r}: override {part.strip()!r} links a member to itself")
         overrides[(src, dst)] = target
-    return NetworkSpec(text.strip(), default, overrides)
+    return NetworkSpec(text.strip(), default, overrides, nat)

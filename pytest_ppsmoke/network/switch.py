@@ -41,6 +41,11 @@ from . import netns
 from .profiles import LinkProfile
 
 HOST = "host"
+# the internet profiles' private sides (docs/network.md): a home LAN before the orchestrator, a
+# Docker bridge network behind each instance's host; each in namespaces of its own, so every host
+# can use the same addresses, as real ones do
+HOME_ROUTER, HOME_ORCHESTRATOR, HOME_NET = "192.168.1.1", "192.168.1.2", "192.168.1.0/24"
+BRIDGE_HOST, BRIDGE_CONTAINER, BRIDGE_NET = "172.17.0.1", "172.17.0.2", "172.17.0.0/16"
 _PR_SET_TIMERSLACK = 29
 _BATCH = 64  # packets read from one device per wake-up, so that one busy link cannot starve the rest
 
@@ -52,6 +57,7 @@ class Port:
     fd: int
     addr: str
     netns: str | None  # None: the root namespace (the host)
+    inner: str | None = None  # behind NAT: the namespace of what runs there (the home LAN, a container)
     cut_in: bool = False
     cut_out: bool = False
     heal_at: float | None = None
@@ -107,6 +113,7 @@ class Switch:
         self.prefix = prefix
         self.default = LinkProfile(**spec["default"])
         self.overrides = {tuple(k.split("->", 1)): LinkProfile(**v) for k, v in spec.get("overrides", {}).items()}
+        self.nat = bool(spec.get("nat", False))
         self.rng = random.Random(seed)
         self.subnet = -1
         self.ports: dict[str, Port] = {}  # by member
@@ -131,19 +138,49 @@ class Switch:
             with netns.subnet_lock():
                 self.subnet = netns.pick_subnet(os.getpid() % 256)
                 addr = f"{netns.SUBNET_PREFIX}.{self.subnet}.1"
-                netns.configure_root_tun(ifname, addr)
+                if self.nat:  # nothing of it in this namespace: every address is in one of the network's
+                    port = self._home_router(ifname, fd, addr)
+                else:
+                    netns.configure_root_tun(ifname, addr)
+                    port = Port(HOST, ifname, fd, addr, None)
         except BaseException:
             os.close(fd)
+            for name in (f"{self.prefix}r", f"{self.prefix}o"):
+                with contextlib.suppress(Exception):
+                    netns.remove_netns(name)
             raise
-        self._attach(Port(HOST, ifname, fd, addr, None))
-        return {"event": "ready", "host_addr": addr, "subnet": f"{netns.SUBNET_PREFIX}.{self.subnet}.0/24"}
+        self._attach(port)
+        ready = {"event": "ready", "host_addr": addr, "subnet": f"{netns.SUBNET_PREFIX}.{self.subnet}.0/24"}
+        if port.inner is not None:
+            ready |= {"home_netns": port.inner, "home_addr": HOME_ORCHESTRATOR}
+        return ready
+
+    def _home_router(self, ifname: str, fd: int, addr: str) -> Port:
+        """The orchestrator's home: its router (namespace ``<prefix>r``) holds the public address
+        on the switch and masquerades the LAN behind it; the orchestrator's namespace
+        (``<prefix>o``) has the LAN's second address and a default route to the router. The router
+        has no route beyond the switch's /24: what the orchestrator sends elsewhere (n0's relays
+        and discovery) is answered "unreachable" and never leaves this machine."""
+        router, home = f"{self.prefix}r", f"{self.prefix}o"
+        netns.create_netns(router)
+        netns.create_netns(home)
+        netns.move_and_configure_tun(ifname, router, addr)
+        lan_r, lan_o = f"{self.prefix}ra", f"{self.prefix}oa"
+        netns.veth_between(lan_r, router, lan_o, home)
+        netns.address_in(router, lan_r, HOME_ROUTER, 24)
+        netns.address_in(home, lan_o, HOME_ORCHESTRATOR, 24, gateway=HOME_ROUTER)
+        netns.firewall(router, _nat_rules(ifname, lan_r, HOME_ORCHESTRATOR, HOME_NET, {}))
+        return Port(HOST, ifname, fd, addr, router, inner=home)
 
     def _attach(self, port: Port) -> None:
         self.ports[port.member] = port
         self.by_fd[port.fd] = port
         self.by_addr[bytes(int(x) for x in port.addr.split("."))] = port
 
-    def add(self, member: str) -> dict[str, Any]:
+    def add(self, member: str, ports: list[int] | None = None, server: bool = False) -> dict[str, Any]:
+        """A member on its own address. On a NAT network a member that is not a ``server`` is an
+        instance: its host's namespace holds the public address and forwards each of ``ports``
+        (UDP) from a random public port to the container behind it, where its node runs."""
         if member in self.ports:
             raise ValueError(f"member {member!r} is already on the network")
         if self.next_index > 253:
@@ -153,23 +190,51 @@ class Switch:
         ifname = name = f"{self.prefix}{i}"
         addr = f"{netns.SUBNET_PREFIX}.{self.subnet}.{i + 2}"
         fd = netns.open_tun(ifname)
+        inner = f"{name}c" if self.nat and not server else None
+        mapped: dict[int, int] = {}
         try:
             netns.create_netns(name)
             netns.move_and_configure_tun(ifname, name, addr)
+            if inner is not None:
+                netns.create_netns(inner)
+                bridge, eth = f"{name}a", f"{name}b"
+                netns.veth_between(bridge, name, eth, inner)
+                netns.address_in(name, bridge, BRIDGE_HOST, 16)
+                netns.address_in(inner, eth, BRIDGE_CONTAINER, 16, gateway=BRIDGE_HOST)
+                for p in ports or []:
+                    if not 1 <= int(p) <= 65535:
+                        raise ValueError(f"port {p!r}: expected 1..65535")
+                    while (public := self.rng.randint(20000, 59999)) in mapped.values() or public == p:
+                        pass
+                    mapped[int(p)] = public
+                netns.firewall(name, _nat_rules(ifname, bridge, BRIDGE_CONTAINER, BRIDGE_NET, mapped))
         except BaseException:
             os.close(fd)
-            with contextlib.suppress(Exception):
-                netns.remove_netns(name)
+            for ns in (inner, name):
+                if ns is not None:
+                    with contextlib.suppress(Exception):
+                        netns.remove_netns(ns)
             raise
-        self._attach(Port(member, ifname, fd, addr, name))
-        return {"member": member, "netns": name, "ifname": ifname, "addr": addr}
+        self._attach(Port(member, ifname, fd, addr, name, inner=inner))
+        if inner is None:
+            return {"member": member, "netns": name, "ifname": ifname, "addr": addr}
+        return {
+            "member": member,
+            "netns": inner,
+            "host_netns": name,
+            "ifname": ifname,
+            "addr": BRIDGE_CONTAINER,
+            "public_addr": addr,
+            "ports": {str(p): q for p, q in mapped.items()},
+        }
 
     def remove(self, member: str) -> dict[str, Any]:
         port = self._port(member)
-        if port.netns is None:
+        if port.member == HOST:
             raise ValueError("the host cannot be removed (close the network instead)")
         self._detach(port)
-        killed = netns.remove_netns(port.netns)
+        killed = netns.remove_netns(port.inner) if port.inner is not None else []
+        killed += netns.remove_netns(port.netns)
         return {"member": member, "killed": killed}
 
     def _detach(self, port: Port) -> None:
@@ -182,9 +247,10 @@ class Switch:
     def close(self) -> None:
         for port in list(self.ports.values()):
             self._detach(port)
-            if port.netns is not None:
-                with contextlib.suppress(Exception):
-                    netns.remove_netns(port.netns)
+            for ns in (port.inner, port.netns):
+                if ns is not None:
+                    with contextlib.suppress(Exception):
+                        netns.remove_netns(ns)
 
     def _port(self, member: str) -> Port:
         port = self.ports.get(member)
@@ -309,7 +375,7 @@ class Switch:
         op = req.get("op")
         try:
             if op == "add":
-                out = self.add(str(req["member"]))
+                out = self.add(str(req["member"]), [int(p) for p in req.get("ports") or []], bool(req.get("server")))
             elif op == "remove":
                 out = self.remove(str(req["member"]))
             elif op == "partition":
@@ -364,6 +430,39 @@ class Switch:
             self.deliver_due()
             if any(p.heal_at is not None for p in self.ports.values()):
                 self._heal_due(time.monotonic())
+
+
+def _nat_rules(wan: str, lan: str, inside: str, lan_net: str, forwards: dict[int, int]) -> str:
+    """A NAT router's tables (iptables-restore): what leaves ``lan_net`` through ``wan`` is
+    masqueraded behind the router's address; each public UDP port of ``forwards`` (container port
+    -> public port) is sent on to ``inside``; every other packet from the outside is dropped."""
+    dnat = [
+        f"-A PREROUTING -i {wan} -p udp --dport {public} -j DNAT --to-destination {inside}:{port}"
+        for port, public in forwards.items()
+    ]
+    return "\n".join(
+        [
+            "*nat",
+            ":PREROUTING ACCEPT [0:0]",
+            ":INPUT ACCEPT [0:0]",
+            ":OUTPUT ACCEPT [0:0]",
+            ":POSTROUTING ACCEPT [0:0]",
+            *dnat,
+            f"-A POSTROUTING -s {lan_net} -o {wan} -j MASQUERADE",
+            "COMMIT",
+            "*filter",
+            ":INPUT DROP [0:0]",
+            ":FORWARD DROP [0:0]",
+            ":OUTPUT ACCEPT [0:0]",
+            "-A INPUT -i lo -j ACCEPT",
+            f"-A INPUT -i {lan} -j ACCEPT",
+            "-A INPUT -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
+            "-A FORWARD -m conntrack --ctstate ESTABLISHED,RELATED,DNAT -j ACCEPT",
+            f"-A FORWARD -i {lan} -o {wan} -j ACCEPT",
+            "COMMIT",
+            "",
+        ]
+    )
 
 
 def _emit(obj: dict[str, Any]) -> None:
