@@ -1,9 +1,12 @@
 """Framed messaging over iroh (QUIC).
 
-One long-lived connection per direction and peer: a node sends on the connection it dialled
-(one unidirectional stream, frames back to back) and receives on the connections it accepted.
-That keeps ordering per peer, needs no tie-breaking between simultaneous dials, and lets a
-broken connection be replaced by simply dialling again.
+A node sends to a peer on one unidirectional stream (frames back to back), opened on a live
+connection with that peer: the one the peer dialled to it, if there is one, else one it dials
+itself. So a peer behind a NAT, which can dial out but never be dialled, is answered on the
+connection it made (the orchestrator behind a home router is never dialled). A node receives on
+every connection, dialled or accepted. One stream per peer keeps the order of its frames; two
+peers that dial each other at once each send on the connection they chose, which needs no
+tie-breaking; a broken connection is replaced by dialling again.
 
 Security: a node knows the endpoint ids it will talk to (the orchestrator derives them from the
 secret keys it generates). A connection from any other id is closed right after the TLS handshake
@@ -73,16 +76,34 @@ class PeerAddr:
             ) from None
 
 
-def endpoint_options(secret_key: bytes, local: bool, bind_addr: str, alpn: bytes = ALPN) -> iroh.EndpointOptions:
-    """Local: no relays, no discovery, nothing leaves loopback. WAN: the n0 preset with its relays.
+RELAY_OFF = "off"
+
+
+def relay_mode(relay: str | None) -> iroh.RelayMode:
+    """The relays of an endpoint in internet mode: n0's (None or ""), none (``off``), or a
+    dedicated relay's URL (``https://relay.example.com``)."""
+    if not relay:
+        return iroh.RelayMode.default_mode()
+    if relay == RELAY_OFF:
+        return iroh.RelayMode.disabled()
+    if not relay.startswith(("http://", "https://")):
+        raise ValueError(f"relay {relay!r}: expected 'off' or a relay's URL (https://...)")
+    return iroh.RelayMode.custom_from_urls([relay])
+
+
+def endpoint_options(
+    secret_key: bytes, local: bool, bind_addr: str, alpn: bytes = ALPN, relay: str | None = None
+) -> iroh.EndpointOptions:
+    """Local: no relays, no discovery, nothing leaves loopback. Internet: the n0 preset (its
+    discovery) with its relays, or ``relay`` (:func:`relay_mode`).
 
     Never log or format the result: the binding's ``str()`` of it prints the secret key."""
     if local:
-        preset, relay = iroh.preset_minimal(), iroh.RelayMode.disabled()
+        preset, mode = iroh.preset_minimal(), iroh.RelayMode.disabled()
     else:
-        preset, relay = iroh.preset_n0(), iroh.RelayMode.default_mode()
+        preset, mode = iroh.preset_n0(), relay_mode(relay)
     return iroh.EndpointOptions(
-        preset=preset, relay_mode=relay, bind_addr=bind_addr, secret_key=secret_key, alpns=[alpn]
+        preset=preset, relay_mode=mode, bind_addr=bind_addr, secret_key=secret_key, alpns=[alpn]
     )
 
 
@@ -103,7 +124,8 @@ class TransportStats:
     bytes_out: int = 0
     connections_refused: int = 0
     frames_rejected: int = 0
-    connects: int = 0
+    connects: int = 0  # connections this node dialled
+    accepted: int = 0  # connections dialled to this node (and admitted)
     reconnects: int = 0
     last_rejection: str | None = None
     # frames by message type code, as written whole to a peer and as decoded from one (a frame of
@@ -117,6 +139,7 @@ class _Outbound:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     conn: iroh.Connection | None = None
     stream: iroh.SendStream | None = None
+    dialled: bool = True  # False: the stream is on a connection the peer dialled
 
 
 MessageHandler = Callable[[str, Envelope, Message], None]
@@ -141,6 +164,8 @@ class Transport:
         bind_addr: str | None = None,
         max_frame: int = codec.DEFAULT_MAX_FRAME,
         connect_timeout: float = 5.0,
+        relay: str | None = None,
+        advertise: Iterable[str] = (),
     ) -> None:
         if len(secret_key) != 32:
             raise ValueError(f"secret key must be 32 bytes, got {len(secret_key)}")
@@ -152,12 +177,17 @@ class Transport:
         self.bind_addr = bind_addr or ("127.0.0.1:0" if local else "0.0.0.0:0")
         self.max_frame = max_frame
         self.connect_timeout = connect_timeout
+        self.relay = relay
+        relay_mode(relay)  # a bad value fails here, before anything binds
+        self.advertise = tuple(advertise)  # addresses the endpoint is reachable at that it cannot see (a NAT's)
         self.id = endpoint_id(secret_key)
         self.stats = TransportStats()
         self._endpoint: iroh.Endpoint | None = None
         self._book: dict[str, PeerAddr] = {}
         self._out: dict[str, _Outbound] = {}
         self._inbound: set[iroh.Connection] = set()
+        self._accepted: dict[str, iroh.Connection] = {}  # by peer: the latest live connection it dialled to us
+        self._watch: Any = None  # the address watcher's handle
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
 
@@ -167,7 +197,11 @@ class Transport:
     # --- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._endpoint = await iroh.Endpoint.bind(endpoint_options(self._secret_key, self.local, self.bind_addr))
+        self._endpoint = await iroh.Endpoint.bind(
+            endpoint_options(self._secret_key, self.local, self.bind_addr, relay=self.relay)
+        )
+        for addr in self.advertise:
+            await self._endpoint.add_external_addr(addr)
         self._spawn(self._accept_loop())
         log.debug("transport %s bound on %s", self.id[:10], self.addr().addrs)
 
@@ -175,6 +209,9 @@ class Transport:
         if self._closed:
             return
         self._closed = True
+        if self._watch is not None:
+            with contextlib.suppress(Exception):
+                self._watch.stop()
         for t in list(self._tasks):
             t.cancel()
         for t in list(self._tasks):
@@ -185,8 +222,56 @@ class Transport:
                 await asyncio.wait_for(self._endpoint.close(), 2.0)
 
     def addr(self) -> PeerAddr:
+        """Where this endpoint can be reached: the advertised addresses first, then what it sees."""
         assert self._endpoint is not None, "transport not started"
-        return PeerAddr.from_iroh(self._endpoint.addr())
+        found = PeerAddr.from_iroh(self._endpoint.addr())
+        return PeerAddr(found.id, tuple(dict.fromkeys([*self.advertise, *found.addrs])), found.relay)
+
+    async def online(self, timeout: float) -> bool:
+        """Wait at most ``timeout`` seconds for a home relay (internet mode); False if none came."""
+        assert self._endpoint is not None, "transport not started"
+        if self.local or self.relay == RELAY_OFF:
+            return False
+        try:
+            await asyncio.wait_for(self._endpoint.online(), timeout)
+        except (TimeoutError, iroh.IrohError):
+            return False
+        return True
+
+    def watch_addr(self, on_change: Callable[[PeerAddr], None]) -> None:
+        """Call ``on_change(self.addr())`` whenever the endpoint's addresses change (a relay came,
+        an interface went), until the transport closes."""
+        assert self._endpoint is not None, "transport not started"
+        transport = self
+
+        class _Changed(iroh.AddrChangeCallback):  # type: ignore[misc]
+            async def on_change(self, addr: iroh.EndpointAddr) -> None:
+                if not transport._closed:
+                    on_change(transport.addr())
+
+        self._watch = self._endpoint.watch_addr(_Changed())
+
+    def path(self, peer_id: str) -> dict[str, Any] | None:
+        """How this node reaches ``peer_id`` now: the selected path of the connection it sends on
+        (``direct`` with the peer's address, or ``relay``), its round trip, and who dialled it."""
+        out = self._out.get(peer_id)
+        conn, dialled = (out.conn, out.dialled) if out is not None and out.conn is not None else (None, True)
+        if conn is None:
+            conn, dialled = self._accepted.get(peer_id), False
+        if conn is None:
+            return None
+        try:
+            paths = conn.paths()
+        except iroh.IrohError:
+            return None
+        chosen = next((p for p in paths if p.is_selected), None)
+        return {
+            "path": None if chosen is None else ("relay" if chosen.is_relay else "direct"),
+            "remote_addr": None if chosen is None else chosen.remote_addr,
+            "rtt_ms": None if chosen is None else chosen.rtt_ms,
+            "dialled_by": "us" if dialled else "peer",
+            "paths": len(paths),
+        }
 
     def ticket(self) -> str:
         return self.addr().ticket()
@@ -228,7 +313,8 @@ class Transport:
                         try:
                             if out.stream is None:
                                 step = "connecting"
-                                await self._connect(peer_id, out)
+                                await self._open(peer_id, out)
+                                fresh = fresh and out.dialled  # a peer's connection may be stale: dial next
                             step = "writing"
                             assert out.stream is not None
                             await out.stream.write_all(cast(bytes, frame))  # any buffer works (see _irohpatch)
@@ -250,6 +336,17 @@ class Transport:
                 self._drop(out)
             raise
 
+    async def _open(self, peer_id: str, out: _Outbound) -> None:
+        """A stream to ``peer_id``: on the connection it dialled to us if it has one, else dialled."""
+        conn = self._accepted.get(peer_id)
+        if conn is not None:
+            try:
+                out.conn, out.stream, out.dialled = conn, await conn.open_uni(), False
+                return
+            except iroh.IrohError:
+                self._accepted.pop(peer_id, None)
+        await self._connect(peer_id, out)
+
     async def _connect(self, peer_id: str, out: _Outbound) -> None:
         assert self._endpoint is not None
         peer = self._book.get(peer_id, PeerAddr(peer_id))
@@ -261,12 +358,16 @@ class Transport:
         except BaseException:
             _close(conn, CLOSE_SHUTDOWN, b"open failed")
             raise
-        out.conn, out.stream = conn, stream
+        out.conn, out.stream, out.dialled = conn, stream, True
         self.stats.connects += 1
+        self._spawn(self._receive(peer_id, conn))  # the peer may answer on it
 
     def _drop(self, out: _Outbound) -> None:
         conn, out.conn, out.stream = out.conn, None, None
         if conn is not None:
+            for peer, live in list(self._accepted.items()):
+                if live is conn:
+                    del self._accepted[peer]
             _close(conn, CLOSE_SHUTDOWN, b"dropped")
 
     # --- receiving ---------------------------------------------------------------------------
@@ -304,6 +405,12 @@ class Transport:
             seen = await asyncio.wait_for(self._endpoint.remote_addr(conn.remote_id()), self.connect_timeout)
             if seen is not None and (seen.direct_addresses() or seen.relay_url()):
                 self._book[peer_id] = PeerAddr.from_iroh(seen)
+        self.stats.accepted += 1
+        self._accepted[peer_id] = conn
+        await self._receive(peer_id, conn)
+
+    async def _receive(self, peer_id: str, conn: iroh.Connection) -> None:
+        """Read every stream the peer opens on ``conn`` (dialled or accepted) until it ends."""
         self._inbound.add(conn)
         try:
             while not self._closed:
@@ -314,6 +421,11 @@ class Transport:
                 self._spawn(self._read(peer_id, conn, stream))
         finally:
             self._inbound.discard(conn)
+            if self._accepted.get(peer_id) is conn:
+                del self._accepted[peer_id]
+            out = self._out.get(peer_id)
+            if out is not None and out.conn is conn and not out.lock.locked():
+                out.conn = out.stream = None  # gone: the next frame opens another
 
     async def _read(self, peer_id: str, conn: iroh.Connection, stream: iroh.RecvStream) -> None:
         reader = FrameReader(self.max_frame)
