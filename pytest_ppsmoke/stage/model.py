@@ -660,8 +660,8 @@ def run_reference(
             )
         if wire is not WireDtype.f32:
             total = len(model.blk)
-            for stage in range(num_stages - 1):
-                last = layer_range(total, stage, num_stages)[1] - 1
+            for boundary in range(num_stages - 1):  # not ``stage``: that names the node it runs on
+                last = layer_range(total, boundary, num_stages)[1] - 1
                 model.blk[last] = _RoundedBlock(model.blk[last], wire)
         Tensor.realize(*nn.state.get_parameters(model))
         loaded = time.monotonic()
