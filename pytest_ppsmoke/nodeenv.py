@@ -179,6 +179,16 @@ class NodeEnv:
         "the address the node's endpoint binds and advertises, ip:port (empty: 127.0.0.1:0 local, 0.0.0.0:0 wan)",
         "the emulator, for a node in an emulated network's namespace",
     )
+    port: int = _var(
+        0,
+        "PP_PORT",
+        _integer(0, "a UDP port (0: any)"),
+        "wan: the UDP port the endpoint binds, the one its create asks vast.ai to forward (0: any; no direct path)",
+    )
+    relay: str = _var("", "PP_RELAY", TEXT, "wan: the relays (empty: n0's; off: none; or a dedicated relay's URL)")
+    public_ipaddr: str = _var(
+        "", "PUBLIC_IPADDR", TEXT, "the instance's public address, in front of the forwarded ports", AGENT
+    )
     join_timeout: float = _var(30.0, "PP_JOIN_TIMEOUT", SECONDS, "seconds to join through the seed")
     names: tuple[str, ...] = _var(
         (), "PP_NAMES", NAMES, "names a bare member registers (runtime/member.py)", "LocalCluster, tests"
@@ -298,6 +308,23 @@ class NodeEnv:
                 var: Var = f.metadata["var"]
                 out[var.name] = "" if value is None else var.form.show(value)
         return out
+
+    def public_udp(self, env: Mapping[str, str] | None = None) -> str | None:
+        """``PUBLIC_IPADDR:VAST_UDP_PORT_<port>``: where vast.ai forwards the node's UDP port from
+        (its host agent sets both when the create asked for the port); None where either is unset.
+        ValueError names the variable when the port is not one."""
+        env = os.environ if env is None else env
+        name = f"VAST_UDP_PORT_{self.port}"
+        raw = env.get(name, "")
+        if not (self.port and self.public_ipaddr and raw):
+            return None
+        try:
+            public = checks.integer(raw, 1)
+        except ValueError:
+            raise ValueError(f"{name} must be a UDP port (1..65535), got {raw!r}") from None
+        if public > 65535:
+            raise ValueError(f"{name} must be a UDP port (1..65535), got {raw!r}")
+        return f"{self.public_ipaddr}:{public}"
 
     def require(self, name: str) -> Any:
         """The value of field ``name``; ValueError naming its variable when it is not set."""

@@ -46,12 +46,14 @@ from ..protocol import (
     setting,
 )
 from ..runtime.cluster import converge, resolve_names
-from ..runtime.codec import ActorAddress, MemberStatus
+from ..runtime.codec import ActorAddress, Echo, Join, MemberStatus, Sync
 from ..runtime.errors import RemoteError
 from ..runtime.localproc import ClusterKeys
 from ..runtime.node import Node, NodeConfig
 from ..runtime.resource import Resource
+from ..runtime.swim import SWIM_ACTOR
 from ..runtime.swimconfig import SwimConfig
+from ..runtime.transport import PeerAddr
 from .preflight import Preflight, find_offers, image_check, preflight
 from .vast import Instance, Label, NeverRuns, Offer, OfferGone, OfferQuery, VastClient, VastError, going_away
 
@@ -80,7 +82,10 @@ NODE_FIELDS = {
     "load_timeout": "worker_ready_timeout",
     "node_ttl": "ttl",
     "orphan_grace": "orphan_grace",
+    "port": "port",
+    "relay": "relay",
 }
+DEFAULT_PORT = 7000  # the UDP port each create asks vast.ai to forward (wan), and its node binds
 
 
 @dataclass
@@ -105,6 +110,8 @@ class RunConfig:
     node_ttl: float = DEFAULTS.ttl  # a node removes itself after this long, whatever happens
     orphan_grace: float = DEFAULTS.orphan_grace  # ... or once it has lost the orchestrator for this long
     extra_env: Mapping[str, str] = field(default_factory=dict)  # raw variables over each node's NodeEnv
+    port: int = DEFAULT_PORT  # wan: the UDP port each create asks vast.ai to forward (0: none, relays only)
+    relay: str = ""  # wan: the relays (empty: n0's; "off"; a dedicated relay's URL), the seed's and the nodes'
     bind: str | None = None  # the seed's ip:port (None: loopback when local); an emulated network's host address
     rtt: float = 0.0  # the network's worst round trip, seconds (an emulated network's profile): SWIM's timeouts
     offer_races: int = 4  # offers raced away between search and create that the run moves past
@@ -124,6 +131,15 @@ class RunConfig:
             raise ValueError(f"offer_races must be at least 0, got {self.offer_races}")
         if self.check_image is None:
             self.check_image = image_check(self.image, vastai=self.network != "local")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be a UDP port (1..65535), or 0 for none, got {self.port}")
+        if self.direct and not self.query.direct_ports:
+            self.query = dataclasses.replace(self.query, direct_ports=1)
+
+    @property
+    def direct(self) -> bool:
+        """Whether each create asks vast.ai to forward a UDP port, for a direct path to its node."""
+        return self.network == "wan" and self.port > 0
 
     def node_env(self) -> NodeEnv:
         """The part of every node's ``NodeEnv`` that this config gives (:data:`NODE_FIELDS`)."""
@@ -131,15 +147,19 @@ class RunConfig:
 
     @property
     def swim(self) -> SwimConfig:
-        """Loopback on shared cores; the WAN's; or, on an emulated network whose round trip is more
-        than a few milliseconds, the WAN's with a probe timeout of at least three round trips."""
-        if self.network != "local":
-            return SwimConfig.wan()
-        if self.rtt < 0.01:
-            return SwimConfig.shared_cpu()
-        wan = SwimConfig.wan()
-        timeout = max(wan.ping_timeout, 3 * self.rtt)
-        return dataclasses.replace(wan, ping_timeout=timeout, protocol_period=max(wan.protocol_period, 2 * timeout))
+        """Loopback on shared cores; the WAN's; or, where the round trip is known to be more than
+        a few milliseconds (an emulated network's profile), :func:`swim_for_rtt`."""
+        if self.rtt >= 0.01:
+            return swim_for_rtt(self.rtt)
+        return SwimConfig.wan() if self.network != "local" else SwimConfig.shared_cpu()
+
+
+def swim_for_rtt(rtt: float) -> SwimConfig:
+    """The WAN's timing with a probe timeout of at least three round trips of ``rtt`` seconds,
+    and a probe period of at least two timeouts."""
+    wan = SwimConfig.wan()
+    timeout = max(wan.ping_timeout, 3 * rtt)
+    return dataclasses.replace(wan, ping_timeout=timeout, protocol_period=max(wan.protocol_period, 2 * timeout))
 
 
 @dataclass
@@ -154,6 +174,7 @@ class RentedInstance:
     status_msg: str = ""
     endpoint_id: str = ""
     destroy_error: str | None = None
+    public_udp: str | None = None  # where vast.ai forwards its node's UDP port from (its record's ports)
 
     @property
     def name(self) -> str:
@@ -189,6 +210,7 @@ class RentedInstance:
             "final_state": self.state,
             "status_msg": self.status_msg,
             "destroy_error": self.destroy_error,
+            "public_udp": self.public_udp,
         }
 
 
@@ -222,6 +244,7 @@ class Deployment(Resource):
         self.offers_skipped: list[dict[str, Any]] = []  # offers raced away between search and create
         self.preflight: Preflight | None = None  # what the pre-flight found, once it ran
         self.lost: asyncio.Future[PhaseError] | None = None  # set when a stage's host is lost mid-run
+        self.swim_timing: dict[str, Any] = {}  # the round trips measured after converge, and SWIM's timing
         self._watch: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
@@ -285,6 +308,7 @@ class Deployment(Resource):
                 allowed=frozenset(self.keys.ids),
                 local=c.network == "local",
                 bind_addr=c.bind,
+                relay=c.relay or None,
                 swim=c.swim,
             )
         )
@@ -360,7 +384,8 @@ class Deployment(Resource):
             allowed_ids=tuple(self.keys.ids),
             swim=c.swim.to_env(),
         )
-        return {**node.to_env(), **c.extra_env}
+        ports = {f"-p {c.port}:{c.port}/udp": "1"} if c.direct else {}  # vast-cli's form of docker's -p
+        return {**node.to_env(), **ports, **c.extra_env}
 
     async def boot(self) -> None:
         t = self._begin("boot")
@@ -374,7 +399,7 @@ class Deployment(Resource):
                     inst.seen(record)
 
             try:
-                await self.vast.wait_running(inst.id, c.polls, c.poll_interval, seen)
+                record = await self.vast.wait_running(inst.id, c.polls, c.poll_interval, seen)
             except NeverRuns as e:
                 fix = ""
                 if e.failure == "image pull":
@@ -382,6 +407,8 @@ class Deployment(Resource):
                 raise PhaseError("boot", f"stage {inst.stage}: {e}{fix}") from None
             except (VastError, TimeoutError) as e:
                 raise PhaseError("boot", f"stage {inst.stage}: {e}") from None
+            if c.direct:
+                inst.public_udp = record.public_udp(c.port)
 
         await _all(one(i) for i in self.instances)
         self._done("boot", t, f"{len(self.instances)} running")
@@ -423,13 +450,133 @@ class Deployment(Resource):
         t = self._begin("converge")
         assert self.seed is not None
 
-        def explain(missing: set[str]) -> str:
-            return ", ".join(
-                f"{i.name}, last seen {i.state or 'null'}" for i in self.instances if i.endpoint_id in missing
-            )
+        c = self.config
 
-        await converge(self.seed, self.keys.ids, self.config.converge_timeout, explain)
-        self._done("converge", t, f"{len(self.keys.ids)} members")
+        def explain(missing: set[str]) -> str:
+            lines = [f"{i.name}, last seen {i.state or 'null'}" for i in self.instances if i.endpoint_id in missing]
+            unmapped = [i for i in self.instances if i.endpoint_id in missing and not i.public_udp]
+            if c.network == "wan" and unmapped:
+                names = ", ".join(i.name for i in unmapped)
+                why = (
+                    f"no port was asked of vast.ai ({setting('port')} 0)"
+                    if not c.direct
+                    else f"vast.ai's record shows no ports['{c.port}/udp'] mapping"
+                )
+                lines.append(
+                    f"{names} cannot be dialled: {why}, so a node behind its host's NAT is reachable through a "
+                    f"relay only; ask for a forwarded UDP port ({setting('port')} {c.port or DEFAULT_PORT}: "
+                    f"'-p {c.port or DEFAULT_PORT}:{c.port or DEFAULT_PORT}/udp' in each create's env) on offers "
+                    "with direct_port_count >= 1"
+                )
+            return "; ".join(lines)
+
+        reach = asyncio.ensure_future(self._reach_nodes()) if c.network == "wan" else None
+        try:
+            await converge(self.seed, self.keys.ids, c.converge_timeout, explain)
+        finally:
+            if reach is not None:
+                reach.cancel()
+                await asyncio.gather(reach, return_exceptions=True)
+        await self.time_swim()
+        self._done("converge", t, f"{len(self.keys.ids)} members" + self._paths_line() + self._swim_line())
+
+    async def time_swim(self, rounds: int = 3) -> None:
+        """SWIM timed to the paths: each member's round trip measured (``rounds`` echoes, the
+        median), and the orchestrator's probe timeout and period set from the worst one when that
+        asks for more than it has (:func:`swim_for_rtt`): a relayed path across an ocean must not
+        read as a dead member. ``self.swim_timing`` records what was measured and chosen."""
+        seed = self.seed
+        assert seed is not None
+        measured: dict[str, float | None] = {}
+
+        async def one(inst: RentedInstance) -> None:
+            times = []
+            for _ in range(rounds):
+                t = time.monotonic()
+                try:
+                    await seed.request(ActorAddress(inst.endpoint_id, "node"), Echo(b""), timeout=5.0)
+                except (TimeoutError, ConnectionError, RemoteError):
+                    continue
+                times.append(time.monotonic() - t)
+            measured[f"pp-stage-{inst.stage}"] = sorted(times)[len(times) // 2] if times else None
+
+        await asyncio.gather(*(one(i) for i in self.instances if i.endpoint_id))
+        worst = max((v for v in measured.values() if v is not None), default=0.0)
+        before = seed.membership.config
+        wanted = swim_for_rtt(worst)
+        source = "the run's settings"
+        if worst >= 0.01 and wanted.ping_timeout > before.ping_timeout:
+            seed.membership.config = dataclasses.replace(
+                before, ping_timeout=wanted.ping_timeout, protocol_period=wanted.protocol_period
+            )
+            source = "the measured round trips"
+        cfg = seed.membership.config
+        self.swim_timing = {
+            "rtt_ms": {k: None if v is None else round(v * 1e3, 2) for k, v in sorted(measured.items())},
+            "worst_rtt_ms": round(worst * 1e3, 2),
+            "ping_timeout": cfg.ping_timeout,
+            "protocol_period": cfg.protocol_period,
+            "suspicion_timeout": cfg.suspicion_timeout,
+            "set_by": source,
+        }
+
+    def _swim_line(self) -> str:
+        t = self.swim_timing
+        if not t or t["worst_rtt_ms"] < 10:
+            return ""
+        return (
+            f"; SWIM probe timeout {t['ping_timeout']:.3g} s, period {t['protocol_period']:.3g} s "
+            f"(worst round trip {t['worst_rtt_ms']:.0f} ms; set by {t['set_by']})"
+        )
+
+    async def _reach_nodes(self) -> None:
+        """The orchestrator dials every node (the internet: a node cannot dial an orchestrator
+        behind NAT): at the public address and port vast.ai forwards to it, where the record
+        shows one, else by its id alone (discovery and relays). It offers each node its own state
+        (a SWIM join the other way round) until the node answers; the node answers, and later
+        sends everything, on the connection the orchestrator made."""
+        seed = self.seed
+        assert seed is not None
+
+        async def one(inst: RentedInstance) -> None:
+            seed.transport.learn(PeerAddr(inst.endpoint_id, (inst.public_udp,) if inst.public_udp else ()))
+            delay = 0.2
+            while True:
+                try:
+                    reply = await seed.request(
+                        ActorAddress(inst.endpoint_id, SWIM_ACTOR), Join(seed.membership.me), 5.0, sender=SWIM_ACTOR
+                    )
+                except (TimeoutError, ConnectionError, RemoteError) as e:
+                    log.info("reaching %s: %s", inst.where, e)
+                else:
+                    if isinstance(reply, Sync):
+                        seed.membership.merge(reply.members)
+                        return
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, 2.0)
+
+        await asyncio.gather(*(one(i) for i in self.instances if i.endpoint_id))
+
+    def paths(self) -> dict[str, Any]:
+        """How the orchestrator reaches each stage now (:meth:`Transport.path`), and how many
+        connections it accepted (behind a NAT: none can come in)."""
+        if self.seed is None:
+            return {}
+        out: dict[str, Any] = {
+            f"pp-stage-{i.stage}": self.seed.transport.path(i.endpoint_id) for i in self.instances if i.endpoint_id
+        }
+        stats = self.seed.transport.stats
+        return {"links": out, "dialled": stats.connects, "accepted": stats.accepted}
+
+    def _paths_line(self) -> str:
+        if self.config.network != "wan":
+            return ""
+        seen = []
+        for name, p in self.paths().get("links", {}).items():
+            if p is not None and p["path"] is not None:
+                rtt = f", {p['rtt_ms']} ms" if p["rtt_ms"] is not None else ""
+                seen.append(f"{name} {p['path']} {p['remote_addr']}{rtt}")
+        return "; " + ", ".join(seen) if seen else ""
 
     async def load(self) -> None:
         """Every node's worker has loaded its layers (``NodeStatus`` ready), within the deadline."""

@@ -158,6 +158,21 @@ class Instance:
             raw=record,
         )
 
+    def public_udp(self, port: int) -> str | None:
+        """``public_ipaddr:HostPort`` where vast.ai forwards the container's UDP ``port`` from (the
+        record's ``ports["<port>/udp"]``); None when the record shows no such mapping."""
+        ip, ports = self.raw.get("public_ipaddr"), self.raw.get("ports")
+        if not isinstance(ip, str) or not ip or not isinstance(ports, Mapping):
+            return None
+        bindings = ports.get(f"{port}/udp")
+        if not isinstance(bindings, list):
+            return None
+        for b in bindings:
+            host_port = b.get("HostPort") if isinstance(b, Mapping) else None
+            if isinstance(host_port, (str, int)) and str(host_port).isdigit():
+                return f"{ip}:{int(host_port)}"
+        return None
+
     def names(self) -> dict[str, Any]:
         """What names it and its state, for a report (nothing secret)."""
         return {
@@ -258,6 +273,7 @@ class OfferQuery:
     disk_gb: float = 20.0
     verified: bool = True
     limit: int = 64
+    direct_ports: int = 0  # ports the machine must be able to forward (offers' direct_port_count)
 
     def body(self) -> dict[str, Any]:
         q: dict[str, Any] = {
@@ -277,6 +293,8 @@ class OfferQuery:
             q["verified"] = {"eq": True}
         if self.max_dph is not None:
             q["dph_total"] = {"lte": self.max_dph}
+        if self.direct_ports:
+            q["direct_port_count"] = {"gte": self.direct_ports}
         return q
 
     def describe(self) -> str:
@@ -284,6 +302,7 @@ class OfferQuery:
         return (
             f"{self.num_gpus} GPU, >= {self.gpu_ram_gb:g} GB GPU RAM, reliability >= {self.min_reliability}, "
             f"CUDA >= {self.min_cuda}, disk >= {self.disk_gb:g} GB{', verified' if self.verified else ''}{price}"
+            + (f", >= {self.direct_ports} direct port(s)" if self.direct_ports else "")
         )
 
 

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..cloud.emulator.server import NETWORK_PATH, FakeVast
 from ..cloud.lifecycle import Deployment, RunConfig
+from ..cloud.preflight import image_check
 from ..cloud.vast import DEFAULT_URL, OfferQuery, VastClient, going_away
 from ..protocol import PhaseError
 from ..runtime.errors import RemoteError
@@ -73,8 +74,17 @@ def run_config(s: Settings) -> RunConfig:
             min_cuda=s.min_cuda,
             disk_gb=s.disk,
         ),
-        network="local" if s.local else "wan",
+        # an emulated internet (behind NATs) runs the transport's internet mode, as on vast.ai
+        network="local" if s.local and not internet(s.network) else "wan",
+        check_image=image_check(s.image, vastai=not s.local),
     )
+
+
+def internet(network: str) -> bool:
+    """Whether an emulated network is an internet profile (NATs, the transport's internet mode)."""
+    from ..network.profiles import NAT_PROFILES
+
+    return network.split(";", 1)[0].strip() in NAT_PROFILES
 
 
 def rtt_of(spec: NetworkSpec) -> float:
@@ -187,11 +197,26 @@ class SmokeRun(Resource):
             await self.fake.start()
             url, key = self.fake.url, self.fake.api_key
             net = self.fake.network
-            if net is not None:  # the seed on the network's host address, SWIM timed for its worst link
+            if net is not None and net.home_netns is not None:
+                # the internet: this process goes behind the home NAT, before its endpoint binds, and
+                # reaches the API as it reaches anything, through it; SWIM timed for the worst link
+                net.enter_home()
+                url, config.rtt = self.fake.node_url, rtt_of(net.spec)
+                self.report.network = {
+                    "spec": net.spec.name, "public_addr": net.host_addr, "home_addr": net.home_addr,
+                    "subnet": net.subnet,
+                }  # fmt: skip
+            elif net is not None:  # the seed on the network's host address, SWIM timed for its worst link
                 config.bind, config.rtt = f"{net.host_addr}:0", rtt_of(net.spec)
                 self.report.network = {"spec": net.spec.name, "host_addr": net.host_addr, "subnet": net.subnet}
         else:
             url, key = s.vast_url or DEFAULT_URL, s.api_key
+            if s.local and internet(s.network):
+                raise PhaseError(
+                    "rent",
+                    f"--network {s.network!r} puts this process behind the emulated home NAT, which only the "
+                    "embedded emulator can do: run pp-smoke-run --local --network ... without --vast-url",
+                )
             if s.local and s.network != "loopback":  # an emulator started apart, with its network
                 found = await emulated_network(url, key, s.network)
                 from ..network import parse_network  # the network package loads only for a network
@@ -361,6 +386,10 @@ class SmokeRun(Resource):
             r.vast_api = self.vast.stats.summary()
         if not r.split and dep.instances:
             r.split = [{"stage": i.stage, "blocks": None, "instance": i.id} for i in dep.instances]
+        if dep.seed is not None and "converge" in dep.timings:
+            r.paths = dep.paths()
+        if dep.swim_timing:
+            r.swim = dict(dep.swim_timing)
 
     # --- teardown --------------------------------------------------------------------------
 

@@ -18,7 +18,8 @@ HINTS = {
     "preflight": "nothing was rented; the message says which check refused the run and what to change",
     "rent": "check the API key, the network and --vast-url; if too few offers match, relax the offer constraints",
     "boot": "the hosts did not start the node image; run again (other offers are picked) or check --image",
-    "converge": "a node could not reach the orchestrator over iroh (UDP); check the firewall and the node's log",
+    "converge": "the orchestrator and a node could not reach each other over iroh (UDP); check the port it forwards, "
+    "the firewall and the node's log",
     "load": "a worker did not load its layers; check --model and the instances' disk and GPU RAM",
     "resolve": "a stage did not register its names; the node's log says why",
     "prefill": "a stage failed on the prompt; run again with -v for the stage and membership events",
@@ -91,6 +92,8 @@ class Report:
     offers_skipped: list[dict[str, Any]] = field(default_factory=list)  # taken by someone else before our create
     network: dict[str, Any] | None = None  # the emulated network: its profile and each link's figures
     network_stats: dict[str, Any] | None = None  # the delay switch's counts per link, at the end
+    paths: dict[str, Any] | None = None  # how the orchestrator reached each stage (direct or relay, rtt), accepted
+    swim: dict[str, Any] | None = None  # the round trips measured after converge and the SWIM timing chosen
     vast_api: dict[str, Any] = field(default_factory=dict)  # the client's calls, 429s, retries and waits
     emulator: dict[str, list[int]] | None = None  # the embedded emulator's own record (local mode)
     reference: ReferenceFigures = field(default_factory=ReferenceFigures)  # the token-exact reference

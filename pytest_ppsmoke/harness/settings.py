@@ -122,6 +122,29 @@ def _network(text: str) -> str:
     return text.strip()
 
 
+def _port(text: str) -> int:
+    try:
+        port = checks.integer(text, 0)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise SettingError(f"expected a UDP port (1..65535), or 0 for none, got {text!r}")
+    return port
+
+
+def _relay(text: str) -> str:
+    from ..runtime.transport import relay_mode
+
+    text = text.strip()
+    if text in ("", "default"):
+        return ""
+    try:
+        relay_mode(text)
+    except ValueError as e:
+        raise SettingError(str(e)) from None
+    return text
+
+
 def _grid(text: str) -> str:
     try:
         grid_spec(text, "")
@@ -245,9 +268,26 @@ OPTIONS: tuple[Option, ...] = (
         "network",
         "local: the network between the orchestrator and the nodes: loopback (default), or an emulated one, "
         "each node in a network namespace behind a delay switch: lan, wan, far, slow, flaky, with per-link "
-        "overrides (e.g. 'wan;host->1=far'; docs/network.md)",
+        "overrides (e.g. 'wan;host->1=far'); internet, internet-far: wan and far with the orchestrator and "
+        "each node behind NAT, on the transport's internet mode (docs/network.md)",
         _network,
         "loopback",
+    ),
+    _opt(
+        "port",
+        "the UDP port each create asks vast.ai to forward, for a direct path to its node (default 7000; "
+        "0: none, relays only); offers must have a direct port",
+        _port,
+        7000,
+        group="instances",
+    ),
+    _opt(
+        "relay",
+        "the relays of the orchestrator and the nodes when a path is not direct: default (n0's), off, or a "
+        "dedicated relay's URL",
+        _relay,
+        "",
+        group="instances",
     ),
     _opt("gpus", "local: this machine's GPUs (e.g. 0,1), one per instance in turn", str, ""),
     _opt(
@@ -352,6 +392,8 @@ class Settings:
     weight_cache: str = _DEFAULT["weight_cache"]  # "": the node's default directory; "off"; or a directory
     program_cache: bool = _DEFAULT["program_cache"]
     network: str = _DEFAULT["network"]
+    port: int = _DEFAULT["port"]
+    relay: str = _DEFAULT["relay"]
     gpus: str = _DEFAULT["gpus"]
     runtime: str = _DEFAULT["runtime"]
     image: str = _DEFAULT["image"]

@@ -234,7 +234,7 @@ class Switch:
             raise ValueError("the host cannot be removed (close the network instead)")
         self._detach(port)
         killed = netns.remove_netns(port.inner) if port.inner is not None else []
-        killed += netns.remove_netns(port.netns)
+        killed += netns.remove_netns(port.netns) if port.netns is not None else []
         return {"member": member, "killed": killed}
 
     def _detach(self, port: Port) -> None:

@@ -69,6 +69,9 @@ class NodeConfig:
     seed: str | None = None
     local: bool = True
     bind_addr: str | None = None  # ip:port the endpoint binds (None: loopback when local, any address when not)
+    relay: str | None = None  # internet mode: the relays (None: n0's; "off"; a URL)
+    advertise: tuple[str, ...] = ()  # addresses it is reachable at that it cannot see (a NAT's forwarded port)
+    online_timeout: float = 3.0  # internet mode: the wait for a home relay before the first gossip
     swim: SwimConfig = field(default_factory=SwimConfig.loopback)
     join_timeout: float = DEFAULTS.join_timeout
     request_timeout: float = 10.0
@@ -93,13 +96,18 @@ class NodeConfig:
         swim = SwimConfig.loopback() if env.network == "local" else SwimConfig.wan()
         if env.swim:
             swim = swim.with_overrides(env.swim)
+        local = env.network == "local"
+        bind = env.bind or (None if local or not env.port else f"0.0.0.0:{env.port}")
+        public = None if local else env.public_udp()
         return cls(
             secret_key=env.require("node_key"),
             join_timeout=env.join_timeout,
             allowed=frozenset(env.allowed_ids) if env.allowed_ids else None,
             seed=env.seed or None,
-            local=env.network == "local",
-            bind_addr=env.bind or None,
+            local=local,
+            bind_addr=bind,
+            relay=env.relay or None,
+            advertise=(public,) if public else (),
             swim=swim,
         )
 
@@ -115,6 +123,8 @@ class Node(Resource):
             local=config.local,
             bind_addr=config.bind_addr,
             max_frame=config.max_frame,
+            relay=config.relay,
+            advertise=config.advertise,
         )
         self.id = self.transport.id
         self.actors: dict[str, object] = {}
@@ -131,12 +141,16 @@ class Node(Resource):
     async def start(self, join: bool = True) -> None:
         """Bind, start SWIM, and (unless ``join`` is False) join through the seed."""
         await self.transport.start()
+        if not self.config.local:  # a home relay, if one answers within the bound, is in the first gossip
+            await self.transport.online(self.config.online_timeout)
         me = self.transport.addr()
         self.membership = Membership(self, self.config.swim, me.addrs, me.relay)
         self.registry = Registry(self.membership)
         self.actors[SWIM_ACTOR] = self.membership
         self.actors[NODE_ACTOR] = _NodeActor()
         self.membership.start()
+        if not self.config.local:  # announce the addresses again, a new incarnation, as they change
+            self.transport.watch_addr(lambda addr: self.membership.set_addrs(addr.addrs, addr.relay))
         if join:
             await self.join()
 

@@ -246,6 +246,14 @@ class Membership:
             await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay = min(delay * 2, 1.0)
 
+    def set_addrs(self, addrs: Iterable[str], relay: str | None) -> None:
+        """Announce where this member is now (its endpoint's addresses changed): a new incarnation."""
+        addrs = tuple(addrs)
+        if (addrs, relay) == (self.me.addrs, self.me.relay) or self._leaving:
+            return
+        self._set_me(replace(self.me, incarnation=self.me.incarnation + 1, addrs=addrs, relay=relay))
+        self._notify("updated", self.me)
+
     def set_names(self, names: dict[str, str]) -> None:
         """Publish this member's names (a new incarnation, disseminated like any alive update)."""
         self._set_me(replace(self.me, incarnation=self.me.incarnation + 1, names=dict(names)))

@@ -187,7 +187,6 @@ class Transport:
         self._out: dict[str, _Outbound] = {}
         self._inbound: set[iroh.Connection] = set()
         self._accepted: dict[str, iroh.Connection] = {}  # by peer: the latest live connection it dialled to us
-        self._watch: Any = None  # the address watcher's handle
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
 
@@ -209,9 +208,6 @@ class Transport:
         if self._closed:
             return
         self._closed = True
-        if self._watch is not None:
-            with contextlib.suppress(Exception):
-                self._watch.stop()
         for t in list(self._tasks):
             t.cancel()
         for t in list(self._tasks):
@@ -238,18 +234,22 @@ class Transport:
             return False
         return True
 
-    def watch_addr(self, on_change: Callable[[PeerAddr], None]) -> None:
+    def watch_addr(self, on_change: Callable[[PeerAddr], None], every: float = 2.0) -> None:
         """Call ``on_change(self.addr())`` whenever the endpoint's addresses change (a relay came,
-        an interface went), until the transport closes."""
-        assert self._endpoint is not None, "transport not started"
-        transport = self
+        an interface went), looked at every ``every`` seconds until the transport closes. (The
+        binding's own watcher calls back on a thread of its runtime, where no event loop runs.)"""
 
-        class _Changed(iroh.AddrChangeCallback):  # type: ignore[misc]
-            async def on_change(self, addr: iroh.EndpointAddr) -> None:
-                if not transport._closed:
-                    on_change(transport.addr())
+        async def watch() -> None:
+            last = self.addr()
+            while not self._closed:
+                await asyncio.sleep(every)
+                now = self.addr()
+                if (now.addrs, now.relay) != (last.addrs, last.relay):
+                    log.info("transport %s: addresses now %s, relay %s", self.id[:10], now.addrs, now.relay)
+                    last = now
+                    on_change(now)
 
-        self._watch = self._endpoint.watch_addr(_Changed())
+        self._spawn(watch())
 
     def path(self, peer_id: str) -> dict[str, Any] | None:
         """How this node reaches ``peer_id`` now: the selected path of the connection it sends on

@@ -21,7 +21,7 @@ from aiohttp import web
 
 from ...protocol import VAST_ENDPOINTS
 from . import catalogue, faults
-from .instances import Instance, parse_env
+from .instances import Instance, parse_env, parse_ports
 
 if TYPE_CHECKING:
     from .server import FakeVast
@@ -222,9 +222,16 @@ async def create_instance(request: web.Request) -> web.Response:
         return _error(400, "invalid_args", "image is required")
     try:
         env = parse_env(body.get("env"))
+        ports = parse_ports(body.get("env"))
         disk = float(body.get("disk") or 10)
     except (TypeError, ValueError) as e:
         return _error(400, "invalid_args", str(e))
+    if len(ports) > int(offer.get("direct_port_count") or 0):
+        return _error(
+            400,
+            "invalid_args",
+            f"offer {offer['id']} forwards {offer.get('direct_port_count')} ports; the create asks for {len(ports)}",
+        )
     inst = vast.rent(
         Instance(
             vast.new_id(),
@@ -238,6 +245,7 @@ async def create_instance(request: web.Request) -> web.Response:
             [str(a) for a in body.get("args") or []],
             container_key=secrets.token_hex(32),
             cancel_unavail=body.get("cancel_unavail") is True,
+            ports=ports,
         )
     )
     if n in vast.faults.value("vast.hold_create"):  # rented, but the answer is held (a lost answer)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import shlex
 import time
 from dataclasses import dataclass, field
@@ -50,6 +51,9 @@ class Instance:
     destroy_attempts: int = 0
     lost: str | None = None  # its host died (vast.lose_host): "offline" or "exited"
     member: str | None = None  # its node's member of the emulated network, if there is one
+    ports: list[tuple[int, str]] = field(default_factory=list)  # what the create asked to expose: (port, proto)
+    public_ip: str = "127.0.0.1"  # its host's public address
+    public_ports: dict[str, int] = field(default_factory=dict)  # "7000/udp" -> the public port forwarded to it
     linger_until: float = 0.0  # destroyed: listed until then (time.monotonic())
 
     @property
@@ -221,9 +225,9 @@ def vast_record(inst: Instance) -> dict[str, Any]:
         "compute_cap": o["compute_cap"],
         "geolocation": o["geolocation"],
         "verification": o["verification"],
-        "public_ipaddr": "127.0.0.1",
-        "local_ipaddrs": "127.0.0.1",
-        "ports": {},
+        "public_ipaddr": inst.public_ip,
+        "local_ipaddrs": inst.public_ip,
+        "ports": {k: [{"HostIp": "0.0.0.0", "HostPort": str(v)}] for k, v in inst.public_ports.items()},
         "ssh_host": "127.0.0.1",
         "ssh_port": None,
         "ssh_idx": None,
@@ -249,6 +253,38 @@ def vast_record(inst: Instance) -> dict[str, Any]:
         "webpage": None,
         "jupyter_token": None,
     }
+
+
+MAX_PORTS = 64  # vast.ai exposes at most this many ports per instance
+_PORT = re.compile(r"^(?:(\d{1,5}):)?(\d{1,5})(?:/(tcp|udp))?$")
+
+
+def parse_ports(env: Any) -> list[tuple[int, str]]:
+    """The ports a create asks vast.ai to expose: docker's ``-p [HOST:]PORT[/tcp|udp]`` among its
+    ``env`` flags (vast-cli writes each as the key ``"-p 7000:7000/udp"``, value ``"1"``), as
+    (container port, protocol). ValueError names an entry that is not of that form."""
+    words: list[str] = []
+    if isinstance(env, dict):
+        for k in env:
+            key = str(k).strip()
+            if key.startswith("-p"):
+                words += ["-p", key[2:].strip()]
+    elif isinstance(env, str):
+        words = shlex.split(env)
+    out: list[tuple[int, str]] = []
+    for i, w in enumerate(words):
+        if w != "-p":
+            continue
+        spec = words[i + 1] if i + 1 < len(words) else ""
+        m = _PORT.match(spec)
+        if m is None or not all(0 < int(x) <= 65535 for x in m.groups()[:2] if x is not None):
+            raise ValueError(f"port {spec!r}: expected -p PORT:PORT[/tcp|udp], PORT in 1..65535")
+        entry = (int(m.group(2)), m.group(3) or "tcp")
+        if entry not in out:
+            out.append(entry)
+    if len(out) > MAX_PORTS:
+        raise ValueError(f"{len(out)} ports asked for; an instance exposes at most {MAX_PORTS}")
+    return out
 
 
 def parse_env(env: Any) -> dict[str, str]:

@@ -128,9 +128,13 @@ class Runtime(ABC):
             container_api_key=inst.container_key,
             vast_url=host.node_url,
             exit_on_stdin_eof=True,  # a node never outlives the emulator that started it
+            public_ipaddr=inst.public_ip,
         )
         node = faults.node_faults(host.faults, inst, node)
         env = {**(process_env(NodeEnv()) if inherit else {"PYTHONUNBUFFERED": "1"}), **inst.env, **node.to_env()}
+        for key, public in inst.public_ports.items():  # vast.ai's host agent: VAST_UDP_PORT_7000=41234
+            port, proto = key.split("/")
+            env[f"VAST_{proto.upper()}_PORT_{port}"] = str(public)
         if host.gpus:
             env["CUDA_VISIBLE_DEVICES"] = host.gpus[(inst.number - 1) % len(host.gpus)]
         return env
@@ -162,9 +166,15 @@ class NetworkMembers(Processes):
             await asyncio.sleep(0.05)
         else:
             name = f"{inst.stage}.{inst.number}"
-        member = await network.add_member(name)
+        udp = [port for port, proto in inst.ports if proto == "udp"]
+        member = await network.add_member(name, ports=udp)
         inst.member = member.name
-        env = self.node_env(inst) | NodeEnv(bind=f"{member.addr}:0").to_env()
+        if member.public_addr is None:  # on the member's address, its only one
+            env = self.node_env(inst) | NodeEnv(bind=f"{member.addr}:0").to_env()
+        else:  # behind its host's NAT, which forwards the public ports it chose
+            inst.public_ip = member.public_addr
+            inst.public_ports = {f"{p}/udp": q for p, q in member.ports.items()}
+            env = self.node_env(inst)
         return ChildProcess(name, member.wrap(self.host.node_argv), env)
 
     def _member_name(self, inst: Instance) -> str:

@@ -128,7 +128,7 @@ class FakeVast(Resource):
             log.warning("removed what killed runs left of their networks: %s", ", ".join(swept))
         self.network = EmulatedNetwork(parse_network(self.network_spec))
         await self.network.start()
-        member = await self.network.add_member("api")
+        member = await self.network.add_member("api", server=True)
         sock = await _in_new_thread(_listen_in, member.netns, member.addr)
         site = web.SockSite(self._runner, sock)
         await site.start()
@@ -197,6 +197,10 @@ class FakeVast(Resource):
     def rent(self, inst: Instance) -> Instance:
         """``inst`` rents its offer and boots."""
         catalogue.rent(inst.offer)
+        # each port asked for, forwarded from a random public one (on an emulated internet, the
+        # network's NAT assigns them when the node starts; elsewhere nothing forwards them: the
+        # nodes run the transport's local mode and never use them)
+        inst.public_ports = {f"{p}/{proto}": secrets.SystemRandom().randint(20000, 59999) for p, proto in inst.ports}
         self.instances[inst.id] = inst
         inst.boot = asyncio.ensure_future(instances.boot(inst, self.runs, self.faults))
         log.info("created instance %d from offer %d (%s)", inst.id, inst.offer["id"], inst.label)
