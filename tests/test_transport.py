@@ -255,3 +255,34 @@ async def test_a_reply_that_cannot_be_encoded_comes_back_as_an_error(nodes) -> N
     with pytest.raises(RemoteError, match=r"str is not a registered message type") as info:
         await b.request(b.address("sloppy", a.id), Echo(b""), timeout=5)
     assert info.value.kind == "bad_reply"
+
+
+async def test_a_peer_that_cannot_dial_back_is_answered_on_the_connection_it_made() -> None:
+    """B knows no address of A (local mode has no discovery): it can answer A only on the
+    connection A dialled, as a node answers an orchestrator behind a NAT. Neither side dials twice."""
+    got: dict[str, list[bytes]] = {"a": [], "b": []}
+    key_a, key_b = os.urandom(32), os.urandom(32)
+    a = Transport(key_a, on_message=lambda p, e, m: got["a"].append(m.payload))
+    b = Transport(key_b, on_message=lambda p, e, m: got["b"].append(m.payload))
+    await a.start()
+    await b.start()
+    try:
+        a.learn(b.addr())
+        env = Envelope("node", "", 0, False)
+        await a.send_frame(b.id, codec.encode_frame(env, Echo(b"ping")), timeout=5)
+        for _ in range(250):
+            if got["b"]:
+                break
+            await asyncio.sleep(0.02)
+        await b.send_frame(a.id, codec.encode_frame(env, Echo(b"pong")), timeout=5)
+        for _ in range(250):
+            if got["a"]:
+                break
+            await asyncio.sleep(0.02)
+        assert got == {"a": [b"pong"], "b": [b"ping"]}
+        assert (a.stats.connects, a.stats.accepted, b.stats.connects, b.stats.accepted) == (1, 0, 0, 1)
+        assert a.path(b.id)["dialled_by"] == "us" and b.path(a.id)["dialled_by"] == "peer"
+        assert a.path(b.id)["path"] == "direct" and a.path(b.id)["remote_addr"] == b.addr().addrs[0]
+    finally:
+        await a.close()
+        await b.close()

@@ -277,7 +277,8 @@ def test_the_official_vastai_cli_works_against_the_emulator(tmp_path: Path) -> N
         assert "RTX_3090" in table.stdout and "Poland,_PL" in table.stdout  # the CLI's table shows _ for spaces
         assert " 24.6 " in table.stdout  # its VRAM column is GB; the REST answer's gpu_ram is MB (24576)
 
-        env = "-e STAGE=0 -e MODEL=smollm2:135m -p 8080:8080"
+        assert len(json.loads(vastai(url, tmp_path, "search", "offers", "direct_port_count>=1", "--raw").stdout)) > 0
+        env = "-e STAGE=0 -e MODEL=smollm2:135m -p 8080:8080 -p 7000:7000/udp"
         out = vastai(url, tmp_path, "create", "instance", str(offers[0]["id"]), "--image", "pp/gpu-node:1",
                      "--disk", "25", "--label", "cli-made", "--env", env, "--raw")  # fmt: skip
         created = json.loads(out.stdout)
@@ -292,6 +293,10 @@ def test_the_official_vastai_cli_works_against_the_emulator(tmp_path: Path) -> N
             time.sleep(0.2)
         assert shown["label"] == "cli-made" and shown["image_uuid"] == "pp/gpu-node:1" and shown["disk_space"] == 25
         assert dict(shown["extra_env"]) == {"STAGE": "0", "MODEL": "smollm2:135m"}  # -p is a port, not a variable
+        # each port asked for, forwarded from a random public one, as docker writes its bindings
+        assert sorted(shown["ports"]) == ["7000/udp", "8080/tcp"] and shown["public_ipaddr"] == "127.0.0.1"
+        for bindings in shown["ports"].values():
+            assert 20000 <= int(bindings[0]["HostPort"]) < 60000 and bindings[0]["HostIp"] == "0.0.0.0"
 
         out = vastai(url, tmp_path, "label", "instance", iid, "relabelled")
         assert f"label for {iid} set to relabelled." in out.stdout

@@ -204,11 +204,13 @@ class SmokeRun(Resource):
                 url, config.rtt = self.fake.node_url, rtt_of(net.spec)
                 self.report.network = {
                     "spec": net.spec.name, "public_addr": net.host_addr, "home_addr": net.home_addr,
-                    "subnet": net.subnet,
+                    "subnet": net.subnet, "prefix": net.prefix,
                 }  # fmt: skip
             elif net is not None:  # the seed on the network's host address, SWIM timed for its worst link
                 config.bind, config.rtt = f"{net.host_addr}:0", rtt_of(net.spec)
-                self.report.network = {"spec": net.spec.name, "host_addr": net.host_addr, "subnet": net.subnet}
+                self.report.network = {
+                    "spec": net.spec.name, "host_addr": net.host_addr, "subnet": net.subnet, "prefix": net.prefix,
+                }  # fmt: skip
         else:
             url, key = s.vast_url or DEFAULT_URL, s.api_key
             if s.local and internet(s.network):
@@ -388,8 +390,8 @@ class SmokeRun(Resource):
             r.split = [{"stage": i.stage, "blocks": None, "instance": i.id} for i in dep.instances]
         if dep.seed is not None and "converge" in dep.timings:
             r.paths = dep.paths()
-        if dep.swim_timing:
-            r.swim = dict(dep.swim_timing)
+        if dep.swim_timing and dep.seed is not None:  # the orchestrator's failure detector's counts so far
+            r.swim = {**dep.swim_timing, "stats": dataclasses.asdict(dep.seed.membership.stats())}
 
     # --- teardown --------------------------------------------------------------------------
 
