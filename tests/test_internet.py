@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +31,7 @@ pytestmark = [
     pytest.mark.local,
     pytest.mark.netns,
     pytest.mark.skipif(NO_NETNS is not None, reason=f"no network namespaces here: {NO_NETNS}"),
+    pytest.mark.skipif(shutil.which("iptables-restore") is None, reason="no iptables here (apt-get install iptables)"),
 ]
 
 

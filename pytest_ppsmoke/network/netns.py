@@ -333,8 +333,11 @@ def firewall(ns: str, rules: str, forward: bool = True) -> None:
     """Load ``rules`` (iptables-restore's format) into namespace ``ns``, and with ``forward`` let it
     route (``net.ipv4.ip_forward``, which each namespace has of its own). The rules go with the
     namespace: nothing is ever added to this machine's own tables."""
+    import shutil
     import subprocess
 
+    if shutil.which("iptables-restore") is None:
+        raise OSError("iptables-restore is not installed (apt-get install iptables): the internet profiles need it")
     script = "echo 1 > /proc/sys/net/ipv4/ip_forward && " if forward else ""
     script += "exec iptables-restore"
     done = subprocess.run(
