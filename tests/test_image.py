@@ -253,7 +253,8 @@ async def test_a_smoke_run_passes_with_both_nodes_in_the_image(
             proc.terminate()
             _, err = await asyncio.wait_for(talk, 60)
             pytest.fail(f"pp-smoke-run did not end within 240 s:\n{err.decode()[-3000:]}")
-        assert proc.returncode == 0, err.decode()[-3000:]
+        nodes = "".join(f"\ninstance {i.id}: {i.proc.stderr_tail()[-1500:]}" for i in fake.destroyed if i.proc)
+        assert proc.returncode == 0, err.decode()[-3000:] + nodes
         report = json.loads((tmp_path / "r.json").read_text())
         assert report["ok"] and 1 <= len(report["token_ids"]) <= 4
         checked = report["preflight"]["image"]

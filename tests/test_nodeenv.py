@@ -145,3 +145,24 @@ def test_the_docs_list_every_variable_with_its_default() -> None:
         unset = f.default in (None, "", (), b"")
         want = "(unset" if unset else f"`{var.form.show(f.default)}`"
         assert defaults[var.name].startswith(want), (var.name, defaults[var.name], want)
+
+
+def test_the_direct_port_and_the_relay_reach_the_node_and_the_public_side_is_advertised() -> None:
+    """vastai mode: the run's port and relay travel in each node's environment, its offers must
+    forward a port, and a node told its public side by vast.ai's host agent binds the port and
+    advertises where vast.ai forwards it from; a local run asks for none."""
+    from pytest_ppsmoke.runtime.node import NodeConfig
+
+    config = RunConfig(network="wan", port=7100, relay="https://relay.example.com", check_image=False)
+    assert config.direct and config.query.body()["direct_port_count"] == {"gte": 1}
+    env = {**config.node_env().replace(node_key=KEY).to_env(), "PUBLIC_IPADDR": "203.0.113.7"}
+    assert (env["PP_PORT"], env["PP_RELAY"]) == ("7100", "https://relay.example.com")
+    node = NodeConfig.from_env({**env, "VAST_UDP_PORT_7100": "41234"})
+    assert (node.bind_addr, node.advertise, node.relay) == ("0.0.0.0:7100", ("203.0.113.7:41234",), env["PP_RELAY"])
+    assert NodeConfig.from_env(env).advertise == ()  # no forwarded port in the environment: nothing to advertise
+    with pytest.raises(ValueError, match="VAST_UDP_PORT_7100 must be a UDP port"):
+        NodeConfig.from_env({**env, "VAST_UDP_PORT_7100": "70000"})
+    local = RunConfig(network="local", check_image=False)
+    assert not local.direct and "direct_port_count" not in local.query.body()
+    with pytest.raises(ValueError, match="port must be a UDP port"):
+        RunConfig(network="wan", port=70000, check_image=False)

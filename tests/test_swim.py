@@ -70,6 +70,28 @@ async def test_incarnation_rules(nodes) -> None:
     assert m.me.status == MemberStatus.alive and m.me.incarnation == 1
 
 
+async def test_a_member_whose_addresses_change_announces_them_with_a_new_incarnation(nodes) -> None:
+    """What a node in internet mode does when its endpoint's addresses change (a relay came, a
+    NAT's port was learned): the others learn the new addresses, the transport's book with them."""
+    seed_cfg, a_cfg = cluster_configs(2)
+    seed = await nodes(seed_cfg)
+    a_cfg.seed = seed.ticket()
+    a = await nodes(a_cfg)
+    before = a.membership.me
+    moved = ("203.0.113.7:41234", *before.addrs)
+    a.membership.set_addrs(moved, None)
+    assert (a.membership.me.incarnation, a.membership.me.addrs) == (before.incarnation + 1, moved)
+    a.membership.set_addrs(moved, None)  # nothing changed: no new incarnation
+    assert a.membership.me.incarnation == before.incarnation + 1
+
+    def learned() -> bool:
+        seen = seed.membership.get(a.id)
+        return seen is not None and seen.addrs == moved and seen.incarnation == before.incarnation + 1
+
+    await seed.membership.wait_until(learned, 10, "the seed learned the new addresses")
+    assert seed.transport._book[a.id].addrs == moved
+
+
 def test_swim_config_errors_name_the_setting() -> None:
     with pytest.raises(ValueError, match=r"ping_timeout \(0.5\) must be shorter than protocol_period \(0.25\)"):
         SwimConfig(ping_timeout=0.5)
@@ -213,6 +235,7 @@ class SimHost:
         self.membership: Membership
         self.tasks: set[asyncio.Task[object]] = set()
         self.timeouts: list[float] = []  # of every Ping this member sent
+        self.stall = 0.0  # seconds this member's own event loop blocks while its next request waits
 
     @property
     def transport(self) -> SimHost:
@@ -242,6 +265,9 @@ class SimHost:
         self.net.deliver(self, to.node, msg, reply)
         try:
             async with asyncio.timeout(timeout):
+                if self.stall:  # our own loop blocks (a busy core): the deadline passes meanwhile
+                    time.sleep(self.stall)  # noqa: ASYNC251 (the stall is the point)
+                    self.stall = 0.0
                 return await asyncio.shield(reply)
         except TimeoutError:
             reply.cancel()
@@ -277,6 +303,26 @@ async def test_awareness_rises_when_our_probes_fail_stretches_them_and_falls_on_
             await m._probe(c.id, time.monotonic() + m.probe_interval)
             assert m.awareness == expected
         assert m.probe_interval == FAST.protocol_period and m.stats().awareness == 0
+    finally:
+        await net.stop()
+
+
+async def test_a_probe_that_fails_because_our_own_loop_stalled_blames_us_not_the_target() -> None:
+    """Two members, no helper to ask: the target answered at once, but our loop was blocked past
+    the ping's deadline, so the timeout fired (late) before the Ack was read. Local health counts
+    it; the healthy target is not suspected. A probe whose deadline fires on time still does."""
+    net = SimNet(replace(FAST, suspicion_timeout=60.0), 2)
+    me, other = net.hosts
+    m = me.membership
+    try:
+        me.stall = 5 * FAST.ping_timeout
+        await m._probe(other.id, time.monotonic() + FAST.protocol_period)
+        assert m.get(other.id).status == MemberStatus.alive  # type: ignore[union-attr]
+        assert (m.stats().stalls_excused, m.stats().suspicions_raised, m.awareness) == (1, 0, 1)
+        other.down = True  # a target that really does not answer, our loop on time: suspected
+        await m._probe(other.id, time.monotonic() + m.probe_interval)
+        assert m.get(other.id).status == MemberStatus.suspect  # type: ignore[union-attr]
+        assert (m.stats().stalls_excused, m.stats().suspicions_raised) == (1, 1)
     finally:
         await net.stop()
 

@@ -82,7 +82,6 @@ NODE_FIELDS = {
     "load_timeout": "worker_ready_timeout",
     "node_ttl": "ttl",
     "orphan_grace": "orphan_grace",
-    "port": "port",
     "relay": "relay",
 }
 DEFAULT_PORT = 7000  # the UDP port each create asks vast.ai to forward (wan), and its node binds
@@ -142,8 +141,11 @@ class RunConfig:
         return self.network == "wan" and self.port > 0
 
     def node_env(self) -> NodeEnv:
-        """The part of every node's ``NodeEnv`` that this config gives (:data:`NODE_FIELDS`)."""
-        return NodeEnv(**{var: getattr(self, name) for name, var in NODE_FIELDS.items()})
+        """The part of every node's ``NodeEnv`` that this config gives (:data:`NODE_FIELDS`), and
+        the port it binds where its create asks vast.ai to forward one (none elsewhere: nodes that
+        share a host's network, as the image's do here, must not all bind it)."""
+        fields = {var: getattr(self, name) for name, var in NODE_FIELDS.items()}
+        return NodeEnv(**fields, port=self.port if self.direct else 0)
 
     @property
     def swim(self) -> SwimConfig:
@@ -556,6 +558,10 @@ class Deployment(Resource):
                 delay = min(2 * delay, 2.0)
 
         await asyncio.gather(*(one(i) for i in self.instances if i.endpoint_id))
+
+    def places(self) -> dict[int, str]:
+        """Where each stage runs, as a failure names it: ``{stage: "instance N (label)"}``."""
+        return {i.stage: f"instance {i.id} ({i.label})" for i in self.instances}
 
     def paths(self) -> dict[str, Any]:
         """How the orchestrator reaches each stage now (:meth:`Transport.path`), and how many

@@ -304,9 +304,8 @@ class SmokeRun(Resource):
                 self.on_phase("prefill", seconds, "first token sampled")
 
         # a failure names each stage it involves with its instance: the nodes know stages only by name
-        instances = {i.stage: f"instance {i.id} ({i.label})" for i in dep.instances}
         result = await run_inference(
-            dep.seed, s.num_stages, s.prompt, s.max_tokens, max(1.0, self.remaining()), prefilled, instances
+            dep.seed, s.num_stages, s.prompt, s.max_tokens, max(1.0, self.remaining()), prefilled, dep.places()
         )
         self.result = result
         if s.reference:

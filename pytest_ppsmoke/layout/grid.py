@@ -144,8 +144,12 @@ async def _layouts(
             async with Deployment(vast, config) as dep:
                 assert dep.seed is not None
                 dph = [i.offer.dph_total for i in dep.instances]
-                one = len((await run_inference(dep.seed, n, "hello", 2, spec.timeout)).prompt_token_ids)
-                two = len((await run_inference(dep.seed, n, "hello hello", 2, spec.timeout)).prompt_token_ids)
+                # a failure names each stage with its instance, as the run does
+                places = dep.places()
+                one = len((await run_inference(dep.seed, n, "hello", 2, spec.timeout, None, places)).prompt_token_ids)
+                two = len(
+                    (await run_inference(dep.seed, n, "hello hello", 2, spec.timeout, None, places)).prompt_token_ids
+                )
                 word = max(1, two - one)
                 template = one - word
                 dim = dep.ready[0].dim  # every node said ready with its dim and blocks (load)
@@ -153,11 +157,11 @@ async def _layouts(
                 blocks = max(st.end_block for st in dep.ready.values())
                 for target in spec.prompts:
                     prompt = prompt_text(target, template, word)
-                    await run_inference(dep.seed, n, prompt, 2, spec.timeout)  # warm-up at this length
+                    await run_inference(dep.seed, n, prompt, 2, spec.timeout, None, places)  # warm-up at this length
                     point = Point(network, rtt * 1000, n, wire, 0, dim, blocks, dph=dph)
                     for _ in range(spec.repeats):
                         started = time.monotonic()
-                        r = await run_inference(dep.seed, n, prompt, spec.max_tokens, spec.timeout)
+                        r = await run_inference(dep.seed, n, prompt, spec.max_tokens, spec.timeout, None, places)
                         hops, compute, stamps = samples(r, blocks, n)
                         point.prompt_tokens = len(r.prompt_token_ids)
                         point.ttft_s.append(float(r.timings["prefill"]))

@@ -17,6 +17,7 @@ import asyncio
 import inspect
 import itertools
 import logging
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -89,16 +90,18 @@ class NodeConfig:
     def from_env(cls, env: Mapping[str, str] | None = None) -> NodeConfig:
         """The node's settings from its environment (``NodeEnv``: the key, the allowed ids, the
         seed, the network, SWIM overrides, the join deadline)."""
-        return cls.from_nodeenv(NodeEnv.from_env(env))
+        raw = os.environ if env is None else env
+        return cls.from_nodeenv(NodeEnv.from_env(raw), raw)
 
     @classmethod
-    def from_nodeenv(cls, env: NodeEnv) -> NodeConfig:
+    def from_nodeenv(cls, env: NodeEnv, raw: Mapping[str, str] | None = None) -> NodeConfig:
+        """``raw``: the variables themselves, for the ones named after the port (``VAST_UDP_PORT_<n>``)."""
         swim = SwimConfig.loopback() if env.network == "local" else SwimConfig.wan()
         if env.swim:
             swim = swim.with_overrides(env.swim)
         local = env.network == "local"
         bind = env.bind or (None if local or not env.port else f"0.0.0.0:{env.port}")
-        public = None if local else env.public_udp()
+        public = None if local else env.public_udp(raw)
         return cls(
             secret_key=env.require("node_key"),
             join_timeout=env.join_timeout,

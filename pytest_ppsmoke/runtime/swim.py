@@ -52,6 +52,7 @@ log = logging.getLogger(__name__)
 
 ALIVE, SUSPECT, DEAD = MemberStatus.alive, MemberStatus.suspect, MemberStatus.dead
 SWIM_ACTOR = "swim"
+STALL_FLOOR = 0.02  # seconds a timeout may fire late on a loaded machine before it means our loop stalled
 
 
 class _Peers(Protocol):
@@ -540,6 +541,7 @@ class Membership:
         cur = self.members.get(target)
         if cur is not None and cur.status == SUSPECT:  # the buddy system: tell the suspect, so it refutes at once
             updates = (*(u for u in updates if u.id != target), MemberState(target, SUSPECT, cur.incarnation))
+        sent = time.monotonic()
         try:
             ack = await self.node.request(
                 self.node.address(SWIM_ACTOR, target), Ping(seq, updates), timeout, sender=SWIM_ACTOR
@@ -548,7 +550,17 @@ class Membership:
                 self.merge(ack.updates, target)
                 self._adjust_awareness(-1)
                 return
-        except (TimeoutError, ConnectionError, RemoteError):
+        except TimeoutError:
+            late = time.monotonic() - sent - timeout
+            if late > max(STALL_FLOOR, timeout / 4):
+                # the deadline fired that much after its time: our own event loop stalled (a busy
+                # core), and the Ack may be waiting unread. That is our slowness, not the target's:
+                # it counts against our local health, and the target is not suspected
+                log.info("probe of %s timed out %.3g s late: our own loop stalled; not suspecting", target[:10], late)
+                self._count(stalls_excused=1)
+                self._adjust_awareness(1)
+                return
+        except (ConnectionError, RemoteError):
             pass
         helpers = [i for i in self._others() if i != target and self.members[i].status == ALIVE]
         helpers = random.sample(helpers, min(cfg.indirect_checks, len(helpers)))

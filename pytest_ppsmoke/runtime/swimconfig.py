@@ -126,7 +126,8 @@ class SwimStats:
     confirmations of suspicions we held (another accuser, or our own failed probe of a member
     someone else suspected); ``deaths_declared`` members whose suspicion ran out here (deaths
     learned from others are not counted); ``refuted_about_me`` suspicions or deaths of ours we
-    refuted."""
+    refuted; ``stalls_excused`` probes whose deadline fired late because our own event loop
+    stalled, counted against our local health instead of the target."""
 
     awareness: int = 0
     suspicions_raised: int = 0
@@ -134,3 +135,4 @@ class SwimStats:
     confirmations: int = 0
     deaths_declared: int = 0
     refuted_about_me: int = 0
+    stalls_excused: int = 0
