@@ -295,6 +295,20 @@ class FrameCount:
     received: U64
 
 
+@wire_struct
+@dataclass(frozen=True)
+class PeerPath:
+    """How a node reaches a peer (``Transport.path``): the selected path, ``direct`` (with the
+    peer's address) or ``relay``, its round trip as QUIC measures it, and who dialled the
+    connection it sends on (``us`` or ``peer``)."""
+
+    peer: str
+    path: str
+    remote_addr: str
+    rtt_ms: U32 | None
+    dialled_by: str
+
+
 @message(43)
 @dataclass(frozen=True)
 class StageStats(Message):
@@ -312,6 +326,7 @@ class StageStats(Message):
     compute: tuple[ComputeRecord, ...] = ()
     frames: tuple[FrameCount, ...] = ()
     finished_at: F64 | None = None
+    paths: tuple[PeerPath, ...] = ()  # how it reaches each peer it has a connection with, now
 
 
 @message(45)

@@ -69,6 +69,14 @@ def assert_direct(report: dict[str, Any], stages: int) -> None:
         assert host.startswith(subnet) and host != report["network"]["public_addr"], inst
         assert int(port) != 7000, inst  # remapped, as vast.ai does
         assert link["rtt_ms"] > 0
+    # and each stage, as it said after the request: the orchestrator's address seen through its
+    # home NAT, on the connection the orchestrator dialled; the next stage directly
+    seen = paths["stages"]
+    for stage in range(stages):
+        home = seen[f"pp-stage-{stage}->orchestrator"]
+        assert home["dialled_by"] == "peer" and home["remote_addr"].startswith(report["network"]["public_addr"] + ":")
+    for stage in range(stages - 1):
+        assert seen[f"pp-stage-{stage}->pp-stage-{stage + 1}"]["path"] == "direct", seen
 
 
 def test_three_stages_over_internet_far_pass_on_direct_paths_and_time_swim_to_them(tmp_path: Path) -> None:

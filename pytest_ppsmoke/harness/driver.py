@@ -80,6 +80,22 @@ def run_config(s: Settings) -> RunConfig:
     )
 
 
+def stage_paths(result: InferenceResult, dep: Deployment) -> dict[str, Any]:
+    """How each stage reached its peers during the request, as it said (``StageStats.paths``):
+    ``{"pp-stage-0->pp-stage-1": {path, remote_addr, rtt_ms, dialled_by}, ...}``."""
+    names = {i.endpoint_id: f"pp-stage-{i.stage}" for i in dep.instances if i.endpoint_id}
+    if dep.seed is not None:
+        names[dep.seed.id] = "orchestrator"
+    out: dict[str, Any] = {}
+    for st in result.stages:
+        for p in st.paths:
+            if p.peer in names:
+                out[f"pp-stage-{st.stage}->{names[p.peer]}"] = {
+                    "path": p.path, "remote_addr": p.remote_addr, "rtt_ms": p.rtt_ms, "dialled_by": p.dialled_by,
+                }  # fmt: skip
+    return dict(sorted(out.items()))
+
+
 def internet(network: str) -> bool:
     """Whether an emulated network is an internet profile (NATs, the transport's internet mode)."""
     from ..network.profiles import NAT_PROFILES
@@ -150,6 +166,7 @@ class SmokeRun(Resource):
         self.vast: VastClient | None = None
         self.deployment: Deployment | None = None
         self.result: InferenceResult | None = None
+        self.stage_paths: dict[str, Any] = {}  # how each stage reached its peers (the request's StageStats)
         self.failure: PhaseError | None = None
         self.failed_step: str | None = None  # the step that failed: every later one fails with it
         self.out_of_budget = False  # the failure is the budget's: the steps' deadline passed
@@ -328,6 +345,7 @@ class SmokeRun(Resource):
         r.text, r.prompt_token_ids, r.token_ids = result.text, result.prompt_token_ids, result.token_ids
         r.hops, r.kv, r.frames = result.hops, result.kv_summary(), result.frames
         r.timings.update(result.timings)
+        self.stage_paths = stage_paths(result, dep)
 
     async def _reference(self) -> None:
         """The token-exact reference on stage 0's node, within what is left of the budget. Its
@@ -388,7 +406,7 @@ class SmokeRun(Resource):
         if not r.split and dep.instances:
             r.split = [{"stage": i.stage, "blocks": None, "instance": i.id} for i in dep.instances]
         if dep.seed is not None and "converge" in dep.timings:
-            r.paths = dep.paths()
+            r.paths = {**dep.paths(), **({"stages": self.stage_paths} if self.stage_paths else {})}
         if dep.swim_timing and dep.seed is not None:  # the orchestrator's failure detector's counts so far
             r.swim = {**dep.swim_timing, "stats": dataclasses.asdict(dep.seed.membership.stats())}
 

@@ -251,6 +251,10 @@ class Transport:
 
         self._spawn(watch())
 
+    def peers(self) -> list[str]:
+        """The peers this node has a connection with (it dialled, or they did)."""
+        return sorted({p for p, out in self._out.items() if out.conn is not None} | set(self._accepted))
+
     def path(self, peer_id: str) -> dict[str, Any] | None:
         """How this node reaches ``peer_id`` now: the selected path of the connection it sends on
         (``direct`` with the peer's address, or ``relay``), its round trip, and who dialled it."""

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import logging
 import sys
@@ -61,6 +62,7 @@ from ..messages import (
     NextToken,
     NodeStatus,
     NodeStatusQuery,
+    PeerPath,
     ProbeReport,
     ReferenceQuery,
     ReferenceResult,
@@ -441,7 +443,12 @@ class StageActor:
         return info
 
     def on_stage_stats_query(self, msg: StageStatsQuery, ctx: Context) -> StageStats:
-        return self.stats.snapshot(self.node.frame_counts())
+        paths = []
+        for peer in self.node.transport.peers():
+            p = self.node.transport.path(peer)
+            if p is not None and p["path"] is not None:
+                paths.append(PeerPath(peer, p["path"], p["remote_addr"] or "", p["rtt_ms"], p["dialled_by"]))
+        return dataclasses.replace(self.stats.snapshot(self.node.frame_counts()), paths=tuple(paths))
 
     async def on_reference_query(self, msg: ReferenceQuery, ctx: Context) -> ReferenceResult:
         """The model in one piece on this node's device, by its worker (``reference`` op), within
