@@ -314,10 +314,20 @@ class Deployment(Resource):
                 swim=c.swim,
             )
         )
-        await self.seed.start()
         tried: set[int] = set()
-        for stage in range(c.num_stages):
-            await self._rent_stage(stage, offers, tried)
+        if c.network == "local":  # the creates carry the seed's ticket: its address, once bound
+            await self.seed.start()
+            for stage in range(c.num_stages):
+                await self._rent_stage(stage, offers, tried)
+        else:  # the creates carry its id alone: it binds, and waits for a relay, while they go out
+            starting = asyncio.ensure_future(self.seed.start())
+            try:
+                for stage in range(c.num_stages):
+                    await self._rent_stage(stage, offers, tried)
+            finally:
+                if not starting.done():
+                    await asyncio.wait([starting])
+            starting.result()
         detail = ", ".join(f"{i.id} ({i.offer.gpu_name}, ${i.offer.dph_total}/h)" for i in self.instances)
         if self.offers_skipped:
             gone = ", ".join(f"{o['offer']} (HTTP {o['status']})" for o in self.offers_skipped)
