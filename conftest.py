@@ -63,6 +63,7 @@ LONGEST_FIRST = (
     "pytest_ppsmoke/spec/test_spec.py",
     "tests/test_plugin.py",
     "tests/test_network_run.py",
+    "tests/test_internet.py",
     "tests/test_layers.py",
     "tests/test_cli.py",
     "tests/test_codec.py",
