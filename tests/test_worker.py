@@ -307,3 +307,35 @@ def test_the_reference_op_leaves_the_stage_as_it_was(synth: dict[str, Worker]) -
     ]:
         reply = w.ask({"op": "reference", "request_id": 8, "prompt": PROMPT, **req})
         assert message in reply.get("error", ""), reply
+
+
+@pytest.mark.parametrize(("half", "expected"), [(None, 0), ("1", 1)])
+def test_on_the_cpu_a_worker_keeps_the_ggufs_dtype_unless_half_is_chosen(
+    synth_model: str, half: str | None, expected: int
+) -> None:
+    """tinygrad casts every weight to float16 by default (``HALF=1``); on the CPU, where float32
+    runs 2-4x faster, the worker keeps the file's dtype instead (float32 for a quantized one),
+    unless the user set ``HALF``. Its ready line says which ``HALF`` its load saw."""
+    env = {k: v for k, v in os.environ.items() if k != "HALF"} | {"MODEL": synth_model, "CPU": "1"}
+    if half is not None:
+        env["HALF"] = half
+    proc = subprocess.Popen(
+        [sys.executable, str(WORKER)], env=env, text=True,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        out, err = proc.communicate("", timeout=120)
+    finally:
+        proc.kill()
+    ready = json.loads(out.splitlines()[0]) if out else {}
+    assert ready.get("status") == "ready", err[-2000:]
+    assert ready["weights"]["half"] == expected, ready["weights"]
+
+
+def test_the_cpu_rule_for_half_sets_it_only_when_unset() -> None:
+    from pytest_ppsmoke.stage.model import native_weights_on_the_cpu
+
+    env: dict[str, str] = {}
+    assert native_weights_on_the_cpu(env) is True and env == {"HALF": "0"}  # this machine's device is the CPU
+    chosen = {"HALF": "1"}
+    assert native_weights_on_the_cpu(chosen) is False and chosen == {"HALF": "1"}

@@ -75,7 +75,13 @@ from pytest_ppsmoke.messages import Hidden, WireDtype, digest, to_json
 from pytest_ppsmoke.nodeenv import NodeEnv
 from pytest_ppsmoke.stage.bridge import FRAMINGS
 from pytest_ppsmoke.stage.cache import SCHEDULES, WeightCache, install_program_cache
-from pytest_ppsmoke.stage.model import StageModel, Tokenizer, realized_model, run_reference
+from pytest_ppsmoke.stage.model import (
+    StageModel,
+    Tokenizer,
+    native_weights_on_the_cpu,
+    realized_model,
+    run_reference,
+)
 
 MAX_PAYLOAD = 256 << 20  # bytes: a prefill's hidden state at the largest context is far below
 
@@ -266,6 +272,7 @@ def _read_payload(stdin: BinaryIO, req: dict[str, Any]) -> bytes | None:
 
 
 def main() -> None:
+    native_weights_on_the_cpu()  # float32 from a quantized file on the CPU, unless HALF is set
     try:
         worker = Worker(NodeEnv.from_env())
     except ValueError as e:  # ModelError and bad environment: say why, exit non-zero
