@@ -107,7 +107,7 @@ def test_three_stages_over_internet_far_pass_on_direct_paths_and_time_swim_to_th
 
 def test_creates_that_ask_for_no_port_fail_at_converge_naming_the_mapping(synth_model: str, tmp_path: Path) -> None:
     done, report = run_cli(
-        tmp_path, "--network", "internet", "--port", "0", "--converge-timeout", "6", "--model", synth_model
+        tmp_path, "--network", "internet", "--port", "0", "--converge-timeout", "4", "--model", synth_model
     )
     assert done.returncode == 1, done.stderr[-3000:]
     assert report["failed_phase"] == "converge", report["error"]

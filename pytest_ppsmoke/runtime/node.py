@@ -72,7 +72,9 @@ class NodeConfig:
     bind_addr: str | None = None  # ip:port the endpoint binds (None: loopback when local, any address when not)
     relay: str | None = None  # internet mode: the relays (None: n0's; "off"; a URL)
     advertise: tuple[str, ...] = ()  # addresses it is reachable at that it cannot see (a NAT's forwarded port)
-    online_timeout: float = 3.0  # internet mode: the wait for a home relay before the first gossip
+    # internet mode: the wait for a home relay before the first gossip (a relay that comes later is
+    # announced by the address watch, within 2 s; where none can come, as here, the wait is all lost)
+    online_timeout: float = 1.5
     swim: SwimConfig = field(default_factory=SwimConfig.loopback)
     join_timeout: float = DEFAULTS.join_timeout
     request_timeout: float = 10.0
