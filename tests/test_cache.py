@@ -290,3 +290,24 @@ def test_processes_that_load_one_part_together_realize_it_once(synth_model: str,
     loads = together([sys.executable, "-c", LOAD_TOGETHER, synth_model, str(tmp_path / "w")], dict(os.environ))
     assert sorted(load["source"] for load in loads) == ["cache", "gguf"], loads
     assert loads[0]["path"] == loads[1]["path"] and not loads[0]["note"] and not loads[1]["note"], loads
+
+
+def test_the_body_digest_is_the_same_on_any_number_of_threads_and_sees_every_byte(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Pieces hashed on threads, then in order: the count of cores changes nothing, a flipped byte
+    anywhere (here in the fourth piece of the payload) changes the digest."""
+    monkeypatch.setattr(cache_mod, "DIGEST_CHUNK", 1000)
+    meta, payload = bytearray(os.urandom(1500)), bytearray(os.urandom(5500))
+    digests = set()
+    for cores in (1, 2, 8):
+        monkeypatch.setattr(cache_mod.os, "cpu_count", lambda cores=cores: cores)
+        digests.add(cache_mod.body_digest(memoryview(meta), memoryview(payload)))
+    assert len(digests) == 1
+    payload[3500] ^= 1
+    assert cache_mod.body_digest(memoryview(meta), memoryview(payload)) not in digests
+    # the parts' boundary counts: the same bytes cut elsewhere are another body
+    both = bytes(meta) + bytes(payload)
+    assert cache_mod.body_digest(memoryview(both[:1400]), memoryview(both[1400:])) != cache_mod.body_digest(
+        memoryview(meta), memoryview(payload)
+    )
