@@ -310,7 +310,9 @@ async def test_awareness_rises_when_our_probes_fail_stretches_them_and_falls_on_
 async def test_a_probe_that_fails_because_our_own_loop_stalled_blames_us_not_the_target() -> None:
     """Two members, no helper to ask: the target answered at once, but our loop was blocked past
     the ping's deadline, so the timeout fired (late) before the Ack was read. Local health counts
-    it; the healthy target is not suspected. A probe whose deadline fires on time still does."""
+    it; the healthy target is not suspected. Only once per target until it answers again: a
+    second stall in a row is a failed probe like any other, so that a dead member on a loaded
+    machine is still found, one probe later."""
     net = SimNet(replace(FAST, suspicion_timeout=60.0), 2)
     me, other = net.hosts
     m = me.membership
@@ -319,10 +321,23 @@ async def test_a_probe_that_fails_because_our_own_loop_stalled_blames_us_not_the
         await m._probe(other.id, time.monotonic() + FAST.protocol_period)
         assert m.get(other.id).status == MemberStatus.alive  # type: ignore[union-attr]
         assert (m.stats().stalls_excused, m.stats().suspicions_raised, m.awareness) == (1, 0, 1)
-        other.down = True  # a target that really does not answer, our loop on time: suspected
+        me.stall = 5 * m.probe_timeout  # stalled again, before the target answered once: no second excuse
         await m._probe(other.id, time.monotonic() + m.probe_interval)
         assert m.get(other.id).status == MemberStatus.suspect  # type: ignore[union-attr]
         assert (m.stats().stalls_excused, m.stats().suspicions_raised) == (1, 1)
+        # once it answers, a later stall is excused again; a target that does not answer, on time, is not
+        net2 = SimNet(replace(FAST, suspicion_timeout=60.0), 2)
+        me2, other2 = net2.hosts
+        m2 = me2.membership
+        await m2._probe(other2.id, time.monotonic() + FAST.protocol_period)  # an Ack
+        me2.stall = 5 * FAST.ping_timeout
+        await m2._probe(other2.id, time.monotonic() + FAST.protocol_period)
+        assert (m2.stats().stalls_excused, m2.stats().suspicions_raised) == (1, 0)
+        await m2._probe(other2.id, time.monotonic() + m2.probe_interval)  # an Ack: the excuse is spent
+        other2.down = True
+        await m2._probe(other2.id, time.monotonic() + m2.probe_interval)
+        assert (m2.stats().stalls_excused, m2.stats().suspicions_raised) == (1, 1)
+        await net2.stop()
     finally:
         await net.stop()
 

@@ -130,6 +130,7 @@ class Membership:
         self._tasks: list[asyncio.Task[None]] = []
         self._leaving = False
         self._stopped = False
+        self._excused: set[str] = set()  # members whose last failed probe we blamed on our own stall
 
     # --- public view -------------------------------------------------------------------------
 
@@ -549,14 +550,18 @@ class Membership:
             if isinstance(ack, Ack):
                 self.merge(ack.updates, target)
                 self._adjust_awareness(-1)
+                self._excused.discard(target)
                 return
         except TimeoutError:
             late = time.monotonic() - sent - timeout
-            if late > max(STALL_FLOOR, timeout / 4):
+            if late > max(STALL_FLOOR, timeout / 4) and target not in self._excused:
                 # the deadline fired that much after its time: our own event loop stalled (a busy
                 # core), and the Ack may be waiting unread. That is our slowness, not the target's:
-                # it counts against our local health, and the target is not suspected
+                # it counts against our local health, and the target is not suspected. Once per
+                # target until it answers again, so that a dead member on a loaded machine is
+                # still found, one probe later
                 log.info("probe of %s timed out %.3g s late: our own loop stalled; not suspecting", target[:10], late)
+                self._excused.add(target)
                 self._count(stalls_excused=1)
                 self._adjust_awareness(1)
                 return
