@@ -300,8 +300,8 @@ class Transport:
     async def send_frame(self, peer_id: str, frame: bytes | bytearray, timeout: float) -> None:
         """Send one whole frame to ``peer_id`` within ``timeout`` seconds.
 
-        A stale connection (peer restarted or closed it) is replaced once; a timeout drops the
-        connection, since a frame may have been half written.
+        A stale connection (peer restarted or closed it) is replaced once; a timeout abandons the
+        stream, since a frame may have been half written (:meth:`_abandon`).
         """
         if not self.is_allowed(peer_id):
             raise TransportError(f"peer {peer_id[:10]} is not on this node's allowlist")
@@ -333,11 +333,11 @@ class Transport:
                             self.stats.reconnects += 1
         except TimeoutError:
             if step != "waiting for the send lock":  # else another sender owns the connection
-                self._drop(out)
+                self._abandon(out)
             raise TransportError(f"{step} to peer {peer_id[:10]} timed out after {timeout:.3g} s") from None
         except asyncio.CancelledError:
             if step == "writing":  # part of the frame may be on the stream: the next frame would be garbage
-                self._drop(out)
+                self._abandon(out)
             raise
 
     async def _open(self, peer_id: str, out: _Outbound) -> None:
@@ -365,6 +365,17 @@ class Transport:
         out.conn, out.stream, out.dialled = conn, stream, True
         self.stats.connects += 1
         self._spawn(self._receive(peer_id, conn))  # the peer may answer on it
+
+    def _abandon(self, out: _Outbound) -> None:
+        """After a send that timed out or was cancelled, perhaps half way through its frame: its
+        stream cannot carry another. A connection we dialled is dropped and dialled again; one the
+        peer dialled is kept, for it may be our only way to the peer (an orchestrator behind a
+        NAT), and the next frame opens a new stream on it (the half frame waits, unread, on the
+        old stream until the connection ends)."""
+        if out.dialled or out.conn is None:
+            self._drop(out)
+        else:
+            out.stream = None
 
     def _drop(self, out: _Outbound) -> None:
         conn, out.conn, out.stream = out.conn, None, None
