@@ -58,7 +58,9 @@ async def _destroy_in_flight(smoke: Smoke) -> None:
     """A destroy call has reached the emulator (and waits there: vast.slow_destroy)."""
     deadline = time.monotonic() + 120
     while not any(i.destroy_attempts for i in smoke.fake.instances.values()):
-        assert smoke.proc.returncode is None and time.monotonic() < deadline, smoke.stderr[-2000:]
+        # where the run was: its phase lines and its log (a cold suite on loaded cores once spent
+        # the whole deadline before the teardown, with nothing on stderr to say where)
+        assert smoke.proc.returncode is None and time.monotonic() < deadline, smoke.stdout + smoke.stderr[-2000:]
         await asyncio.sleep(0.02)
 
 
