@@ -19,6 +19,7 @@ import itertools
 import logging
 import os
 import re
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -160,10 +161,27 @@ class Node(Resource):
             await self.join()
 
     async def join(self) -> None:
-        """Join through ``config.seed`` (a no-op for the seed itself)."""
-        if self.seed is not None:
-            self.transport.learn(self.seed)
-            await self.membership.join(self.seed.id, self.config.join_timeout)
+        """Join through ``config.seed`` (a no-op for the seed itself).
+
+        A seed given with an address (a ticket) is dialled. A seed given by its id alone (on
+        vast.ai) is the orchestrator, which may sit behind a NAT that nobody can dial: it dials
+        every node itself, at the port vast.ai forwards or through a relay. So the node waits for
+        the seed to reach it, then joins over the seed's own connection, and never dials it (an
+        early dial by id would find the seed's path once its connection came in, and go through
+        the hole that connection punched)."""
+        if self.seed is None:
+            return
+        self.transport.learn(self.seed)
+        deadline = time.monotonic() + self.config.join_timeout
+        if not (self.seed.addrs or self.seed.relay):
+            while not self.transport.reached_by(self.seed.id):
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(
+                        f"the seed {self.seed.id[:10]} did not reach this node within {self.config.join_timeout:.3g} "
+                        "s: it dials every node (at the port vast.ai forwards, or through a relay)"
+                    )
+                await asyncio.sleep(0.05)
+        await self.membership.join(self.seed.id, max(0.1, deadline - time.monotonic()))
 
     async def close(self) -> None:
         """Leave the cluster cleanly (members drop us at once), then stop everything."""

@@ -251,6 +251,10 @@ class Transport:
 
         self._spawn(watch())
 
+    def reached_by(self, peer_id: str) -> bool:
+        """Whether ``peer_id`` has a live connection it dialled to this node."""
+        return peer_id in self._accepted
+
     def peers(self) -> list[str]:
         """The peers this node has a connection with (it dialled, or they did)."""
         return sorted({p for p, out in self._out.items() if out.conn is not None} | set(self._accepted))
