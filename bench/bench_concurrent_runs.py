@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -23,7 +24,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchio import emit  # bench/ is this script's directory: first on sys.path
+
 HERE = Path(__file__).resolve().parent
+
 CLI = [sys.executable, "-m", "pytest_ppsmoke.harness.cli"]
 
 
@@ -85,13 +89,11 @@ def main() -> None:
         print(f"{n} at once: {json.dumps({k: v for k, v in results[str(n)].items() if k != 'runs'})}", flush=True)
     doc = {
         "bench": "concurrent_runs",
-        "machine": {"cpus": __import__("os").cpu_count(), "python": platform.python_version()},
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "model": args.model,
         "results": results,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    emit(doc, args.out)
 
 
 if __name__ == "__main__":

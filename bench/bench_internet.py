@@ -23,7 +23,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from benchio import emit  # bench/ is this script's directory: first on sys.path
+
 HERE = Path(__file__).resolve().parent
+
 CLI = [sys.executable, "-m", "pytest_ppsmoke.harness.cli"]
 
 
@@ -73,9 +76,7 @@ def main() -> None:
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "results": results,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    emit(doc, args.out)
 
 
 if __name__ == "__main__":

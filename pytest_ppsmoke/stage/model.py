@@ -29,11 +29,12 @@ import contextlib
 import functools
 import gc
 import importlib.metadata
+import os
 import re
 import time
 import unicodedata
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -690,15 +691,13 @@ def run_reference(
 CPU_DEVICES = ("CPU", "LLVM", "CLANG")  # tinygrad's CPU backends (0.12 names CPU; the others are older names)
 
 
-def native_weights_on_the_cpu(env: dict[str, str] | Any = None) -> bool:
+def native_weights_on_the_cpu(env: MutableMapping[str, str] | None = None) -> bool:
     """Weights in the GGUF's own dtype (tinygrad's ``HALF=0``) when the device is the CPU and the
     user has not chosen ``HALF``: a quantized file then dequantizes to float32, which this kind of
     CPU runs 2-4x faster than tinygrad's default float16 (SmolLM2's decode 2.3x, measured), and the
     token checks hold in either (the reference loads the same weights in the same process). A GPU
     keeps float16. Call it before anything reads ``HALF`` (tinygrad caches what it read); True
     when it set it."""
-    import os
-
     env = os.environ if env is None else env
     if "HALF" in env or Device.DEFAULT not in CPU_DEVICES:
         return False
