@@ -462,7 +462,10 @@ class ReferenceResult(Message):
     tinygrad's own ``Transformer.generate``) or ``unsplit, boundaries rounded to <dtype>``;
     ``device`` is tinygrad's device on that node; ``load_s`` and ``generate_s`` are the worker's
     seconds; ``mem_before`` and ``mem_after`` its device bytes in use before the load and after
-    the reference model was dropped."""
+    the generate. ``loaded`` says where the model was loaded: ``beside`` (a reference worker of its
+    own, loaded while the stages loaded; it keeps the model, so
+    ``mem_after`` includes it) or ``after`` (the stage's worker, afresh after the request; the
+    model is dropped before ``mem_after`` is read)."""
 
     stage: U32
     method: str
@@ -474,6 +477,7 @@ class ReferenceResult(Message):
     mem_before: U64 = 0
     mem_after: U64 = 0
     weights: WeightLoad | None = None  # how the reference's own weights were realized
+    loaded: str = "after"
 
 
 # --- the same records as JSON (the node <-> worker pipe, a subprocess's last line) ---------------

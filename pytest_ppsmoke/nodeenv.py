@@ -28,6 +28,8 @@ from .protocol import WIRE_DTYPES
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 NETWORKS = ("local", "wan")
+REFERENCES = ("beside", "after")
+WORKER_ROLES = ("stage", "reference")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -213,6 +215,21 @@ class NodeEnv:
         "1: keep tinygrad's generated programs and schedules in its disk cache; 0: do not",
         "the orchestrator (the program_cache setting)",
     )
+    reference: str = _var(
+        "after",
+        "PP_REFERENCE",
+        _choice(REFERENCES, "'beside' or 'after'"),
+        "stage 0's reference: beside: a worker of its own loads the whole model while the stage loads, and keeps it; "
+        "after: the stage's worker loads it afresh after the request (one model in memory at a time until then)",
+        "the orchestrator (the reference setting)",
+    )
+    worker_role: str = _var(
+        "stage",
+        "PP_WORKER_ROLE",
+        _choice(WORKER_ROLES, "'stage' or 'reference'"),
+        "what a worker runs: its node's stage, or the reference beside it",
+        "the node, for its workers",
+    )
     worker: str = _var(
         "", "PP_WORKER", TEXT, "the worker script (empty: the installed pp_tinygrad_worker.py)", "the user"
     )
@@ -345,6 +362,7 @@ class NodeEnv:
             "jit",
             "weight_cache",
             "program_cache",
+            "worker_role",
             "log_level",
         )
         return NodeEnv(**{k: getattr(self, k) for k in keep})

@@ -69,7 +69,7 @@ def test_the_cli_and_the_plugin_write_the_same_report(
         from_plugin = tmp_path / "plugin.json"
         result = pytester.runpytest_subprocess(
             "--ppsmoke-mode", "local", "-p", "no:cacheprovider", "-p", "no:asyncio",
-            "--ppsmoke-report", str(from_plugin),
+            "--ppsmoke-report", str(from_plugin), "--ppsmoke-reference-load", "beside",
             *(a.replace("--", "--ppsmoke-", 1) if a.startswith("--") else a for a in args),
         )  # fmt: skip
         cli_run.wait(timeout=240)
@@ -97,6 +97,11 @@ def test_the_cli_and_the_plugin_write_the_same_report(
         )
         assert ref["token_ids"] == r["token_ids"] and ref["prompt_token_ids"] == r["prompt_token_ids"]
         assert ref["load_s"] > 0 and ref["generate_s"] > 0 and r["timings"]["reference"] >= ref["generate_s"]
+    # the CLI's stage 0 (auto, on the CPU) loaded the model afresh after the request and dropped
+    # it; the plugin's (beside) had a reference worker load it beside the stages, and keep it
+    assert (a["reference"]["loaded"], b["reference"]["loaded"]) == ("after", "beside")
+    assert a["reference"]["mem_after"] <= a["reference"]["mem_before"]
+    assert b["reference"]["mem_after"] > b["reference"]["mem_before"]
 
 
 def test_one_table_makes_both_faces_options() -> None:

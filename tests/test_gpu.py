@@ -55,7 +55,9 @@ async def test_two_stages_on_two_gpus_give_the_unsplit_models_tokens(on_cuda: li
     """The reference is the one the spec suite uses: after the request, stage 0's node runs the
     model in one piece on its own GPU (``ReferenceQuery``), through tinygrad's ``generate``."""
     async with FakeVast(gpus=on_cuda) as fake, VastClient(fake.api_key, fake.url) as vast:
-        config = RunConfig(model=str(tiny), wire_dtype=wire, poll_interval=0.25)
+        # the f32 run's reference is loaded beside the stages (the default), the bf16 run's after
+        loaded = "beside" if wire == "f32" else "after"
+        config = RunConfig(model=str(tiny), wire_dtype=wire, poll_interval=0.25, reference_load=loaded)
         async with Deployment(vast, config) as dep:
             assert dep.seed is not None
             result = await run_inference(dep.seed, 2, "Say hello", 8, timeout=300)
@@ -65,5 +67,9 @@ async def test_two_stages_on_two_gpus_give_the_unsplit_models_tokens(on_cuda: li
     assert (reference.stage, reference.device, reference.method) == (0, "CUDA", reference_method(wire))
     assert reference.prompt_token_ids == tuple(result.prompt_token_ids)
     assert result.token_ids == list(reference.token_ids)
-    assert reference.mem_after <= reference.mem_before  # the reference's model was dropped
+    assert reference.loaded == loaded
+    if loaded == "after":
+        assert reference.mem_after <= reference.mem_before  # the reference's model was dropped
+    else:
+        assert reference.mem_after > reference.mem_before  # kept by its own worker
     assert fake.live() == []

@@ -27,7 +27,11 @@ digested). Operations::
     {"op": "reference", "request_id": 8, "prompt": "Say hello", "max_tokens": 64}        any stage
     {"op": "shutdown", "request_id": 9}
 
-``reference`` loads the model afresh (a Transformer of its own, never this stage's) and runs it
+With ``PP_WORKER_ROLE=reference`` the worker is the reference beside a stage (``ReferenceWorker``):
+it loads the whole model before its ready line (``role``: ``reference``), keeps it,
+and answers ``reference`` and ``shutdown`` only.
+
+A stage's ``reference`` loads the model afresh (a Transformer of its own, never this stage's) and runs it
 in one piece through tinygrad's ``generate`` on this worker's device; with a bf16 or f16 wire its
 hidden state is rounded to the wire dtype after each stage's last block, as the pipeline's is.
 It answers ``method``, ``device``, ``prompt_token_ids``, ``token_ids``, ``load_s``, ``generate_s``
@@ -76,6 +80,7 @@ from pytest_ppsmoke.nodeenv import NodeEnv
 from pytest_ppsmoke.stage.bridge import FRAMINGS
 from pytest_ppsmoke.stage.cache import SCHEDULES, WeightCache, install_program_cache
 from pytest_ppsmoke.stage.model import (
+    ReferenceModel,
     StageModel,
     Tokenizer,
     native_weights_on_the_cpu,
@@ -212,8 +217,8 @@ class Worker:
             out = m.embed_and_forward(tokens, _field(req, "position", int), _flag(req, "prefill"))
             return self._hidden_out(rid, out, framed)
         if op == "decode_step":
-            token = self._tokens([_field(req, "token_id", int)])
-            return self._hidden_out(rid, m.embed_and_forward(token, _field(req, "position", int)), framed)
+            one = self._tokens([_field(req, "token_id", int)])
+            return self._hidden_out(rid, m.embed_and_forward(one, _field(req, "position", int)), framed)
         if op == "forward":
             hidden, received = self._hidden_in(req, payload)
             out = m.forward(hidden, _field(req, "position", int), _flag(req, "prefill"))
@@ -247,6 +252,57 @@ class Worker:
         raise RequestError(f"unknown op {op!r}; expected one of {ops}")
 
 
+class ReferenceWorker:
+    """``PP_WORKER_ROLE=reference``: the reference beside a stage, in a process of its own. It
+    loads the whole model (``ReferenceModel``, never a stage's) while the stages load, and keeps
+    it: a ``reference`` op then only generates. No warm-up generate: tinygrad's ``generate`` resets
+    its compiled step on every call, so one before the request would save nothing of the three
+    eager passes that each call begins with (a second call on a SmolLM2 model kept in the process
+    took as long as the first: 5.6-6.4 s for 32 tokens), and it would take the cores from the
+    stages' load. It answers ``reference`` and ``shutdown``; any other op is an error naming the
+    two."""
+
+    def __init__(self, env: NodeEnv) -> None:
+        self.stage, self.model_name = env.stage, env.model
+        self.wire = WireDtype.parse(env.wire_dtype)
+        started = time.monotonic()
+        self.programs = install_program_cache() if env.program_cache else None
+        cache = WeightCache.from_setting(env.weight_cache)
+        self.model = ReferenceModel(self.model_name, self.wire, env.num_stages, env.max_context, cache, self.stage)
+        self.load_s = time.monotonic() - started
+
+    def ready(self) -> dict[str, Any]:
+        weights = self.model.weights
+        return {
+            "status": "ready",
+            "role": "reference",
+            "pid": os.getpid(),
+            "stage": self.stage,
+            "model": self.model_name,
+            "wire_dtype": self.wire.name,
+            "max_context": self.model.model.max_context,
+            "load_s": round(self.load_s, 3),
+            "weights": to_json(dataclasses.replace(weights, seconds=round(weights.seconds, 3))),
+            "programs": dataclasses.asdict(self.programs) if self.programs else None,
+            "schedules": dataclasses.asdict(SCHEDULES) if self.programs else None,
+            "framing": ["json"],
+        }
+
+    def handle(self, req: dict[str, Any], payload: bytes | None = None) -> tuple[dict[str, Any], bytes | None]:
+        rid, op = req.get("request_id"), req.get("op")
+        if payload:
+            raise RequestError(f"{op} takes no hidden state, got a payload of {len(payload)} bytes")
+        if op == "reference":
+            ref = self.model.generate(_field(req, "prompt", str), _field(req, "max_tokens", int))
+            ref = dataclasses.replace(ref, loaded="beside")
+            return {"request_id": rid, **to_json(ref)}, None
+        if op == "shutdown":
+            programs = dataclasses.asdict(self.programs) if self.programs else None
+            schedules = dataclasses.asdict(SCHEDULES) if self.programs else None
+            return {"request_id": rid, "status": "bye", "programs": programs, "schedules": schedules}, None
+        raise RequestError(f"unknown op {op!r} for a reference worker; expected reference or shutdown")
+
+
 def _reply(out: BinaryIO, obj: dict[str, Any], payload: bytes | None = None) -> None:
     """One reply: its line, then its payload (the line says how long), in one flush."""
     out.write(json.dumps(obj).encode() + b"\n")
@@ -274,7 +330,8 @@ def _read_payload(stdin: BinaryIO, req: dict[str, Any]) -> bytes | None:
 def main() -> None:
     native_weights_on_the_cpu()  # float32 from a quantized file on the CPU, unless HALF is set
     try:
-        worker = Worker(NodeEnv.from_env())
+        env = NodeEnv.from_env()
+        worker: Worker | ReferenceWorker = Worker(env) if env.worker_role == "stage" else ReferenceWorker(env)
     except ValueError as e:  # ModelError and bad environment: say why, exit non-zero
         print(f"pp_tinygrad_worker: {e}", file=sys.stderr)
         sys.exit(2)

@@ -83,6 +83,7 @@ NODE_FIELDS = {
     "node_ttl": "ttl",
     "orphan_grace": "orphan_grace",
     "relay": "relay",
+    "reference_load": "reference",
 }
 DEFAULT_PORT = 7000  # the UDP port each create asks vast.ai to forward (wan), and its node binds
 
@@ -97,6 +98,7 @@ class RunConfig:
     wire_dtype: str = DEFAULTS.wire_dtype
     weight_cache: str = DEFAULTS.weight_cache  # the nodes' PP_WEIGHT_CACHE ("": their default directory)
     program_cache: bool = DEFAULTS.program_cache  # the nodes' PP_PROGRAM_CACHE
+    reference_load: str = DEFAULTS.reference  # stage 0's PP_REFERENCE: its reference worker beside, or after
     image: str = DEFAULT_IMAGE
     disk_gb: float = OfferQuery.disk_gb
     query: OfferQuery = field(default_factory=OfferQuery)

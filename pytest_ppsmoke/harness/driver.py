@@ -62,10 +62,23 @@ LATE_TEARDOWN = 0.5  # the share of teardown_timeout a teardown gets even when t
 _SAME = ({f.name for f in dataclasses.fields(RunConfig)} & {f.name for f in dataclasses.fields(Settings)}) - {"network"}
 
 
+def reference_load(s: Settings) -> str:
+    """Stage 0's ``PP_REFERENCE``: ``auto`` is beside on GPUs (vast.ai's, or this machine's with
+    ``--gpus``) and after on this machine's CPU, where a reference worker loading beside the
+    stages takes the cores they load on (SmolLM2 on 2 cores: the run no faster, its load 1-2 s
+    slower); a run that asks for no reference has no worker load it beside the stages."""
+    if not s.reference:
+        return "after"
+    if s.reference_load == "auto":
+        return "beside" if not s.local or s.gpus else "after"
+    return s.reference_load
+
+
 def run_config(s: Settings) -> RunConfig:
     """The deployment's config from the settings: each field of the same name, then the rest."""
     return RunConfig(
-        **{name: getattr(s, name) for name in sorted(_SAME)},
+        **{name: getattr(s, name) for name in sorted(_SAME - {"reference_load"})},
+        reference_load=reference_load(s),
         disk_gb=s.disk,
         query=OfferQuery(
             gpu_ram_gb=s.gpu_ram,
@@ -385,6 +398,7 @@ class SmokeRun(Resource):
                 generate_s=ref.generate_s,
                 mem_before=ref.mem_before,
                 mem_after=ref.mem_after,
+                loaded=ref.loaded,
             )
         seconds = round(time.monotonic() - started, 4)
         r.reference.seconds = r.timings["reference"] = seconds

@@ -44,17 +44,19 @@ class ReferenceFigures:
     token_ids: list[int] = field(default_factory=list)
     match: bool | None = None
     first_difference: int | None = None
-    load_s: float | None = None  # in the worker: loading the whole model afresh
+    load_s: float | None = None  # in the worker: loading the whole model (beside: while the stages loaded)
     generate_s: float | None = None  # in the worker: tinygrad's generate
+    loaded: str | None = None  # beside: a reference worker loaded it with the stages; after: the stage's, afresh
     seconds: float | None = None  # the step as the orchestrator saw it
-    mem_before: int | None = None  # the node's device bytes in use before and after: the model is dropped
-    mem_after: int | None = None
+    mem_before: int | None = None  # the worker's device bytes in use before the load and after the generate
+    mem_after: int | None = None  # (after: the model dropped first; beside: the model kept)
 
     def line(self) -> str:
         """One line for the terminal summary and the command's output."""
         if self.state != "done":
             return f"reference {self.state}" + (f": {self.detail}" if self.detail else "")
-        where = f"pp-stage-{self.stage} ({self.device}, {self.method})"
+        how = "loaded beside the stages" if self.loaded == "beside" else "loaded after the request"
+        where = f"pp-stage-{self.stage} ({self.device}, {self.method}, {how})"
         if self.match:
             return f"reference on {where}: the {len(self.token_ids)} tokens match"
         return f"reference on {where}: MISMATCH at token {self.first_difference}"

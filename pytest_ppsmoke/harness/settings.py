@@ -23,6 +23,7 @@ from typing import Any
 from .. import DEFAULT_IMAGE, checks
 from ..cloud.emulator.registry import NAMES as RUNTIMES  # the emulator's runtimes (stdlib only)
 from ..nodeenv import DEFAULTS as NODE
+from ..nodeenv import REFERENCES
 from ..protocol import BOOT_POLL_INTERVAL, BOOT_POLLS, CONVERGE_TIMEOUT, RESOLVE_TIMEOUT, WIRE_DTYPES
 from .gridspec import grid_spec
 
@@ -235,6 +236,16 @@ OPTIONS: tuple[Option, ...] = (
         True,
         choices=("on", "off"),
     ),
+    _opt(
+        "reference_load",
+        "where stage 0's node loads the reference's model: beside (a worker of its own, while the stages load, so "
+        "the reference step only generates), after (the stage's worker, after the request: one model in memory at "
+        "a time until then), or auto (default: beside on GPUs, after on this machine's CPU, where a third process "
+        "takes the cores the stages load on)",
+        _one_of(("auto", *REFERENCES), "reference load"),
+        "auto",
+        choices=("auto", *REFERENCES),
+    ),
     _opt("report", "write the run's JSON report here", Path),
     _opt(
         "grid",
@@ -386,6 +397,7 @@ class Settings:
     budget: float = _DEFAULT["budget"]
     preflight: bool = _DEFAULT["preflight"]
     reference: bool = _DEFAULT["reference"]
+    reference_load: str = _DEFAULT["reference_load"]
     report: Path | None = _DEFAULT["report"]
     grid: str = _DEFAULT["grid"]  # a layout grid to measure in the pytest session (harness/gridspec.py's grid_spec)
     grid_out: Path = _DEFAULT["grid_out"]

@@ -115,6 +115,9 @@ class LocalCluster(Resource):
     resolve_timeout: float = 60.0  # the spec's name deadline
     on_phase: Callable[[str, float], None] | None = None
     extra_env: Mapping[str, str] | None = None
+    # stage 0's PP_REFERENCE: its callers compute the reference in their own process, so no
+    # reference worker loads beside the stages unless asked ("beside")
+    reference: str = DEFAULTS.reference
     seed: Node | None = None
     members: list[ChildProcess] = field(default_factory=list)
     names: dict[str, ActorAddress] = field(default_factory=dict)
@@ -146,6 +149,7 @@ class LocalCluster(Resource):
                 names=tuple(stage_names(stage, self.num_stages)),
                 swim=self.swim.to_env(),
                 worker_ready_timeout=self.load_timeout,
+                reference=self.reference,
                 exit_on_stdin_eof=True,  # the node goes when this process does, however it dies
             )
             env = {**process_env(node), **(self.extra_env or {})}

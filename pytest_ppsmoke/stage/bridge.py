@@ -272,10 +272,15 @@ class WorkerBridge:
             self._stderr.append(line.decode(errors="replace").rstrip())
 
     async def close(self, timeout: float = 5.0) -> int | None:
-        """Ask the worker to shut down; kill its process group if it does not within ``timeout``."""
+        """Ask the worker to shut down; kill it if it does not within ``timeout``. One that has
+        not reported ready yet is killed at once: it reads no request until it has loaded."""
         if self.proc is None:
             return None
         self._closing = True
+        if self.proc.returncode is None and self.ready is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGKILL)
+            await self.proc.wait()
         if self.proc.returncode is None:
             with contextlib.suppress(Exception):
                 await self.call("shutdown", timeout=timeout)

@@ -20,8 +20,11 @@ with the digest of its raw wire bytes, taken by the worker that produced them an
 that decoded them; the frames the node sent and received, by type, from the frame that began
 the request on. ``KvInfo`` is the worker's reading of its caches (``StageModel.kv_info``).
 
-Any stage answers ``ReferenceQuery`` (the harness asks ``pp-entry``, after the request): its worker
-runs the model in one piece on the node's device, and ``ReferenceResult`` carries the tokens.
+Any stage answers ``ReferenceQuery`` (the harness asks ``pp-entry``, after the request): the model
+runs in one piece on the node's device, and ``ReferenceResult`` carries the tokens. On stage 0 a
+reference worker of its own (``PP_REFERENCE=beside``: the orchestrator's choice on GPUs) has loaded
+it while the stages loaded; elsewhere, or with ``PP_REFERENCE=after``, the stage's worker loads it
+afresh then.
 
 One request at a time: a second ``InferenceRequest`` while one runs is refused with a "busy"
 error and touches no cache. Any failure on a stage (a worker error or death, an unreachable next
@@ -141,6 +144,47 @@ class Figures:
         )
 
 
+class ReferenceBeside:
+    """Stage 0's reference worker (``PP_REFERENCE=beside``, ``PP_WORKER_ROLE=reference``), started
+    with the stage's worker: the whole model loads while the stages load, and a
+    ``ReferenceQuery`` only generates. Its start is a task; the query waits for it within its
+    own deadline, and a worker that did not start is the query's error, not the stage's."""
+
+    def __init__(self, bridge: WorkerBridge, ready_timeout: float) -> None:
+        self.bridge = bridge
+        self.starting: asyncio.Future[dict[str, Any]] = asyncio.ensure_future(bridge.start(ready_timeout))
+        self.starting.add_done_callback(self._started)
+
+    def _started(self, fut: asyncio.Future[dict[str, Any]]) -> None:
+        if fut.cancelled():
+            return
+        if fut.exception() is not None:
+            log.error("the reference worker did not start: %s", fut.exception())
+            return
+        ready = fut.result()
+        emit({"event": "reference_ready", "pid": ready["pid"], "load_s": ready["load_s"]})
+
+    async def ready(self, timeout: float) -> WorkerBridge:
+        """The worker, once it has loaded; TimeoutError or RuntimeError (it did not start) say why."""
+        try:
+            await asyncio.wait_for(asyncio.shield(self.starting), timeout)
+        except (TimeoutError, WorkerDied, WorkerError, ValueError) as e:
+            if not self.starting.done():
+                raise TimeoutError(
+                    f"the reference worker beside pp-stage-0 is still loading after this query's {timeout:.0f} s"
+                ) from None
+            raise RuntimeError(
+                f"the reference worker beside pp-stage-0 did not start: {e}; with reference=after the stage's "
+                "worker loads the model after the request instead"
+            ) from None
+        return self.bridge
+
+    async def close(self) -> None:
+        if not self.starting.done():
+            self.starting.cancel()
+        await self.bridge.close()
+
+
 class StageActor:
     def __init__(
         self,
@@ -149,9 +193,10 @@ class StageActor:
         stage: int,
         num_stages: int,
         wire: WireDtype,
+        reference: ReferenceBeside | None = None,
     ) -> None:
         assert bridge.ready is not None
-        self.node, self.bridge = node, bridge
+        self.node, self.bridge, self.reference = node, bridge, reference
         self.stage, self.num_stages, self.wire = stage, num_stages, wire
         self.first, self.last = stage == 0, stage == num_stages - 1
         self.dim: int = bridge.ready["dim"]
@@ -472,7 +517,9 @@ class StageActor:
             if failpoints.on("node.slow_reference"):
                 await asyncio.sleep(min(failpoints.value("node.slow_reference"), timeout))
             left = max(0.001, deadline - time.monotonic())
-            reply = await self.bridge.call("reference", left, prompt=msg.prompt, max_tokens=msg.max_tokens)
+            worker = self.bridge if self.reference is None else await self.reference.ready(left)
+            left = max(0.001, deadline - time.monotonic())
+            reply = await worker.call("reference", left, prompt=msg.prompt, max_tokens=msg.max_tokens)
         finally:
             if self.first:
                 self.reference_running = False
@@ -627,6 +674,7 @@ async def run(settings: Settings) -> None:
     if failpoints.on("node.stall_worker"):  # a worker that never prints its ready line
         argv = [sys.executable, "-c", "import time; time.sleep(3600)"]
     bridge = WorkerBridge(argv, {**inherited(), **worker_env.to_env()}, f"pp-stage-{stage}")
+    beside: ReferenceBeside | None = None
     guard: asyncio.Task[None] | None = None
     try:
         # the guard runs from the start: an orchestrator that dies before this node joins leaves
@@ -637,6 +685,9 @@ async def run(settings: Settings) -> None:
             return
         joining.result()
         emit({"event": "joined", "id": node.id, "stage": stage})
+        if stage == 0 and settings.env.reference == "beside":
+            ref_env = {**inherited(), **worker_env.replace(worker_role="reference").to_env()}
+            beside = ReferenceBeside(WorkerBridge(argv, ref_env, "pp-stage-0's reference"), settings.ready_timeout)
         starting = await _unless_stopped(bridge.start(settings.ready_timeout), stop)
         if starting is None:
             return
@@ -650,7 +701,7 @@ async def run(settings: Settings) -> None:
             log.error("the worker did not start: %s", e)
             await stop.wait()
             raise
-        actor = StageActor(node, bridge, stage, num_stages, settings.wire)
+        actor = StageActor(node, bridge, stage, num_stages, settings.wire, beside)
         node.add_actor(STAGE_ACTOR, actor)
         if not failpoints.on("node.no_names"):
             for name in stage_names(stage, num_stages):
@@ -670,6 +721,8 @@ async def run(settings: Settings) -> None:
             if task is not None:
                 task.cancel()
         await bridge.close()
+        if beside is not None:
+            await beside.close()
         await node.close()
 
 

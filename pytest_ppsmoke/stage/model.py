@@ -11,8 +11,9 @@ Blocks a stage does not own are dropped before anything is realized, so they nev
 Decode (one token) runs through ``TinyJit`` with a symbolic start position, so each stage
 compiles its kernels once; prefill and the spec's uncompiled path (``jit=False``) run eagerly.
 
-The token-exact reference (:func:`run_reference`, the worker's ``reference`` op) is a model of its
-own, run through tinygrad's ``Transformer.generate``, never through :class:`StageModel`.
+The token-exact reference (:class:`ReferenceModel`: the worker's ``reference`` op, or a reference
+worker of its own) is a model of its own, run through tinygrad's ``Transformer.generate``, never
+through :class:`StageModel`.
 This module imports tinygrad: the node never imports it, only the worker process does.
 
 What the stage holds is read from tinygrad's own objects (:meth:`StageModel.kv_info`): for every
@@ -26,6 +27,7 @@ after prefill and now. A call flagged ``prefill`` begins a sequence: the caches 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import gc
 import importlib.metadata
@@ -630,6 +632,74 @@ class _RoundedBlock:
         return round_in_graph(self.block(x, start_pos), self.wire)
 
 
+class ReferenceModel:
+    """The model in one piece, loaded for the token-exact reference: a Transformer of its own
+    (from the GGUF or from the weight cache's copy of the whole model, never a stage's tensors),
+    run through tinygrad's own ``Transformer.generate``. With an f32 wire that is exactly the
+    unsplit model; with bf16 or f16 its hidden state is rounded to the wire dtype after each
+    stage's last block, inside the graph. No stage code runs, so a fault in :class:`StageModel`
+    cannot hide in the reference.
+
+    Two ways to use it: :func:`run_reference` loads one, generates once and drops it (a stage's
+    worker, after the request); a reference worker (``PP_WORKER_ROLE=reference``) loads one
+    while the stages load, warms it up, and keeps it for the node's life."""
+
+    def __init__(
+        self,
+        name: str,
+        wire: WireDtype,
+        num_stages: int,
+        max_context: int,
+        cache: WeightCache | None = None,
+        stage: int = 0,
+    ) -> None:
+        started = time.monotonic()
+        self.stage, self.wire = stage, wire  # stage: the node whose worker runs it
+        self.mem_before = GlobalCounters.mem_used
+        self.model, kv, self.weights = realized_model(name, max_context, 0, 1, cache)
+        self.tokenizer = Tokenizer(kv)
+        if wire is not WireDtype.f32:
+            total = len(self.model.blk)
+            for boundary in range(num_stages - 1):  # not ``stage``: that names the node it runs on
+                last = layer_range(total, boundary, num_stages)[1] - 1
+                self.model.blk[last] = _RoundedBlock(self.model.blk[last], wire)
+        Tensor.realize(*nn.state.get_parameters(self.model))
+        self.load_s = time.monotonic() - started
+
+    def generate(self, prompt: str, max_tokens: int) -> ReferenceResult:
+        """The tokens a pipeline with this split and wire must produce for ``prompt``."""
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
+        ids = self.tokenizer.chat(prompt)
+        if len(ids) + max_tokens - 1 > self.model.max_context:  # the last token is never fed back
+            raise ValueError(
+                f"prompt of {len(ids)} tokens + max_tokens {max_tokens} exceed the context of {self.model.max_context}"
+            )
+        started = time.monotonic()
+        out = unsplit_generate(self.model, ids, max_tokens, self.tokenizer.end_ids)
+        return ReferenceResult(
+            self.stage,
+            reference_method(self.wire.name),
+            Device.DEFAULT,
+            tuple(ids),
+            tuple(out),
+            round(self.load_s, 4),
+            round(time.monotonic() - started, 4),
+            self.mem_before,
+            GlobalCounters.mem_used,
+            self.weights,
+        )
+
+    def drop(self) -> None:
+        """Drop the model, with its KV caches and its compiled forward (a cycle through the
+        JIT: collected here), and free the allocator's cache, so that its memory returns."""
+        del self.model
+        gc.collect()
+        free_cache = getattr(Device[Device.DEFAULT].allocator, "free_cache", None)
+        if free_cache is not None:
+            free_cache()
+
+
 def run_reference(
     name: str,
     prompt: str,
@@ -640,52 +710,17 @@ def run_reference(
     cache: WeightCache | None = None,
     stage: int = 0,
 ) -> ReferenceResult:
-    """The tokens a pipeline of ``num_stages`` stages with this wire must produce, computed by
-    a model of its own (loaded afresh here, from the GGUF or from the weight cache's copy of the
-    whole model, never a stage's tensors) through tinygrad's own
-    ``Transformer.generate``: with an f32 wire exactly the unsplit model; with bf16 or f16 its
-    hidden state rounded to the wire dtype after each stage's last block, inside the graph. No
-    stage code runs, so a fault in :class:`StageModel` cannot hide in the reference. The model
-    is dropped before returning (and the allocator's cache freed), so its memory returns."""
+    """The tokens a pipeline of ``num_stages`` stages with this wire must produce, by a
+    :class:`ReferenceModel` loaded afresh here and dropped before returning (so its memory
+    returns: ``mem_after`` is read after the drop); ``load_s`` is this load's."""
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
-    started = time.monotonic()
-    mem_before = GlobalCounters.mem_used
-    model, kv, weights = realized_model(name, max_context, 0, 1, cache)
+    ref = ReferenceModel(name, wire, num_stages, max_context, cache, stage)
     try:
-        tok = Tokenizer(kv)
-        ids = tok.chat(prompt)
-        if len(ids) + max_tokens - 1 > model.max_context:  # the last token is never fed back
-            raise ValueError(
-                f"prompt of {len(ids)} tokens + max_tokens {max_tokens} exceed the context of {model.max_context}"
-            )
-        if wire is not WireDtype.f32:
-            total = len(model.blk)
-            for boundary in range(num_stages - 1):  # not ``stage``: that names the node it runs on
-                last = layer_range(total, boundary, num_stages)[1] - 1
-                model.blk[last] = _RoundedBlock(model.blk[last], wire)
-        Tensor.realize(*nn.state.get_parameters(model))
-        loaded = time.monotonic()
-        out = unsplit_generate(model, ids, max_tokens, tok.end_ids)
-        generated = time.monotonic()
+        result = ref.generate(prompt, max_tokens)
     finally:
-        del model  # with its KV caches and its compiled forward (a cycle through the JIT: collect it)
-        gc.collect()
-        free_cache = getattr(Device[Device.DEFAULT].allocator, "free_cache", None)
-        if free_cache is not None:
-            free_cache()
-    return ReferenceResult(
-        stage,  # the node whose worker ran it
-        reference_method(wire.name),
-        Device.DEFAULT,
-        tuple(ids),
-        tuple(out),
-        round(loaded - started, 4),
-        round(generated - loaded, 4),
-        mem_before,
-        GlobalCounters.mem_used,
-        weights,
-    )
+        ref.drop()
+    return dataclasses.replace(result, mem_after=GlobalCounters.mem_used)
 
 
 CPU_DEVICES = ("CPU", "LLVM", "CLANG")  # tinygrad's CPU backends (0.12 names CPU; the others are older names)
