@@ -360,22 +360,53 @@ class ProgramCounts:
     misses: U32
 
 
+PART_FIELDS = ("wall_s", "imports_s", "device_s", "build_s", "warm_up_s")
+
+
 @wire_struct
 @dataclass(frozen=True)
 class LoadFigures:
-    """A worker's load, from its ready line (``from_ready``): its weights and its programs."""
+    """A worker's load, from its ready line (``from_ready``): its weights and its programs, and
+    the parts of its start: ``wall_s`` from the process's start to the ready line, of which
+    ``imports_s`` (Python and tinygrad's imports), ``device_s`` (opening the device), the
+    weights' seconds, ``build_s`` (the stage's split) and ``warm_up_s`` (capturing the decode
+    step); 0 where the worker did not say."""
 
     weights: WeightLoad | None = None
     programs: ProgramCounts | None = None
+    wall_s: F64 = 0.0
+    imports_s: F64 = 0.0
+    device_s: F64 = 0.0
+    build_s: F64 = 0.0
+    warm_up_s: F64 = 0.0
 
     @classmethod
     def from_ready(cls, ready: dict[str, Any]) -> LoadFigures:
-        """The figures of a worker's ready line (``weights``, ``programs``: either may be absent)."""
+        """The figures of a worker's ready line (``weights``, ``programs``: either may be absent;
+        so may the parts)."""
         w, p = ready.get("weights"), ready.get("programs")
+        parts = {k: float(v) for k in PART_FIELDS if isinstance(v := ready.get(k), (int, float))}
         return cls(
             from_json(WeightLoad, w, "weights") if w is not None else None,
             from_json(ProgramCounts, p, "programs") if p is not None else None,
+            **parts,
         )
+
+    def parts(self) -> str:
+        """``12.19 s: imports 1.20, device 0.85, weights 3.29, split 0.10, warm-up 5.01, the rest
+        1.74`` ("" where the worker did not say)."""
+        if not self.wall_s:
+            return ""
+        weights = self.weights.seconds if self.weights is not None else 0.0
+        named = [
+            ("imports", self.imports_s),
+            ("device", self.device_s),
+            ("weights", weights),
+            ("split", self.build_s),
+            ("warm-up", self.warm_up_s),
+        ]
+        rest = self.wall_s - sum(v for _, v in named)
+        return f"{self.wall_s:.2f} s: " + ", ".join(f"{n} {v:.2f}" for n, v in [*named, ("the rest", rest)])
 
     def describe(self) -> str:
         """One line for people, e.g. ``weights from the cache in 0.98 s, f16; programs: 41 cached,

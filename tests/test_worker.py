@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pytest_ppsmoke.messages import Hidden, KvInfo, WireDtype, digest, from_json
+from pytest_ppsmoke.messages import Hidden, KvInfo, LoadFigures, WireDtype, digest, from_json
 from pytest_ppsmoke.nodeenv import NodeEnv
 
 from .helpers import SMOLLM2, SYNTH
@@ -72,6 +72,12 @@ def test_ready_line_comes_first_and_describes_the_stage(last_stage: tuple[Worker
     assert (ready["stage"], ready["num_stages"], ready["range"], ready["num_blocks"]) == (1, 2, [HALF, BLOCKS], BLOCKS)
     assert (ready["dim"], ready["wire_dtype"], ready["jit"]) == (DIM, "bf16", True)
     assert 2 in ready["end_ids"]  # <|im_end|>
+    # the parts of its start, each within the whole, and read into the figures a node reports
+    named = [ready[k] for k in ("imports_s", "device_s", "build_s", "warm_up_s")] + [ready["weights"]["seconds"]]
+    assert min(named) >= 0 and ready["imports_s"] > 0 and ready["wall_s"] >= sum(named) > 0
+    load = LoadFigures.from_ready(ready)
+    assert (load.wall_s, load.imports_s, load.warm_up_s) == (ready["wall_s"], ready["imports_s"], ready["warm_up_s"])
+    assert load.parts().startswith(f"{ready['wall_s']:.2f} s: imports {ready['imports_s']:.2f}, device ")
 
 
 def test_bad_requests_get_errors_that_name_the_value_and_the_worker_goes_on(last_stage: tuple[Worker, dict]) -> None:

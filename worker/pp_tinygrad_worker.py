@@ -64,13 +64,16 @@ that is not JSON cannot say whether bytes follow it: what follows is read as req
 
 from __future__ import annotations
 
+import time
+
+STARTED = time.monotonic()  # the process's start, near enough: before the imports below
+
 import base64
 import binascii
 import dataclasses
 import json
 import os
 import sys
-import time
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -84,9 +87,12 @@ from pytest_ppsmoke.stage.model import (
     StageModel,
     Tokenizer,
     native_weights_on_the_cpu,
+    open_device,
     realized_model,
     run_reference,
 )
+
+IMPORTED = time.monotonic()
 
 MAX_PAYLOAD = 256 << 20  # bytes: a prefill's hidden state at the largest context is far below
 
@@ -125,13 +131,16 @@ class Worker:
         self.wire = WireDtype.parse(env.wire_dtype)
         started = time.monotonic()
         self.programs = install_program_cache() if env.program_cache else None
+        self.device_s = open_device()
         self.cache = WeightCache.from_setting(env.weight_cache)
         model, kv, self.weights = realized_model(
             self.model_name, env.max_context, self.stage, self.num_stages, self.cache
         )
         self.tokenizer = Tokenizer(kv)
         self.vocab = len(kv["tokenizer.ggml.tokens"])
+        built = time.monotonic()
         self.model = StageModel(model, kv, self.stage, self.num_stages, jit=env.jit)
+        self.build_s = time.monotonic() - built
         self.warm_up_s = self.model.warm_up()  # decode runs compiled from a request's first token
         self.load_s = time.monotonic() - started
 
@@ -153,6 +162,11 @@ class Worker:
             "param_bytes": m.param_bytes,
             "load_s": round(self.load_s, 3),
             "warm_up_s": round(self.warm_up_s, 3),
+            # the parts of the process's start to this line (with the weights' seconds)
+            "wall_s": round(time.monotonic() - STARTED, 3),
+            "imports_s": round(IMPORTED - STARTED, 3),
+            "device_s": round(self.device_s, 3),
+            "build_s": round(self.build_s, 3),
             "weights": to_json(dataclasses.replace(self.weights, seconds=round(self.weights.seconds, 3))),
             "programs": dataclasses.asdict(self.programs) if self.programs else None,
             "schedules": dataclasses.asdict(SCHEDULES) if self.programs else None,

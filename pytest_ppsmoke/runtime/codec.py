@@ -37,7 +37,8 @@ from typing import Annotated, Any, ClassVar, Union
 MAGIC = b"PP"
 VERSION = 5  # 2: NodeStatus and StageStats carry typed fields, not JSON; 3: digests, cache state, frame counts;
 # 4: NodeStatus carries the worker's load figures, ReferenceResult its weights' load (fields, not text);
-# 5: ReferenceResult says where its model was loaded (beside the stages or after the request)
+# 5: ReferenceResult says where its model was loaded (beside the stages or after the request), and
+# LoadFigures the parts of a worker's start
 HEADER = struct.Struct(">2sBBI")
 HEADER_SIZE = HEADER.size
 DEFAULT_MAX_FRAME = 64 << 20  # room for a long prefill of a 1B model in f32 (prompt_len * 8 KiB)

@@ -723,6 +723,15 @@ def run_reference(
     return dataclasses.replace(result, mem_after=GlobalCounters.mem_used)
 
 
+def open_device() -> float:
+    """Open tinygrad's default device (a GPU's context, its allocator, its compiler) before the
+    load, so that a worker's ready line can say what that took apart from the weights; returns
+    the seconds."""
+    started = time.monotonic()
+    Device[Device.DEFAULT].allocator  # noqa: B018 (opening the device is the point)
+    return time.monotonic() - started
+
+
 CPU_DEVICES = ("CPU", "LLVM", "CLANG")  # tinygrad's CPU backends (0.12 names CPU; the others are older names)
 
 
