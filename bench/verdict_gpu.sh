@@ -7,7 +7,7 @@
 #
 # MODEL defaults to the llama-3.2-1B shape written by pp-synth-gguf. Each run's JSON report goes
 # to OUT/<cold|warm>_<after|beside>.json and its output to the same name with .log;
-# bench/verdict_summary.py makes the table.
+# LOADS (default "after beside") picks the ways of loading the reference.
 set -euo pipefail
 out=$1
 model=${2:-/tmp/llama1b.gguf}
@@ -21,9 +21,10 @@ run() {  # NAME HOME LOAD
     --reference-load "$3" --report "$out/$1.json" "${extra[@]}" >"$out/$1.log" 2>&1 || echo "$1 failed: $(tail -3 "$out/$1.log")" >&2
 }
 homes=$(mktemp -d /tmp/verdict-homes.XXXXXX)
-for load in after beside; do mkdir -p "$homes/$load"; done
+loads=${LOADS:-after beside}
+for load in $loads; do mkdir -p "$homes/$load"; done
 for phase in cold warm; do
-  for load in after beside; do
+  for load in $loads; do
     run "${phase}_$load" "$homes/$load" "$load"
   done
 done
