@@ -22,6 +22,7 @@ from pytest_ppsmoke.cloud.emulator.catalogue import default_catalogue
 from pytest_ppsmoke.cloud.emulator.server import FakeVast
 from pytest_ppsmoke.cloud.vast import (
     PACE_MARGIN,
+    VAST_PACE,
     ApiStats,
     Instance,
     Label,
@@ -112,6 +113,28 @@ async def test_two_creates_back_to_back_get_through_the_penalty_window() -> None
         assert not any(p == "/api/v1/instances/" for _, p, _ in fake.requests)  # no label look-up on a 429
         for iid in (a, b):
             assert await vast.destroy_instance(iid) is True
+
+
+async def test_a_threshold_known_beforehand_paces_from_the_first_call_and_no_create_is_refused() -> None:
+    """``pace``: vast.ai's documented create threshold (scaled down here) spaces the creates from
+    the first, so the second is never refused and no penalty is waited out; the wait is counted."""
+    async with (
+        emulator("vast.rate_limit=create:0.4:1.2") as fake,
+        VastClient(KEY, fake.url, rng=random.Random(1), pace={"create": 0.4}) as vast,
+    ):
+        ids = [
+            await vast.create_instance(o, image="i", env={}, label=f"ppsmoke-t-stage{i}")
+            for i, o in enumerate(OFFERS[:2])
+        ]
+        create = vast.stats.of("create")
+        assert (create.calls, create.rate_limited, refused(fake, "/asks/")) == (2, 0, 0)
+        assert create.pace_wait_s > 0 and vast.pace["create"] == pytest.approx(0.4 * PACE_MARGIN)
+        assert sorted(fake.instances) == sorted(ids)
+        for iid in ids:
+            assert await vast.destroy_instance(iid) is True
+    with pytest.raises(ValueError, match="too small"):
+        VastClient(KEY, pace={"create": 0})
+    assert VAST_PACE == {"create": 4.5}  # vast.ai's documented create threshold
 
 
 async def test_pacing_learned_from_the_threshold_stops_further_429s() -> None:

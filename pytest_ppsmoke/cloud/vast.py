@@ -49,6 +49,7 @@ from typing import Any
 
 import aiohttp
 
+from .. import checks
 from ..protocol import VAST_ENDPOINTS
 
 log = logging.getLogger(__name__)
@@ -214,6 +215,11 @@ def going_away(inst: Instance | None) -> bool:
 _THRESHOLD = re.compile(r"threshold\s*=\s*([0-9]+(?:\.[0-9]+)?)")
 MAX_RETRY_AFTER = 60.0  # the longest Retry-After waited out (vast-cli's bound); a longer one ends the call
 PACE_MARGIN = 1.05  # a paced endpoint's calls are this much more than its threshold apart
+# vast.ai's documented create threshold (a create sooner than this after the last is refused, then
+# every create for 12 s): a run's creates are paced by it from the first, since a second create
+# refused costs the penalty (a two-stage rent 14.2 s against the emulator with vast.ai's limits)
+# where pacing costs the threshold once (4.7 s)
+VAST_PACE = {"create": 4.5}
 
 
 @dataclass
@@ -404,7 +410,8 @@ class _Retries:
 
 class VastClient:
     """vast.ai's REST API. ``deadline`` (a ``time.monotonic()`` time, None for none) bounds the
-    waits on 429s: the owner sets it to the end of the run's budget. ``rng`` draws the jitter."""
+    waits on 429s: the owner sets it to the end of the run's budget. ``rng`` draws the jitter.
+    ``pace``: endpoint -> a threshold known beforehand, paced from the first call."""
 
     def __init__(
         self,
@@ -419,6 +426,7 @@ class VastClient:
         rate_limit_cap: float = 8.0,
         rate_limit_window: float = 45.0,
         rng: random.Random | None = None,
+        pace: Mapping[str, float] | None = None,
     ) -> None:
         if not api_key:
             raise ValueError("a vast.ai API key is needed (--api-key or VAST_API_KEY)")
@@ -437,7 +445,9 @@ class VastClient:
         self.rng = rng or random.Random()
         self.deadline: float | None = None
         self.stats = ApiStats()
-        self.pace: dict[str, float] = {}  # endpoint -> the least seconds between its calls, once learned
+        # endpoint -> the least seconds between its calls: from ``pace`` (thresholds known before the
+        # first call, e.g. VAST_PACE), or learned from a 429 that names its threshold
+        self.pace: dict[str, float] = {k: checks.number(v, above=0) * PACE_MARGIN for k, v in (pace or {}).items()}
         self._pace_locks: dict[str, asyncio.Lock] = {}
         self._last_send: dict[str, float] = {}
         self._session: aiohttp.ClientSession | None = None

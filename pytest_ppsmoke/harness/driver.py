@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from ..cloud.emulator.server import NETWORK_PATH, FakeVast
 from ..cloud.lifecycle import Deployment, RunConfig
 from ..cloud.preflight import image_check
-from ..cloud.vast import DEFAULT_URL, OfferQuery, VastClient, going_away
+from ..cloud.vast import DEFAULT_URL, VAST_PACE, OfferQuery, VastClient, going_away
 from ..protocol import PhaseError
 from ..runtime.errors import RemoteError
 from ..runtime.resource import Resource
@@ -204,6 +204,10 @@ class SmokeRun(Resource):
         """Seconds left to the steps: the budget less the teardown's deadline, less the time spent."""
         return self.settings.phases_budget - self.elapsed()
 
+    def _emulator_pace(self) -> dict[str, float]:
+        """The embedded emulator's thresholds (endpoint -> seconds), where it was given rate limits."""
+        return {k: threshold for k, (threshold, _) in self.fake.limiter.limits.items()} if self.fake else {}
+
     def teardown_seconds(self) -> float:
         """The teardown's deadline, were it to start now: what is left of the budget, at most
         ``teardown_timeout``, at least its :data:`LATE_TEARDOWN` share."""
@@ -256,7 +260,10 @@ class SmokeRun(Resource):
                 config.bind, config.rtt = f"{found['host_addr']}:0", rtt_of(parse_network(found["spec"]))
                 self.report.network = found
         self.report.vast_url = url
-        self.vast = VastClient(key, url)
+        # vast.ai's create threshold is known: its creates are paced from the first. The embedded
+        # emulator's, where it was given vast.ai's limits (the projection's replay), likewise
+        pace = VAST_PACE if not s.local else {k: v for k, v in self._emulator_pace().items() if k in VAST_PACE}
+        self.vast = VastClient(key, url, pace=pace)
         self.vast.deadline = self.started + s.phases_budget  # no retry waits past the steps' deadline
         self.deployment = Deployment(self.vast, config, on_phase=self.on_phase)
         self.report.run_id = self.deployment.run_id
