@@ -26,6 +26,23 @@ def test_a_tiny_model_loads_and_its_tokenizer_round_trips_any_text(tmp_path: Pat
     assert ids[0] == 256 and 260 in ids and tok.end_ids == {260}  # <|begin_of_text|>, <|eot_id|>
 
 
+def test_as_in_llama_3_only_256_tokens_are_special_and_the_rest_encode_as_bytes(tmp_path: Path) -> None:
+    """A vocabulary past the 256 bytes and 256 special tokens has normal tokens (a real Llama 3's
+    tokenizer compiles a pattern of 256 special tokens, not of the whole vocabulary), which no
+    text merges into: it still encodes byte by byte, and every id decodes."""
+    path = tmp_path / "wide.gguf"
+    write(path, Shape(blocks=1, dim=64, heads=4, kv_heads=2, ffn=8, vocab=2048), seed=3)
+    _, kv = load_model(str(path), 64)
+    types = list(kv["tokenizer.ggml.token_type"])
+    assert (types[:256].count(1), types[256:512].count(3), types[512:].count(1)) == (256, 256, 1536)
+    tok = Tokenizer(kv)
+    assert len(tok.tok._special_tokens) == 256
+    text = "Say héllo <|reserved_special_token_300|>"
+    assert tok.tok.encode(text) == list(text.encode()) and tok.tok.decode(tok.tok.encode(text)) == text
+    assert tok.chat("Say hello")[0] == 256 and tok.end_ids == {260}
+    assert tok.tok.decode([2000]) == "<|reserved_special_token_1739|>"
+
+
 def test_shapes_are_checked_and_the_1b_shape_is_llama_3_2s() -> None:
     assert round(SHAPES["llama-3.2-1b"].parameters / 1e6, 1) == 1498.5  # 1.24 B + an untied 128256 x 2048 head
     with pytest.raises(ValueError, match="dim 65 must split into 4 heads"):

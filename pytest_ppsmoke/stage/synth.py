@@ -7,7 +7,8 @@ Real weights do not travel where a benchmark runs (the llama-3.2-1B file is 2.5 
 call carries 64 MiB), but the speed of a forward pass depends on the shape, not the values. The
 file has what tinygrad 0.12's ``Transformer.from_gguf`` and our ``Tokenizer`` read: the llama
 hyperparameters, an output head of its own, and a byte-level tokenizer with Llama 3's chat
-tokens (every byte is a token, no merges), so that any text tokenizes and any id decodes. The
+tokens (every byte is a token, no merges), so that any text tokenizes and any id decodes, and as
+many special tokens as Llama 3 has (256; the rest of the vocabulary is normal tokens). The
 weights are N(0, 0.02) (norms 1), small enough that activations stay finite through any depth.
 """
 
@@ -21,6 +22,11 @@ from pathlib import Path
 import numpy as np
 
 CHAT_TOKENS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+# Llama 3 has 256 special tokens (128000-128255) among 128256. tinygrad's tokenizer compiles one
+# pattern of all the special tokens in each process that loads the model: 128000 of them (this
+# file's vocabulary all special, as it once was) cost every worker 15 s that a real Llama 3 does
+# not pay, and made "the rest" of every GPU load figure
+SPECIAL_TOKENS = 256
 
 
 @dataclass(frozen=True)
@@ -75,7 +81,11 @@ def write(path: Path, shape: Shape, seed: int = 0) -> None:
 
     tokens = byte_tokens() + CHAT_TOKENS
     tokens += [f"<|reserved_special_token_{i}|>" for i in range(shape.vocab - len(tokens))]
-    types = [int(gguf.TokenType.NORMAL)] * 256 + [int(gguf.TokenType.CONTROL)] * (shape.vocab - 256)
+    # as in Llama 3, SPECIAL_TOKENS of them are special (control), the chat tokens among them; the
+    # rest of the vocabulary is normal tokens, which no text of ours merges into
+    special = min(SPECIAL_TOKENS, shape.vocab - 256)
+    normal = int(gguf.TokenType.NORMAL)
+    types = [normal] * 256 + [int(gguf.TokenType.CONTROL)] * special + [normal] * (shape.vocab - 256 - special)
 
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_name(f"synthetic llama {shape.blocks}x{shape.dim} (random weights, seed {seed})")
