@@ -127,12 +127,17 @@ def test_the_lower_records_are_derived_from_the_settings_not_copied() -> None:
     from pytest_ppsmoke.harness.settings import VASTAI_MODEL, Settings
 
     # on vast.ai's GPUs the reference loads beside stage 0 (auto), on this machine's CPU after
-    vastai = RunConfig(model=VASTAI_MODEL, network="wan", reference_load="beside")
+    # and its nodes write no weight cache: every instance is new
+    vastai = RunConfig(model=VASTAI_MODEL, network="wan", reference_load="beside", weight_cache="off")
     assert run_config(Settings.resolve({"api_key": "k"})) == vastai
     s = Settings.resolve({"mode": "local", "num_stages": 3, "node_ttl": 5.0, "polls": 7, "converge_timeout": 9.0})
     rc = run_config(s)
     assert (rc.num_stages, rc.node_ttl, rc.polls, rc.converge_timeout, rc.reference_load) == (3, 5.0, 7, 9.0, "after")
     assert run_config(Settings.resolve({"mode": "local", "gpus": "0"})).reference_load == "beside"
+    assert (rc.weight_cache, run_config(Settings.resolve({"api_key": "k", "weight_cache": "/c"})).weight_cache) == (
+        "",
+        "/c",
+    )
     assert run_config(Settings.resolve({"api_key": "k", "reference": False})).reference_load == "after"
     assert run_config(Settings.resolve({"mode": "local", "reference_load": "beside"})).node_env().reference == "beside"
     node = rc.node_env()

@@ -263,10 +263,11 @@ OPTIONS: tuple[Option, ...] = (
     ),
     _opt(
         "weight_cache",
-        "each node's cache of realized stage weights: a directory on the node, or off "
-        "(default: ~/.cache/ppsmoke/weights there; a warm load is a read)",
+        "each node's cache of realized stage weights: a directory on the node, off, or auto (default: "
+        "~/.cache/ppsmoke/weights on this machine, where a warm load is a read; off on vast.ai, where every "
+        "instance is new, so the cache would be written and never read)",
         _text,
-        NODE.weight_cache,
+        "auto",
     ),
     _opt(
         "program_cache",
@@ -401,7 +402,7 @@ class Settings:
     report: Path | None = _DEFAULT["report"]
     grid: str = _DEFAULT["grid"]  # a layout grid to measure in the pytest session (harness/gridspec.py's grid_spec)
     grid_out: Path = _DEFAULT["grid_out"]
-    weight_cache: str = _DEFAULT["weight_cache"]  # "": the node's default directory; "off"; or a directory
+    weight_cache: str = _DEFAULT["weight_cache"]  # auto; "": the node's default directory; "off"; or a directory
     program_cache: bool = _DEFAULT["program_cache"]
     network: str = _DEFAULT["network"]
     port: int = _DEFAULT["port"]
