@@ -19,12 +19,13 @@ import signal
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_asyncio
 
-from pytest_ppsmoke.harness.pipeline import InferenceResult, run_inference
+from pytest_ppsmoke.harness.pipeline import InferenceResult, request_reference, run_inference
 from pytest_ppsmoke.messages import InferenceRequest, InferenceResponse, StageStats, StageStatsQuery
 from pytest_ppsmoke.protocol import PhaseError
 from pytest_ppsmoke.runtime.cluster import LocalCluster
@@ -234,6 +235,50 @@ async def test_more_stages_give_the_same_tokens(stages: int, runs: Runs, referen
     ]
     check_evidence(result, stages)
     assert len(result.hops) == stages - 1
+
+
+WORKER = Path(__file__).resolve().parent.parent / "worker" / "pp_tinygrad_worker.py"
+NO_REFERENCE_WORKER = """import os, runpy, sys
+if os.environ.get("PP_WORKER_ROLE") == "reference":
+    sys.exit("no reference worker on this node")
+sys.argv[0] = {worker!r}
+runpy.run_path({worker!r}, run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("starts", [True, False], ids=["starts", "never starts"])
+async def test_the_reference_beside_stage_0_answers_or_says_why_it_cannot(
+    synth_model: str, tmp_path: Path, starts: bool
+) -> None:
+    """``PP_REFERENCE=beside``: stage 0's node starts a reference worker with its stage's. The
+    reference step's tokens are the pipeline's, from a model loaded beside and kept, and the
+    worker's process ends with the node. One that cannot start is the step's error, naming the
+    way round it, and the stage still serves."""
+    env = {"MODEL": synth_model, "PP_WIRE_DTYPE": "bf16"}
+    if not starts:  # the stage's worker as usual; the reference's exits at once
+        wrapper = tmp_path / "worker.py"
+        wrapper.write_text(NO_REFERENCE_WORKER.format(worker=str(WORKER)))
+        env["PP_WORKER"] = str(wrapper)
+    cluster = LocalCluster(
+        num_stages=2, node_module="pytest_ppsmoke.stage.gpu_node", extra_env=env, swim=SwimConfig.shared_cpu(),
+        reference="beside",
+    )  # fmt: skip
+    async with cluster:
+        assert cluster.seed is not None
+        result = await run_inference(cluster.seed, 2, PROMPT, 6, timeout=120)
+        if not starts:
+            with pytest.raises(RemoteError, match="the reference worker beside pp-stage-0 did not start") as e:
+                await request_reference(cluster.seed, PROMPT, 6, timeout=60)
+            assert "no reference worker on this node" in str(e.value) and "reference=after" in str(e.value)
+            again = await run_inference(cluster.seed, 2, PROMPT, 6, timeout=120)
+            assert again.token_ids == result.token_ids
+            return
+        ref = await request_reference(cluster.seed, PROMPT, 6, timeout=60)
+        ready = await cluster.members[0].wait_event(lambda e: e.get("event") == "reference_ready", 10, "reference")
+    assert (ref.loaded, ref.stage, list(ref.token_ids)) == ("beside", 0, result.token_ids)
+    assert ref.mem_after > ref.mem_before  # the model stays in its worker
+    with pytest.raises(ProcessLookupError):  # gone with its node
+        os.kill(int(ready["pid"]), 0)
 
 
 @pytest_asyncio.fixture(loop_scope="module")
