@@ -389,4 +389,13 @@ def test_the_load_line_sums_the_nodes_load_figures_as_fields() -> None:
         NodeStatus(2, "ready", "", 1, load=LoadFigures(cache, None)),
     ]
     assert load_totals(ready) == "; weights from the cache on 2 of 3; programs 42 cached, 31 generated"
+    # with the parts of each worker's start: the slowest stage's, and what the named parts leave
+    timed = [
+        NodeStatus(0, "ready", "", 1, load=LoadFigures(cache, None, wall_s=3.0, imports_s=0.5, warm_up_s=1.0)),
+        NodeStatus(1, "ready", "", 1, load=LoadFigures(gguf, None, 5.0, 0.5, 0.25, 0.0, 1.5)),
+    ]
+    assert load_totals(timed).endswith(
+        "; the slowest, pp-stage-1, 5.00 s: imports 0.50, device 0.25, weights 2.00, split 0.00, warm-up 1.50, "
+        "the rest 0.75"
+    )
     assert load_totals([NodeStatus(0, "ready", "", 1), NodeStatus(1, "ready", "", 1, load=LoadFigures())]) == ""
