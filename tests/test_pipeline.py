@@ -265,15 +265,15 @@ async def test_the_reference_beside_stage_0_answers_or_says_why_it_cannot(
     )  # fmt: skip
     async with cluster:
         assert cluster.seed is not None
-        result = await run_inference(cluster.seed, 2, PROMPT, 6, timeout=120)
+        result = await run_inference(cluster.seed, 2, PROMPT, 4, timeout=120)
         if not starts:
             with pytest.raises(RemoteError, match="the reference worker beside pp-stage-0 did not start") as e:
-                await request_reference(cluster.seed, PROMPT, 6, timeout=60)
+                await request_reference(cluster.seed, PROMPT, 4, timeout=60)
             assert "no reference worker on this node" in str(e.value) and "reference=after" in str(e.value)
-            again = await run_inference(cluster.seed, 2, PROMPT, 6, timeout=120)
+            again = await run_inference(cluster.seed, 2, PROMPT, 4, timeout=120)
             assert again.token_ids == result.token_ids
             return
-        ref = await request_reference(cluster.seed, PROMPT, 6, timeout=60)
+        ref = await request_reference(cluster.seed, PROMPT, 4, timeout=60)
         ready = await cluster.members[0].wait_event(lambda e: e.get("event") == "reference_ready", 10, "reference")
     assert (ref.loaded, ref.stage, list(ref.token_ids)) == ("beside", 0, result.token_ids)
     assert ref.mem_after > ref.mem_before  # the model stays in its worker

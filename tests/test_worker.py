@@ -294,24 +294,28 @@ def test_a_reference_worker_keeps_its_model_and_answers_as_a_fresh_one(
     synth: dict[str, Worker], synth_model: str
 ) -> None:
     """``PP_WORKER_ROLE=reference``: the whole model loaded before the ready line, and kept. Its
-    tokens are those of a model loaded afresh (the stage worker's ``reference`` op) for two
-    prompts, and the first prompt asked again gives its tokens again: nothing of one generate
+    tokens are those of a model loaded afresh (the stage worker's ``reference`` op), and the
+    first prompt asked again after another gives its tokens again: nothing of one generate
     reaches the next. It answers only reference and shutdown."""
     ref = Worker(MODEL=synth_model, STAGE="0", NUM_STAGES="2", PP_WIRE_DTYPE="f32", PP_WORKER_ROLE="reference")
     try:
         ready = ref.line()
         assert (ready["status"], ready["role"], ready["stage"], ready["wire_dtype"]) == ("ready", "reference", 0, "f32")
         assert ready["load_s"] > 0 and ready["weights"]["source"] in ("gguf", "cache")
-        answers = []
-        for i, prompt in enumerate([PROMPT, "Tell me a long story", PROMPT]):
-            got = ref.ask({"op": "reference", "request_id": i, "prompt": prompt, "max_tokens": 6})
-            fresh = synth["jit0"].ask({"op": "reference", "request_id": i, "prompt": prompt, "max_tokens": 6})
-            assert (got["loaded"], fresh["loaded"]) == ("beside", "after")
-            assert got["load_s"] > 0 and got["generate_s"] > 0
-            assert (got["prompt_token_ids"], got["token_ids"]) == (fresh["prompt_token_ids"], fresh["token_ids"])
-            assert got["mem_after"] > got["mem_before"]  # the model stays, for the next query
-            answers.append(got["token_ids"])
-        assert answers[0] == answers[2] and len(answers[0]) == 6
+        story = {"prompt": "Tell me a long story", "max_tokens": 5}
+        answers = [
+            ref.ask({"op": "reference", "request_id": i, "prompt": prompt, "max_tokens": 5})
+            for i, prompt in enumerate([PROMPT, story["prompt"], PROMPT])
+        ]
+        # the second prompt against a model loaded afresh (the first is the pipeline's, in
+        # test_pipeline.py); the first again, after another generate: the same tokens
+        fresh = synth["jit0"].ask({"op": "reference", "request_id": 3, **story})
+        got = answers[1]
+        assert (got["loaded"], fresh["loaded"]) == ("beside", "after")
+        assert got["load_s"] > 0 and got["generate_s"] > 0
+        assert (got["prompt_token_ids"], got["token_ids"]) == (fresh["prompt_token_ids"], fresh["token_ids"])
+        assert all(a["mem_after"] > a["mem_before"] for a in answers)  # the model stays, for the next query
+        assert answers[0]["token_ids"] == answers[2]["token_ids"] and len(answers[0]["token_ids"]) == 5
         assert "expected reference or shutdown" in ref.ask({"op": "kv_info", "request_id": 9})["error"]
         assert (
             "max_tokens must be at least 1, got 0"
