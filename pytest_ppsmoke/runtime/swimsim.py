@@ -1,0 +1,429 @@
+"""SWIM at scale on a virtual clock: ``swim.Membership``, the code every node runs, with many
+members in one process on an in-memory network.
+
+    result = simulate(SimSpec(members=300, profile="wan", config=SwimConfig.wan()))
+    result.converge_s, result.detect_first_s, result.detect_all_s, result.false_deaths
+
+What is real and what is modelled:
+
+- Each member is a real ``Membership`` (probes, indirect probes, Lifeguard's awareness and
+  dynamic suspicion, piggybacked gossip, push-pull), driven by the same asyncio timers as on a
+  node. Only its ``Host`` is replaced: :class:`SimHost` hands each message to the network instead
+  of iroh, and a request gets its reply, or its ``TimeoutError``, as the node's does.
+- The network (:class:`SimNet`) delivers each message after the link's one-way delay plus a
+  uniform jitter, and loses it with the link's loss (netem's correlation: with probability
+  ``loss_corr`` a message shares the previous one's fate on that link). The figures are those of
+  the emulated network's profiles (``network.profiles.PROFILES``). Bytes are counted as the wire
+  frame each message would be (``codec.encode_frame``).
+- A slowed member (Lifeguard's "slow event loop") handles each message that reaches it up to
+  ``slow_s`` late, uniformly: its Acks and Nacks come late, and so do the replies it waits for.
+  Its own timers are not delayed (a single event loop serves every member), so the stall
+  excuse of a late timeout never fires here.
+- Time is virtual: the event loop's clock (and ``time.monotonic`` as ``swim`` reads it) jumps to
+  the next timer whenever nothing is ready (:class:`VirtualSelector`), so a simulated minute costs
+  the members' Python work, not a minute. ``wall_s`` says what it cost.
+
+A member killed (``kill``) stops at once, as a crashed host: its tasks are cancelled and nothing
+reaches it or leaves it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import random
+import selectors
+import time
+import types
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import swim
+from .codec import ActorAddress, Envelope, MemberStatus, Message, encode_frame
+from .errors import RemoteError
+from .swim import SWIM_ACTOR, MemberEvent, Membership
+from .swimconfig import SwimConfig
+
+
+class VirtualSelector(selectors.BaseSelector):
+    """A selector with no I/O: ``select(t)`` moves the virtual clock ``t`` on and reports
+    nothing. An event loop built on it runs its timers in virtual time."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self._map: dict[int, selectors.SelectorKey] = {}
+
+    def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        fd = fileobj if isinstance(fileobj, int) else fileobj.fileno()
+        key = selectors.SelectorKey(fileobj, fd, events, data)
+        self._map[fd] = key
+        return key
+
+    def unregister(self, fileobj: Any) -> selectors.SelectorKey:
+        return self._map.pop(fileobj if isinstance(fileobj, int) else fileobj.fileno())
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        if timeout is None:
+            raise RuntimeError("the simulation has no timer left and would wait for I/O that never comes")
+        self.now += max(0.0, timeout)
+        return []
+
+    def get_map(self) -> Mapping[Any, selectors.SelectorKey]:
+        return self._map
+
+    def close(self) -> None:
+        self._map.clear()
+
+
+def virtual_loop() -> asyncio.AbstractEventLoop:
+    """An event loop whose clock is virtual (its ``time()`` is the selector's)."""
+    sel = VirtualSelector()
+    loop = asyncio.SelectorEventLoop(sel)
+    loop.time = lambda: sel.now  # type: ignore[method-assign]
+    return loop
+
+
+@contextlib.contextmanager
+def _swim_on(loop: asyncio.AbstractEventLoop) -> Iterator[None]:
+    """``swim`` reads ``time.monotonic()``: make it the loop's virtual clock meanwhile."""
+    module = vars(swim)
+    real = module["time"]
+    module["time"] = types.SimpleNamespace(monotonic=loop.time)
+    try:
+        yield
+    finally:
+        module["time"] = real
+
+
+@dataclass(frozen=True)
+class Link:
+    delay: float = 0.0  # one way, seconds
+    jitter: float = 0.0  # seconds, uniform on top of the delay
+    loss: float = 0.0
+    loss_corr: float = 0.0
+
+    @classmethod
+    def of_profile(cls, name: str) -> Link:
+        from ..network.profiles import PROFILES
+
+        if name not in PROFILES:
+            raise ValueError(f"unknown network profile {name!r}; expected one of {', '.join(PROFILES)}")
+        p = PROFILES[name]
+        if p is None:  # loopback
+            return cls(delay=50e-6)
+        return cls(p.delay_ms / 1000, p.jitter_ms / 1000, p.loss, p.loss_corr)
+
+
+@dataclass
+class Traffic:
+    messages: int = 0
+    bytes: int = 0
+
+
+class _AnyPeer:
+    def is_allowed(self, peer_id: str) -> bool:
+        return True
+
+    def forget(self, peer_id: str) -> None:
+        pass
+
+
+class _Ctx:
+    def __init__(self, sender: str) -> None:
+        self.sender = ActorAddress(sender, SWIM_ACTOR)
+
+
+class SimNet:
+    """The in-memory network: every member's inbox is a timer on the virtual loop."""
+
+    def __init__(self, link: Link, rng: random.Random, count_bytes: bool = True) -> None:
+        self.link, self.rng, self.count_bytes = link, rng, count_bytes
+        self.members: dict[str, Membership] = {}
+        self.dead: set[str] = set()
+        self.slow: dict[str, float] = {}  # member -> seconds it may handle a message late
+        self.traffic: dict[str, Traffic] = {}  # by sender
+        self._lost_last: dict[tuple[str, str], bool] = {}
+        self._corr = 0
+        self.handling: set[asyncio.Task[Any]] = set()  # handlers under way (an indirect probe's)
+
+    def _lost(self, src: str, dst: str) -> bool:
+        link = self.link
+        if not link.loss:
+            return False
+        key = (src, dst)
+        if key in self._lost_last and self.rng.random() < link.loss_corr:
+            return self._lost_last[key]
+        lost = self.rng.random() < link.loss
+        self._lost_last[key] = lost
+        return lost
+
+    def _delay(self, dst: str) -> float:
+        d = self.link.delay + (self.rng.random() * self.link.jitter if self.link.jitter else 0.0)
+        slow = self.slow.get(dst)
+        return d + (self.rng.random() * slow if slow else 0.0)
+
+    def send(self, src: str, dst: str, msg: Message, reply: asyncio.Future[Message] | None, corr: int = 0) -> None:
+        t = self.traffic.setdefault(src, Traffic())
+        t.messages += 1
+        if self.count_bytes:
+            t.bytes += len(encode_frame(Envelope(SWIM_ACTOR, SWIM_ACTOR, corr, False), msg))
+        if src in self.dead or dst in self.dead or dst not in self.members or self._lost(src, dst):
+            return
+        asyncio.get_running_loop().call_later(self._delay(dst), self._arrive, src, dst, msg, reply, corr)
+
+    def _arrive(self, src: str, dst: str, msg: Message, reply: asyncio.Future[Message] | None, corr: int) -> None:
+        if dst in self.dead:
+            return
+        member = self.members[dst]
+        name = "on_" + "".join("_" + c.lower() if c.isupper() else c for c in type(msg).__name__).lstrip("_")
+        handler = getattr(member, name, None)
+        if handler is None:
+            return
+        try:
+            result = handler(msg, _Ctx(src))
+        except Exception as e:  # the node answers a failed handler with an error reply
+            self._answer(dst, src, e, reply, corr)
+            return
+        if asyncio.iscoroutine(result):
+            task = asyncio.ensure_future(result)
+            self.handling.add(task)
+
+            def done(t: asyncio.Task[Any]) -> None:
+                self.handling.discard(t)
+                if not t.cancelled():
+                    self._answer(dst, src, t.exception() or t.result(), reply, corr)
+
+            task.add_done_callback(done)
+        else:
+            self._answer(dst, src, result, reply, corr)
+
+    def _answer(self, src: str, dst: str, result: Any, reply: asyncio.Future[Message] | None, corr: int) -> None:
+        if reply is None or result is None:
+            return
+        if isinstance(result, BaseException):
+            err: BaseException = RemoteError(ActorAddress(src, SWIM_ACTOR), "handler_failed", str(result))
+            self._deliver_reply(src, dst, err, reply, len(str(result)))
+            return
+        t = self.traffic.setdefault(src, Traffic())
+        t.messages += 1
+        size = len(encode_frame(Envelope(SWIM_ACTOR, SWIM_ACTOR, corr, True), result)) if self.count_bytes else 0
+        t.bytes += size
+        self._deliver_reply(src, dst, result, reply, size)
+
+    def _deliver_reply(self, src: str, dst: str, result: Any, reply: asyncio.Future[Message], size: int) -> None:
+        if src in self.dead or dst in self.dead or self._lost(src, dst):
+            return
+
+        def land() -> None:
+            if dst in self.dead:
+                return
+            if reply.done():  # the request gave up: the node hands a late reply to the actor
+                if isinstance(result, Message):
+                    self.members[dst].on_late_reply(result, _Ctx(src))
+                return
+            if isinstance(result, BaseException):
+                reply.set_exception(result)
+            else:
+                reply.set_result(result)
+
+        asyncio.get_running_loop().call_later(self._delay(dst), land)
+
+    def next_corr(self) -> int:
+        self._corr += 1
+        return self._corr
+
+
+class SimHost:
+    """A member's ``swim.Host``: its messages go through :class:`SimNet`."""
+
+    def __init__(self, net: SimNet, member_id: str) -> None:
+        self.net, self._id = net, member_id
+        self._transport = _AnyPeer()
+
+    @property
+    def id(self) -> str:
+        return self._id
+
+    @property
+    def transport(self) -> _AnyPeer:
+        return self._transport
+
+    def address(self, actor: str, node: str | None = None) -> ActorAddress:
+        return ActorAddress(node or self._id, actor)
+
+    def learn(self, m: Any) -> None:
+        pass
+
+    def send_nowait(self, to: ActorAddress, msg: Message, timeout: float, sender: str = "") -> None:
+        self.net.send(self._id, to.node, msg, None)
+
+    async def request(
+        self, to: ActorAddress, msg: Message, timeout: float | None = None, *, sender: str = ""
+    ) -> Message:
+        fut: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        self.net.send(self._id, to.node, msg, fut, self.net.next_corr())
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            raise TimeoutError(f"no reply from {to} to {type(msg).__name__} within {timeout:.3g} s") from None
+
+
+def member_id(i: int) -> str:
+    return f"{i:064x}"
+
+
+@dataclass(frozen=True)
+class SimSpec:
+    members: int
+    profile: str = "wan"  # the link of every pair (network.profiles)
+    config: SwimConfig = field(default_factory=SwimConfig.wan)
+    slowed: float = 0.0  # the share of members whose loop is slow
+    slow_s: float = 1.0  # how late a slowed member may handle a message
+    kill: bool = True  # kill one healthy member once converged, and time its detection
+    watch_s: float = 0.0  # then run this long more on ``watch_profile``'s links, counting false deaths
+    watch_profile: str = ""  # "": ``profile``'s
+    seed: int = 1
+    count_bytes: bool = True
+    limit_s: float = 600.0  # virtual seconds before the run gives up on a phase
+
+
+@dataclass
+class SimResult:
+    spec: dict[str, Any]
+    converge_s: float | None = None  # joins sent at 0: until every member sees every other alive
+    detect_first_s: float | None = None  # the kill to the first member that declares it dead
+    detect_all_s: float | None = None  # ... to the last live member that knows
+    detect_spread_s: float | None = None
+    false_deaths: int = 0  # live members declared dead while watched (each member and incarnation once)
+    false_deaths_per_member_hour: float | None = None
+    suspicions: int = 0  # suspicions raised by probes while watched
+    refuted: int = 0
+    messages_per_member_s: float = 0.0
+    bytes_per_member_s: float = 0.0
+    virtual_s: float = 0.0
+    wall_s: float = 0.0
+    bounds: dict[str, float] = field(default_factory=dict)
+
+
+def memberlist_figures(n: int, config: SwimConfig) -> dict[str, float]:
+    """memberlist's formulas at ``n`` with this config's probe period, side by side with ours:
+    its suspicion timeout ``4 x max(1, log10 n) x probe interval`` (our ``suspicion_timeout``
+    plays its ``4 x probe interval``), and SWIM's expected time until some member probes a dead
+    one, ``period x e / (e - 1)`` (each of n - 1 members probes one target a period)."""
+    lo, hi = config.suspicion_bounds(n)
+    first_probe = config.protocol_period * math.e / (math.e - 1)
+    return {
+        "memberlist_suspicion_s": round(4 * max(1.0, math.log10(n)) * config.protocol_period, 3),
+        "ours_suspicion_min_s": round(lo, 3),
+        "ours_suspicion_max_s": round(hi, 3),
+        "expected_first_probe_s": round(first_probe, 3),
+        "expected_detection_s": round(first_probe + config.ping_timeout + lo, 3),
+        "detection_bound_s": round(config.detection_bound(n), 3),
+    }
+
+
+async def _until(pred: Any, step: float, limit: float, what: str) -> float:
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    while not pred():
+        if loop.time() - started > limit:
+            raise TimeoutError(f"{what} did not happen within {limit:g} simulated seconds")
+        await asyncio.sleep(step)
+    return loop.time() - started
+
+
+async def _run(spec: SimSpec, rng: random.Random) -> SimResult:
+    loop = asyncio.get_running_loop()
+    n, cfg = spec.members, spec.config
+    net = SimNet(Link.of_profile(spec.profile), rng, spec.count_bytes)
+    ids = [member_id(i) for i in range(n)]
+    for i in ids:
+        net.members[i] = Membership(SimHost(net, i), cfg, (), None)
+    slowed = rng.sample(ids[1:], round(spec.slowed * (n - 1)))
+    net.slow = {i: spec.slow_s for i in slowed}
+    result = SimResult(spec={**spec.__dict__, "config": cfg.__dict__}, bounds=memberlist_figures(n, cfg))
+
+    deaths: dict[str, dict[str, float]] = {}  # dead member -> observer -> when
+    false: set[tuple[str, int]] = set()
+
+    def listener(observer: str) -> Any:
+        def on(ev: MemberEvent) -> None:
+            if ev.kind == "dead":
+                deaths.setdefault(ev.member.id, {}).setdefault(observer, loop.time())
+                if ev.member.id not in net.dead:
+                    false.add((ev.member.id, ev.member.incarnation))
+
+        return on
+
+    for i in ids:
+        net.members[i].add_listener(listener(i))
+    started = loop.time()
+    for i in ids:
+        net.members[i].start()
+    joins = [asyncio.ensure_future(net.members[i].join(ids[0], spec.limit_s)) for i in ids[1:]]
+
+    def alive_views() -> int:
+        return sum(
+            1 for m in net.members.values() if sum(1 for s in m.members.values() if s.status == MemberStatus.alive) == n
+        )
+
+    try:
+        await asyncio.gather(*joins)
+        await _until(lambda: alive_views() == n, cfg.protocol_period, spec.limit_s, "convergence")
+        result.converge_s = round(loop.time() - started, 3)
+        if spec.kill:
+            victim = rng.choice([i for i in ids[1:] if i not in net.slow])
+            net.dead.add(victim)
+            killed = loop.time()
+            await net.members[victim].stop()
+            live = [i for i in ids if i != victim]
+            await _until(
+                lambda: len(deaths.get(victim, {})) >= len(live), cfg.protocol_period / 4, spec.limit_s, "detection"
+            )
+            seen = deaths[victim]
+            result.detect_first_s = round(min(seen.values()) - killed, 3)
+            result.detect_all_s = round(max(seen.values()) - killed, 3)
+            result.detect_spread_s = round(result.detect_all_s - result.detect_first_s, 3)
+        if spec.watch_s:
+            false.clear()
+            suspicions_before = sum(m.stats().suspicions_raised for m in net.members.values())
+            net.link = Link.of_profile(spec.watch_profile or spec.profile)
+            await asyncio.sleep(spec.watch_s)
+            result.suspicions = sum(m.stats().suspicions_raised for m in net.members.values()) - suspicions_before
+    finally:
+        for j in joins:
+            j.cancel()
+        for m in net.members.values():
+            await m.stop()
+        for t in list(net.handling):
+            t.cancel()
+        await asyncio.gather(*net.handling, return_exceptions=True)
+    result.virtual_s = round(loop.time() - started, 3)
+    result.false_deaths = len(false)
+    member_hours = (n - len(net.dead)) * spec.watch_s / 3600
+    result.false_deaths_per_member_hour = round(len(false) / member_hours, 3) if member_hours else None
+    result.refuted = sum(m.stats().refuted_about_me for m in net.members.values())
+    member_s = n * result.virtual_s
+    result.messages_per_member_s = round(sum(t.messages for t in net.traffic.values()) / member_s, 2)
+    result.bytes_per_member_s = round(sum(t.bytes for t in net.traffic.values()) / member_s, 1)
+    return result
+
+
+def simulate(spec: SimSpec) -> SimResult:
+    """One run on a fresh virtual loop (``random`` seeded from ``spec.seed``: ``swim`` draws its
+    probe order and helpers from the module, the network from its own generator)."""
+    if spec.members < 2:
+        raise ValueError(f"members must be at least 2, got {spec.members}")
+    random.seed(spec.seed)
+    rng = random.Random(spec.seed)
+    loop = virtual_loop()
+    wall = time.monotonic()
+    try:
+        with _swim_on(loop):
+            result = loop.run_until_complete(_run(spec, rng))
+    finally:
+        loop.close()
+    result.wall_s = round(time.monotonic() - wall, 3)
+    return result

@@ -1,0 +1,69 @@
+"""SWIM's own ``Membership`` at scale on a virtual clock (``runtime/swimsim.py``): the small-N
+cases of ``bench/bench_swim_scale.py``, which runs up to a thousand members."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import pytest
+
+from pytest_ppsmoke.runtime import swim
+from pytest_ppsmoke.runtime.swimconfig import SwimConfig
+from pytest_ppsmoke.runtime.swimsim import Link, SimSpec, memberlist_figures, simulate, virtual_loop
+
+pytestmark = pytest.mark.local
+
+LIFEGUARD_OFF = dataclasses.replace(SwimConfig.wan(), awareness_max=1, suspicion_max_mult=1.0)
+
+
+def test_the_virtual_clock_runs_timers_in_order_without_waiting() -> None:
+    """A loop on the virtual selector: an hour of sleeps ends at the hour, in order."""
+    loop = virtual_loop()
+    seen: list[tuple[str, float]] = []
+
+    async def sleeper(name: str, s: float) -> None:
+        await asyncio.sleep(s)
+        seen.append((name, loop.time()))
+
+    async def main() -> None:
+        await asyncio.gather(sleeper("hour", 3600), sleeper("second", 1), sleeper("minute", 60))
+
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
+    assert seen == [("second", 1.0), ("minute", 60.0), ("hour", 3600.0)]
+    assert swim.time.monotonic is not loop.time  # the swim module's clock is the real one outside a run
+
+
+@pytest.mark.parametrize("members", [10, 30])
+def test_members_converge_and_a_killed_one_is_declared_dead_by_all_within_the_bound(members: int) -> None:
+    """On wan's links: every join seen by every member, then a member killed is declared dead by
+    every live member, the first within the detection bound's expected figure and all within
+    the bound itself; no live member is declared dead meanwhile or over a watched minute."""
+    r = simulate(SimSpec(members=members, profile="wan", config=SwimConfig.wan(), watch_s=60))
+    bounds = memberlist_figures(members, SwimConfig.wan())
+    assert r.converge_s is not None and r.converge_s < SwimConfig.wan().sync_interval + 1
+    assert r.detect_first_s is not None and r.detect_all_s is not None
+    lo, _ = SwimConfig.wan().suspicion_bounds(members)
+    assert lo <= r.detect_first_s <= bounds["detection_bound_s"]
+    assert r.detect_first_s <= r.detect_all_s <= bounds["detection_bound_s"]
+    assert r.false_deaths == 0 and r.messages_per_member_s > 0 and r.bytes_per_member_s > 0
+
+
+def test_lifeguard_cuts_false_deaths_under_loss_and_slow_members() -> None:
+    """flaky's correlated 20% loss, one member in ten slow to answer: the same run with
+    Lifeguard's local health and dynamic suspicion turned off (``awareness_max=1``,
+    ``suspicion_max_mult=1``) declares live members dead several times as often."""
+    spec = SimSpec(members=20, slowed=0.1, slow_s=1.0, kill=False, watch_s=300, watch_profile="flaky")
+    on, off = simulate(spec), simulate(dataclasses.replace(spec, config=LIFEGUARD_OFF))
+    assert on.converge_s is not None and off.converge_s is not None
+    assert off.false_deaths >= 3 * max(1, on.false_deaths), (on.false_deaths, off.false_deaths)
+
+
+def test_bad_specs_are_named() -> None:
+    with pytest.raises(ValueError, match="members must be at least 2, got 1"):
+        simulate(SimSpec(members=1))
+    with pytest.raises(ValueError, match="unknown network profile 'mars'; expected one of loopback, lan, wan"):
+        Link.of_profile("mars")
