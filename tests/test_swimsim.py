@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import random
 
 import pytest
 
 from pytest_ppsmoke.runtime import swim
+from pytest_ppsmoke.runtime.codec import Envelope, MemberState, Sync, encode_frame
 from pytest_ppsmoke.runtime.swimconfig import SwimConfig
-from pytest_ppsmoke.runtime.swimsim import Link, SimSpec, memberlist_figures, simulate, virtual_loop
+from pytest_ppsmoke.runtime.swimsim import Link, SimNet, SimSpec, member_id, memberlist_figures, simulate, virtual_loop
 
 pytestmark = pytest.mark.local
 
@@ -60,6 +62,16 @@ def test_lifeguard_cuts_false_deaths_under_loss_and_slow_members() -> None:
     on, off = simulate(spec), simulate(dataclasses.replace(spec, config=LIFEGUARD_OFF))
     assert on.converge_s is not None and off.converge_s is not None
     assert off.false_deaths >= 3 * max(1, on.false_deaths), (on.false_deaths, off.false_deaths)
+
+
+def test_a_syncs_bytes_are_its_wire_frames() -> None:
+    """The byte count of a full state (built from each member's bytes, kept) is the length of
+    the frame the codec writes."""
+    net = SimNet(Link(), random.Random(1))
+    states = tuple(MemberState(member_id(i), i % 3, i, ("10.0.0.1:7000",) if i % 2 else ()) for i in range(50))
+    for corr, reply in ((7, True), (0, False)):
+        exact = len(encode_frame(Envelope("swim", "swim", corr, reply), Sync(states)))
+        assert net.size(Sync(states), corr, reply) == exact == net.size(Sync(states), corr, reply)
 
 
 def test_bad_specs_are_named() -> None:

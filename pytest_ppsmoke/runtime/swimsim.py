@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import swim
-from .codec import ActorAddress, Envelope, MemberStatus, Message, encode_frame
+from .codec import ActorAddress, Envelope, MemberStatus, Message, Sync, encode_frame
 from .errors import RemoteError
 from .swim import SWIM_ACTOR, MemberEvent, Membership
 from .swimconfig import SwimConfig
@@ -147,6 +147,7 @@ class SimNet:
         self._lost_last: dict[tuple[str, str], bool] = {}
         self._corr = 0
         self.handling: set[asyncio.Task[Any]] = set()  # handlers under way (an indirect probe's)
+        self._state_bytes: dict[tuple[str, int, int], int] = {}
 
     def _lost(self, src: str, dst: str) -> bool:
         link = self.link
@@ -164,11 +165,29 @@ class SimNet:
         slow = self.slow.get(dst)
         return d + (self.rng.random() * slow if slow else 0.0)
 
+    def size(self, msg: Message, corr: int, reply: bool) -> int:
+        """The bytes of ``msg``'s wire frame. A ``Sync`` (every member's state: the largest, and
+        most of the encoding work at a thousand members) is its empty frame plus each state's
+        bytes, kept per (id, status, incarnation): in a simulation a member's addresses and names
+        never change."""
+        if not self.count_bytes:
+            return 0
+        env = Envelope(SWIM_ACTOR, SWIM_ACTOR, corr, reply)
+        if not isinstance(msg, Sync):
+            return len(encode_frame(env, msg))
+        total = len(encode_frame(env, Sync(())))
+        for m in msg.members:
+            key = (m.id, m.status, m.incarnation)
+            n = self._state_bytes.get(key)
+            if n is None:
+                n = self._state_bytes[key] = len(encode_frame(env, Sync((m,)))) - len(encode_frame(env, Sync(())))
+            total += n
+        return total
+
     def send(self, src: str, dst: str, msg: Message, reply: asyncio.Future[Message] | None, corr: int = 0) -> None:
         t = self.traffic.setdefault(src, Traffic())
         t.messages += 1
-        if self.count_bytes:
-            t.bytes += len(encode_frame(Envelope(SWIM_ACTOR, SWIM_ACTOR, corr, False), msg))
+        t.bytes += self.size(msg, corr, False)
         if src in self.dead or dst in self.dead or dst not in self.members or self._lost(src, dst):
             return
         asyncio.get_running_loop().call_later(self._delay(dst), self._arrive, src, dst, msg, reply, corr)
@@ -208,7 +227,7 @@ class SimNet:
             return
         t = self.traffic.setdefault(src, Traffic())
         t.messages += 1
-        size = len(encode_frame(Envelope(SWIM_ACTOR, SWIM_ACTOR, corr, True), result)) if self.count_bytes else 0
+        size = self.size(result, corr, True)
         t.bytes += size
         self._deliver_reply(src, dst, result, reply, size)
 
