@@ -298,10 +298,10 @@ class SimSpec:
     members: int
     profile: str = "wan"  # the link of every pair (network.profiles)
     config: SwimConfig = field(default_factory=SwimConfig.wan)
-    slowed: float = 0.0  # the share of members whose loop is slow
+    slowed: float = 0.0  # the share of members whose loop is slow, once converged (from the watch on, if any)
     slow_s: float = 1.0  # how late a slowed member may handle a message
     kill: bool = True  # kill one healthy member once converged, and time its detection
-    watch_s: float = 0.0  # then run this long more on ``watch_profile``'s links, counting false deaths
+    watch_s: float = 0.0  # then run this long more on ``watch_profile``'s links, slowed, counting false deaths
     watch_profile: str = ""  # "": ``profile``'s
     seed: int = 1
     count_bytes: bool = True
@@ -360,8 +360,7 @@ async def _run(spec: SimSpec, rng: random.Random) -> SimResult:
     ids = [member_id(i) for i in range(n)]
     for i in ids:
         net.members[i] = Membership(SimHost(net, i), cfg, (), None)
-    slowed = rng.sample(ids[1:], round(spec.slowed * (n - 1)))
-    net.slow = {i: spec.slow_s for i in slowed}
+    slowed = rng.sample(ids[1:], round(spec.slowed * (n - 1)))  # slow from the watch on (or the kill, unwatched)
     result = SimResult(spec={**spec.__dict__, "config": cfg.__dict__}, bounds=memberlist_figures(n, cfg))
 
     deaths: dict[str, dict[str, float]] = {}  # dead member -> observer -> when
@@ -392,8 +391,10 @@ async def _run(spec: SimSpec, rng: random.Random) -> SimResult:
         await asyncio.gather(*joins)
         await _until(lambda: alive_views() == n, cfg.protocol_period, spec.limit_s, "convergence")
         result.converge_s = round(loop.time() - started, 3)
+        if not spec.watch_s:
+            net.slow = {i: spec.slow_s for i in slowed}
         if spec.kill:
-            victim = rng.choice([i for i in ids[1:] if i not in net.slow])
+            victim = rng.choice([i for i in ids[1:] if i not in slowed])
             net.dead.add(victim)
             killed = loop.time()
             await net.members[victim].stop()
@@ -407,6 +408,7 @@ async def _run(spec: SimSpec, rng: random.Random) -> SimResult:
             result.detect_spread_s = round(result.detect_all_s - result.detect_first_s, 3)
         if spec.watch_s:
             false.clear()
+            net.slow = {i: spec.slow_s for i in slowed}
             suspicions_before = sum(m.stats().suspicions_raised for m in net.members.values())
             net.link = Link.of_profile(spec.watch_profile or spec.profile)
             await asyncio.sleep(spec.watch_s)
