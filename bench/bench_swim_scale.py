@@ -1,5 +1,5 @@
 """SWIM at scale, simulated: ``swim.Membership`` (the code the nodes run) with N members on a
-virtual clock (``pytest_ppsmoke/runtime/swimsim.py``), beside memberlist's formulas.
+virtual clock (``pytest_ppsmoke/network/swimsim.py``), beside memberlist's formulas.
 
     python bench/bench_swim_scale.py [--sizes 10,30,100,300,1000] [--watch 120] [--out FILE] [--plot PNG]
 
@@ -28,8 +28,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchio import emit  # bench/ is this script's directory: first on sys.path
 
+from pytest_ppsmoke.network.swimsim import SimSpec, simulate
 from pytest_ppsmoke.runtime.swimconfig import SwimConfig
-from pytest_ppsmoke.runtime.swimsim import SimSpec, simulate
 
 LIFEGUARD_OFF = dataclasses.replace(SwimConfig.wan(), awareness_max=1, suspicion_max_mult=1.0)
 

@@ -1,4 +1,4 @@
-"""SWIM's own ``Membership`` at scale on a virtual clock (``runtime/swimsim.py``): the small-N
+"""SWIM's own ``Membership`` at scale on a virtual clock (``network/swimsim.py``): the small-N
 cases of ``bench/bench_swim_scale.py``, which runs up to a thousand members."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import random
 
 import pytest
 
+from pytest_ppsmoke.network.swimsim import Link, SimNet, SimSpec, member_id, memberlist_figures, simulate, virtual_loop
 from pytest_ppsmoke.runtime import swim
 from pytest_ppsmoke.runtime.codec import Envelope, MemberState, Sync, encode_frame
 from pytest_ppsmoke.runtime.swimconfig import SwimConfig
-from pytest_ppsmoke.runtime.swimsim import Link, SimNet, SimSpec, member_id, memberlist_figures, simulate, virtual_loop
 
 pytestmark = pytest.mark.local
 

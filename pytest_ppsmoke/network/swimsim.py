@@ -13,7 +13,7 @@ What is real and what is modelled:
 - The network (:class:`SimNet`) delivers each message after the link's one-way delay plus a
   uniform jitter, and loses it with the link's loss (netem's correlation: with probability
   ``loss_corr`` a message shares the previous one's fate on that link). The figures are those of
-  the emulated network's profiles (``network.profiles.PROFILES``). Bytes are counted as the wire
+  the emulated network's profiles (``profiles.PROFILES``). Bytes are counted as the wire
   frame each message would be (``codec.encode_frame``).
 - A slowed member (Lifeguard's "slow event loop") handles each message that reaches it up to
   ``slow_s`` late, uniformly: its Acks and Nacks come late, and so do the replies it waits for.
@@ -40,11 +40,12 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import swim
-from .codec import ActorAddress, Envelope, MemberStatus, Message, Sync, encode_frame
-from .errors import RemoteError
-from .swim import SWIM_ACTOR, MemberEvent, Membership
-from .swimconfig import SwimConfig
+from ..runtime import swim
+from ..runtime.codec import ActorAddress, Envelope, MemberStatus, Message, Sync, encode_frame
+from ..runtime.errors import RemoteError
+from ..runtime.swim import SWIM_ACTOR, MemberEvent, Membership
+from ..runtime.swimconfig import SwimConfig
+from .profiles import PROFILES
 
 
 class VirtualSelector(selectors.BaseSelector):
@@ -106,8 +107,6 @@ class Link:
 
     @classmethod
     def of_profile(cls, name: str) -> Link:
-        from ..network.profiles import PROFILES
-
         if name not in PROFILES:
             raise ValueError(f"unknown network profile {name!r}; expected one of {', '.join(PROFILES)}")
         p = PROFILES[name]
