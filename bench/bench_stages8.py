@@ -1,0 +1,101 @@
+"""Eight stages: a pipeline of 8 ``pp-gpu-node`` processes on a synthetic model of 8 blocks,
+rented from the emulator (its catalogue widened to 12 single-GPU offers: the default has 7 that a
+query can take), on loopback or an emulated network, checked token for token against the
+reference on stage 0's node, with the per-hop figures.
+
+    pp-synth-gguf /tmp/synth8.gguf --blocks 8 --dim 64 --heads 4 --kv-heads 2 --ffn 128 --vocab 512 --context 1024
+    python bench/bench_stages8.py --model /tmp/synth8.gguf [--stages 2,4,8] [--network wan] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchio import emit  # bench/ is this script's directory: first on sys.path
+
+PROMPT = "Say hello"
+
+
+def wide_catalogue(extra: int) -> list[dict[str, Any]]:
+    """The default catalogue and ``extra`` more copies of its first offer, each its own machine."""
+    from pytest_ppsmoke.cloud.emulator.catalogue import default_catalogue
+
+    offers = default_catalogue()
+    first = offers[0]
+    for i in range(extra):
+        oid = 4_200_000 + 17 * i
+        offers.append({**first, "id": oid, "ask_contract_id": oid, "machine_id": 32_000 + i, "host_id": 8_000 + i})
+    return offers
+
+
+async def run(model: str, stages: int, network: str, max_tokens: int) -> dict[str, Any]:
+    from pytest_ppsmoke.cloud.emulator.server import FakeVast
+    from pytest_ppsmoke.cloud.lifecycle import Deployment, RunConfig
+    from pytest_ppsmoke.cloud.vast import VastClient
+    from pytest_ppsmoke.harness.driver import rtt_of
+    from pytest_ppsmoke.harness.pipeline import request_reference, run_inference
+
+    async with (
+        FakeVast(catalogue=wide_catalogue(8), network=network) as fake,
+        VastClient(fake.api_key, fake.url) as vast,
+    ):
+        config = RunConfig(model=model, num_stages=stages, poll_interval=0.25)
+        if fake.network is not None:
+            config.bind, config.rtt = f"{fake.network.host_addr}:0", rtt_of(fake.network.spec)
+        started = time.monotonic()
+        async with Deployment(vast, config) as dep:
+            assert dep.seed is not None
+            up = time.monotonic() - started
+            r = await run_inference(dep.seed, stages, PROMPT, max_tokens, timeout=240)
+            ref = await request_reference(dep.seed, PROMPT, max_tokens, timeout=240)
+            timings = dict(dep.timings)
+    decode = [h["decode"]["median_s"] for h in r.hops.values()]
+    return {
+        "stages": stages,
+        "network": network,
+        "match": r.token_ids == list(ref.token_ids),
+        "tokens": len(r.token_ids),
+        "reference_method": ref.method,
+        "lifecycle_s": timings,
+        "up_s": round(up, 3),
+        "timings": r.timings,
+        "hops": len(r.hops),
+        "decode_hop_median_s": decode,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--stages", default="2,4,8")
+    ap.add_argument("--network", default="loopback")
+    ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--out", type=Path)
+    a = ap.parse_args()
+    rows = []
+    for n in (int(s) for s in a.stages.split(",")):
+        row = asyncio.run(run(a.model, n, a.network, a.max_tokens))
+        print(row, flush=True)
+        rows.append(row)
+    emit(
+        {
+            "bench": "stages8",
+            "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+            "model": a.model,
+            "network": a.network,
+            "rows": rows,
+        },
+        a.out,
+    )
+
+
+if __name__ == "__main__":
+    main()
