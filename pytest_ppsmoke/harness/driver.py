@@ -216,8 +216,10 @@ class SmokeRun(Resource):
         return self.settings.phases_budget - self.elapsed()
 
     def _emulator_pace(self) -> dict[str, float]:
-        """The embedded emulator's thresholds (endpoint -> seconds), where it was given rate limits."""
-        return {k: threshold for k, (threshold, _) in self.fake.limiter.limits.items()} if self.fake else {}
+        """The embedded emulator's thresholds (endpoint -> seconds) of the endpoints vast.ai
+        documents one for (``VAST_PACE``), where it was given rate limits."""
+        limits = self.fake.limiter.limits if self.fake else {}
+        return {k: threshold for k, (threshold, _) in limits.items() if k in VAST_PACE}
 
     def teardown_seconds(self) -> float:
         """The teardown's deadline, were it to start now: what is left of the budget, at most
@@ -273,7 +275,7 @@ class SmokeRun(Resource):
         self.report.vast_url = url
         # vast.ai's create threshold is known: its creates are paced from the first. The embedded
         # emulator's, where it was given vast.ai's limits (the projection's replay), likewise
-        pace = VAST_PACE if not s.local else {k: v for k, v in self._emulator_pace().items() if k in VAST_PACE}
+        pace = VAST_PACE if not s.local else self._emulator_pace()
         self.vast = VastClient(key, url, pace=pace)
         self.vast.deadline = self.started + s.phases_budget  # no retry waits past the steps' deadline
         self.deployment = Deployment(self.vast, config, on_phase=self.on_phase)

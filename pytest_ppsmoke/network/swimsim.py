@@ -43,6 +43,7 @@ from typing import Any
 from ..runtime import swim
 from ..runtime.codec import ActorAddress, Envelope, MemberStatus, Message, Sync, encode_frame
 from ..runtime.errors import RemoteError
+from ..runtime.node import handler_name
 from ..runtime.swim import SWIM_ACTOR, MemberEvent, Membership
 from ..runtime.swimconfig import SwimConfig
 from .profiles import PROFILES
@@ -195,8 +196,7 @@ class SimNet:
         if dst in self.dead:
             return
         member = self.members[dst]
-        name = "on_" + "".join("_" + c.lower() if c.isupper() else c for c in type(msg).__name__).lstrip("_")
-        handler = getattr(member, name, None)
+        handler = getattr(member, handler_name(type(msg)), None)
         if handler is None:
             return
         try:

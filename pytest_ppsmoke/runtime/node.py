@@ -309,7 +309,7 @@ class Node(Resource):
         if actor is None:
             self._fail(peer, env, "unknown_actor", f"no actor {env.to_actor!r} on node {self.id[:10]}")
             return
-        handler = getattr(actor, "on_" + _snake(type(msg).__name__), None)
+        handler = getattr(actor, handler_name(type(msg)), None)
         if handler is None:
             self._fail(peer, env, "unhandled_message", f"actor {env.to_actor!r} does not handle {type(msg).__name__}")
             return
@@ -377,5 +377,6 @@ class _NodeActor:
         return msg
 
 
-def _snake(name: str) -> str:
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+def handler_name(message_type: type) -> str:
+    """The actor method that handles ``message_type``: ``on_`` and its name in snake case."""
+    return "on_" + re.sub(r"(?<!^)(?=[A-Z])", "_", message_type.__name__).lower()

@@ -642,7 +642,7 @@ class ReferenceModel:
 
     Two ways to use it: :func:`run_reference` loads one, generates once and drops it (a stage's
     worker, after the request); a reference worker (``PP_WORKER_ROLE=reference``) loads one
-    while the stages load, warms it up, and keeps it for the node's life."""
+    while the stages load and keeps it for the node's life."""
 
     def __init__(
         self,
