@@ -24,7 +24,7 @@ from pytest_ppsmoke.runtime.codec import (
     Ping,
 )
 from pytest_ppsmoke.runtime.node import Node, NodeConfig
-from pytest_ppsmoke.runtime.swim import SWIM_ACTOR, MemberEvent, Membership
+from pytest_ppsmoke.runtime.swim import SWIM_ACTOR, Broadcasts, MemberEvent, Membership
 from pytest_ppsmoke.runtime.swimconfig import SwimConfig
 
 from .helpers import cluster_configs
@@ -474,5 +474,42 @@ async def test_probing_a_suspect_tells_it_and_its_ack_refutes() -> None:
         suspect._queue.clear()
         ack = suspect.on_ping(Ping(7, (MemberState(x, MemberStatus.suspect, 0),)), SimContext(m.node.address("swim")))
         assert ack is not None and suspect.me in ack.updates
+    finally:
+        await net.stop()
+
+
+def test_the_broadcast_queue_sends_the_least_sent_first_and_each_update_its_count() -> None:
+    q = Broadcasts()
+    a, b, c = (MemberState(f"{i:064x}", MemberStatus.alive, 0) for i in range(3))
+    q.put(a, 2)
+    q.put(b, 3)
+    q.put(c, 2)
+    assert q.take(2) == (b, a)  # most transmissions left first; among equals, the oldest
+    assert q.take(2) == (c, b)  # b and a now have 2 and 1 left; c was next at 2
+    q.put(replace(a, incarnation=1), 1)  # a newer update replaces the queued one
+    assert len(q) == 3
+    sent = [m for _ in range(5) for m in q.take(3)]
+    assert sent.count(b) == 1 and sent.count(c) == 1 and sent.count(replace(a, incarnation=1)) == 1
+    assert a not in sent and len(q) == 0 and q.take(3) == ()
+
+
+async def test_the_members_a_member_probes_and_gossips_to_follow_joins_deaths_and_returns() -> None:
+    net = SimNet(FAST, 2)
+    m = net.members[0]
+    ids = [f"{i:064x}" for i in range(1, 6)]
+
+    def expected() -> list[str]:
+        return [i for i, s in m.members.items() if s.status != MemberStatus.dead and i != m.me.id]
+
+    try:
+        assert m._others() == expected()
+        steps = [MemberState(i, MemberStatus.alive, 0) for i in ids]  # joins
+        steps += [MemberState(ids[1], MemberStatus.suspect, 0), MemberState(ids[2], MemberStatus.dead, 0)]
+        steps += [MemberState(ids[2], MemberStatus.alive, 1), MemberState(ids[0], MemberStatus.dead, 0)]
+        for u in steps:
+            m.merge([u])
+            assert sorted(m._others()) == sorted(expected()), u
+        probed = {m._next_target() for _ in range(len(expected()))}  # one round: each live member once
+        assert probed == set(expected()) and ids[0] not in probed
     finally:
         await net.stop()

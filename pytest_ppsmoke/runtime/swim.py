@@ -110,6 +110,48 @@ class EventStream:
             self._subscribers.remove(self._queue)
 
 
+class Broadcasts:
+    """The updates waiting to be piggybacked, each with the transmissions it has left
+    (memberlist's transmit-limited queue). ``take(k)`` returns the ``k`` with the most left, the
+    oldest first among equals, and spends one of each: kept in a bucket per count (a few dozen
+    at most), so taking is O(k), not a sort of the queue for every message."""
+
+    def __init__(self) -> None:
+        self._left: dict[str, int] = {}
+        self._buckets: dict[int, dict[str, MemberState]] = {}
+
+    def __len__(self) -> int:
+        return len(self._left)
+
+    def put(self, m: MemberState, transmissions: int) -> None:
+        """Queue ``m``, replacing any update about the same member."""
+        old = self._left.pop(m.id, None)
+        if old is not None:
+            del self._buckets[old][m.id]
+        if transmissions > 0:
+            self._left[m.id] = transmissions
+            self._buckets.setdefault(transmissions, {})[m.id] = m
+
+    def take(self, k: int) -> tuple[MemberState, ...]:
+        picked: list[tuple[int, MemberState]] = []
+        for left in sorted(self._buckets, reverse=True):
+            for m in self._buckets[left].values():
+                picked.append((left, m))
+                if len(picked) == k:
+                    break
+            if len(picked) == k:
+                break
+        for left, m in picked:
+            self.put(m, left - 1)
+        for left in [n for n, b in self._buckets.items() if not b]:
+            del self._buckets[left]
+        return tuple(m for _, m in picked)
+
+    def clear(self) -> None:
+        self._left.clear()
+        self._buckets.clear()
+
+
 class Membership:
     """The SWIM actor of a node (actor name ``swim``)."""
 
@@ -121,7 +163,7 @@ class Membership:
         self._suspicions: dict[str, Suspicion] = {}
         self._awareness = Awareness(config.awareness_max)
         self._stats = SwimStats()
-        self._queue: dict[str, list[object]] = {}  # id -> [update, transmissions left]
+        self._queue = Broadcasts()
         self._probe_order: list[str] = []
         self._seq = 0
         self._subscribers: list[asyncio.Queue[MemberEvent]] = []
@@ -131,6 +173,8 @@ class Membership:
         self._leaving = False
         self._stopped = False
         self._excused: set[str] = set()  # members whose last failed probe we blamed on our own stall
+        self._others_cache: list[str] | None = None  # ids not dead but ours, in ``members``' order
+        self._others_set: set[str] = set()
 
     # --- public view -------------------------------------------------------------------------
 
@@ -343,7 +387,7 @@ class Membership:
             return
         cur = self.members.get(u.id)
         if cur is None:
-            self.members[u.id] = u
+            self._put(u)
             if u.status != DEAD:
                 self.node.learn(u)
                 if u.status == ALIVE:
@@ -355,7 +399,7 @@ class Membership:
         if u.status == ALIVE:
             if u.incarnation <= cur.incarnation:
                 return
-            self.members[u.id] = u
+            self._put(u)
             if self._suspicions.get(u.id) is not None:
                 self._count(suspicions_refuted=1)
             self._cancel_suspicion(u.id)
@@ -379,7 +423,7 @@ class Membership:
             # not passed on: members gossip only their own accusations, so that the sender of a
             # suspicion is an independent accuser (the suspect hears it from them)
             new = replace(cur, status=SUSPECT, incarnation=u.incarnation)
-            self.members[u.id] = new
+            self._put(new)
             self._start_suspicion(new, source)
             self._notify("suspect", new)
         else:
@@ -387,14 +431,23 @@ class Membership:
                 return
             self._declare_dead(replace(cur, status=DEAD, incarnation=u.incarnation, names={}))
 
+    def _put(self, m: MemberState) -> None:
+        cur = self.members.get(m.id)
+        self.members[m.id] = m
+        if cur is None and m.status != DEAD and self._others_cache is not None and m.id != self.me.id:
+            self._others_cache.append(m.id)  # a join: at a mass join, one for every member
+            self._others_set.add(m.id)
+        elif cur is None or (cur.status == DEAD) != (m.status == DEAD):
+            self._others_cache = None
+
     def _set_me(self, me: MemberState) -> None:
         self.me = me
-        self.members[me.id] = me
+        self._put(me)
         self._enqueue(me)
         self._changed.set()
 
     def _declare_dead(self, dead: MemberState) -> None:
-        self.members[dead.id] = dead
+        self._put(dead)
         self._cancel_suspicion(dead.id)
         self._enqueue(dead)
         self._notify("dead", dead)
@@ -403,7 +456,7 @@ class Membership:
     def _suspect(self, target: MemberState) -> None:
         """Our own probe of ``target`` failed: suspect it, as its accuser."""
         new = replace(target, status=SUSPECT)
-        self.members[target.id] = new
+        self._put(new)
         self._count(suspicions_raised=1)
         self._enqueue(new)
         self._start_suspicion(new, self.me.id)
@@ -413,7 +466,7 @@ class Membership:
         self._cancel_suspicion(m.id)
         if self._stopped:
             return
-        n = len(self.alive())
+        n = len(self._others()) + 1
         lo, hi = self.config.suspicion_bounds(n)
         # confirmations to expect: as many as the helpers of one probe, from members other than
         # ourselves and the suspect (memberlist's k; with none to expect the minimum applies)
@@ -487,34 +540,33 @@ class Membership:
     def _enqueue(self, m: MemberState) -> None:
         if m.status != ALIVE:  # suspect and dead need no addresses or names
             m = MemberState(m.id, m.status, m.incarnation)
-        n = len(self.alive())
-        self._queue[m.id] = [m, self.config.retransmit_mult * max(1, math.ceil(math.log10(n + 1)))]
+        n = len(self._others()) + 1
+        self._queue.put(m, self.config.retransmit_mult * max(1, math.ceil(math.log10(n + 1))))
 
     def _piggyback(self) -> tuple[MemberState, ...]:
-        if not self._queue:
-            return ()
-        items = sorted(self._queue.values(), key=lambda e: -e[1])[: self.config.max_piggyback]  # type: ignore[operator]
-        out = []
-        for entry in items:
-            m = entry[0]
-            assert isinstance(m, MemberState)
-            out.append(m)
-            entry[1] -= 1  # type: ignore[operator]
-            if entry[1] <= 0:  # type: ignore[operator]
-                self._queue.pop(m.id, None)
-        return tuple(out)
+        return self._queue.take(self.config.max_piggyback)
 
     # --- loops -------------------------------------------------------------------------------
 
     def _others(self) -> list[str]:
-        return [m.id for m in self.members.values() if m.status != DEAD and m.id != self.me.id]
+        """The members not dead, but us, in ``members``' order; kept until one joins, dies or
+        comes back (every probe and gossip tick asks: at a thousand members, rebuilding it each
+        time was most of a member's work). Callers must not change it."""
+        if self._others_cache is None:
+            self._others_cache = [m.id for m in self.members.values() if m.status != DEAD and m.id != self.me.id]
+            self._others_set = set(self._others_cache)
+        return self._others_cache
 
     def _next_target(self) -> str | None:
-        others = set(self._others())
-        self._probe_order = [i for i in self._probe_order if i in others]
-        if not self._probe_order:
-            self._probe_order = list(others)
-            random.shuffle(self._probe_order)
+        """SWIM's round robin: every member once a round, in a new random order each round;
+        those that died since the round began are skipped."""
+        others = self._others()
+        while self._probe_order:
+            target = self._probe_order.pop()
+            if target in self._others_set:
+                return target
+        self._probe_order = list(others)
+        random.shuffle(self._probe_order)
         return self._probe_order.pop() if self._probe_order else None
 
     async def _probe_loop(self) -> None:
@@ -611,9 +663,8 @@ class Membership:
             await asyncio.sleep(self.config.gossip_interval)
             if not self._queue:
                 continue
-            targets = self._others()
-            random.shuffle(targets)
-            for t in targets[: self.config.gossip_fanout]:
+            others = self._others()
+            for t in random.sample(others, min(self.config.gossip_fanout, len(others))):
                 updates = self._piggyback()
                 if updates:
                     self.node.send_nowait(
