@@ -11,7 +11,7 @@ import pytest
 
 from pytest_ppsmoke.network.swimsim import Link, SimNet, SimSpec, member_id, memberlist_figures, simulate, virtual_loop
 from pytest_ppsmoke.runtime import swim
-from pytest_ppsmoke.runtime.codec import Envelope, MemberState, Sync, encode_frame
+from pytest_ppsmoke.runtime.codec import Ack, Envelope, Gossip, MemberState, Ping, PingReq, Sync, encode_frame
 from pytest_ppsmoke.runtime.swimconfig import SwimConfig
 
 pytestmark = pytest.mark.local
@@ -64,14 +64,17 @@ def test_lifeguard_cuts_false_deaths_under_loss_and_slow_members() -> None:
     assert off.false_deaths >= 3 * max(1, on.false_deaths), (on.false_deaths, off.false_deaths)
 
 
-def test_a_syncs_bytes_are_its_wire_frames() -> None:
-    """The byte count of a full state (built from each member's bytes, kept) is the length of
-    the frame the codec writes."""
+def test_a_messages_bytes_are_its_wire_frame() -> None:
+    """The byte count of a full state or a piggyback (built from each member's bytes, kept) is
+    the length of the frame the codec writes."""
     net = SimNet(Link(), random.Random(1))
     states = tuple(MemberState(member_id(i), i % 3, i, ("10.0.0.1:7000",) if i % 2 else ()) for i in range(50))
-    for corr, reply in ((7, True), (0, False)):
-        exact = len(encode_frame(Envelope("swim", "swim", corr, reply), Sync(states)))
-        assert net.size(Sync(states), corr, reply) == exact == net.size(Sync(states), corr, reply)
+    few = states[:16]
+    messages = [Sync(states), Ping(3, few), Ack(3, few), Ack(4, ()), PingReq(5, member_id(9), few), Gossip(few)]
+    for msg in messages:
+        for corr, reply in ((7, True), (0, False)):
+            exact = len(encode_frame(Envelope("swim", "swim", corr, reply), msg))
+            assert net.size(msg, corr, reply) == exact == net.size(msg, corr, reply), msg
 
 
 def test_bad_specs_are_named() -> None:
@@ -79,3 +82,16 @@ def test_bad_specs_are_named() -> None:
         simulate(SimSpec(members=1))
     with pytest.raises(ValueError, match="unknown network profile 'mars'; expected one of loopback, lan, wan"):
         Link.of_profile("mars")
+    with pytest.raises(
+        ValueError, match=r"join_at has 2 offsets \(min 0 s\): expected one per member but the first, 3"
+    ):
+        simulate(SimSpec(members=4, join_at=(0.0, 1.0)))
+
+
+def test_a_replayed_join_schedule_starts_each_member_at_its_time() -> None:
+    """Members that join late (a real run's schedule): convergence is counted from the last
+    join's end, and the whole run from the first."""
+    r = simulate(SimSpec(members=6, join_at=(0.0, 0.5, 1.0, 2.0, 7.5), kill=False))
+    assert r.converge_s is not None and r.converge_after_joins_s is not None
+    assert r.converge_s >= 7.5 + 0.04  # the last joiner's Join and the seed's Sync: a wan round trip at least
+    assert r.converge_after_joins_s <= r.converge_s - 7.5

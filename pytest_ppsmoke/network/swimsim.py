@@ -37,11 +37,11 @@ import selectors
 import time
 import types
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, cast
 
 from ..runtime import swim
-from ..runtime.codec import ActorAddress, Envelope, MemberStatus, Message, Sync, encode_frame
+from ..runtime.codec import ActorAddress, Envelope, MemberState, MemberStatus, Message, Sync, encode_frame
 from ..runtime.errors import RemoteError
 from ..runtime.node import handler_name
 from ..runtime.swim import SWIM_ACTOR, MemberEvent, Membership
@@ -166,22 +166,23 @@ class SimNet:
         return d + (self.rng.random() * slow if slow else 0.0)
 
     def size(self, msg: Message, corr: int, reply: bool) -> int:
-        """The bytes of ``msg``'s wire frame. A ``Sync`` (every member's state: the largest, and
-        most of the encoding work at a thousand members) is its empty frame plus each state's
-        bytes, kept per (id, status, incarnation): in a simulation a member's addresses and names
-        never change."""
+        """The bytes of ``msg``'s wire frame. Its member states (a ``Sync``'s every member, a
+        probe's or gossip's piggyback: most of the encoding work at a thousand members) are
+        counted apart, each state's bytes kept per (id, status, incarnation): in a simulation a
+        member's addresses and names never change. A list is its count and its items, so the
+        frame is the message with its lists emptied plus their states' bytes."""
         if not self.count_bytes:
             return 0
         env = Envelope(SWIM_ACTOR, SWIM_ACTOR, corr, reply)
-        if not isinstance(msg, Sync):
-            return len(encode_frame(env, msg))
-        total = len(encode_frame(env, Sync(())))
-        for m in msg.members:
-            key = (m.id, m.status, m.incarnation)
-            n = self._state_bytes.get(key)
-            if n is None:
-                n = self._state_bytes[key] = len(encode_frame(env, Sync((m,)))) - len(encode_frame(env, Sync(())))
-            total += n
+        lists = {f.name: getattr(msg, f.name) for f in fields(cast(Any, msg)) if _is_states(getattr(msg, f.name))}
+        total = len(encode_frame(env, replace(msg, **dict.fromkeys(lists, ()))))  # type: ignore[type-var]
+        for states in lists.values():
+            for m in states:
+                key = (m.id, m.status, m.incarnation)
+                n = self._state_bytes.get(key)
+                if n is None:
+                    n = self._state_bytes[key] = len(encode_frame(env, Sync((m,)))) - len(encode_frame(env, Sync(())))
+                total += n
         return total
 
     def send(self, src: str, dst: str, msg: Message, reply: asyncio.Future[Message] | None, corr: int = 0) -> None:
@@ -288,6 +289,10 @@ class SimHost:
             raise TimeoutError(f"no reply from {to} to {type(msg).__name__} within {timeout:.3g} s") from None
 
 
+def _is_states(value: Any) -> bool:
+    return isinstance(value, tuple) and bool(value) and isinstance(value[0], MemberState)
+
+
 def member_id(i: int) -> str:
     return f"{i:064x}"
 
@@ -305,12 +310,14 @@ class SimSpec:
     seed: int = 1
     count_bytes: bool = True
     limit_s: float = 600.0  # virtual seconds before the run gives up on a phase
+    join_at: tuple[float, ...] = ()  # members 1.. start and join at these seconds (a real run's schedule); () all at 0
 
 
 @dataclass
 class SimResult:
     spec: dict[str, Any]
     converge_s: float | None = None  # joins sent at 0: until every member sees every other alive
+    converge_after_joins_s: float | None = None  # the last join's end (its Sync merged) to the same
     detect_first_s: float | None = None  # the kill to the first member that declares it dead
     detect_all_s: float | None = None  # ... to the last live member that knows
     detect_spread_s: float | None = None
@@ -365,8 +372,22 @@ async def _run(spec: SimSpec, rng: random.Random) -> SimResult:
     deaths: dict[str, dict[str, float]] = {}  # dead member -> observer -> when
     false: set[tuple[str, int]] = set()
 
+    alive_of: dict[str, set[str]] = {i: set() for i in ids}  # observer -> the others it holds alive
+    complete: set[str] = set()  # observers that hold every other alive
+    converged: list[float | None] = [None]  # since when every observer does
+
     def listener(observer: str) -> Any:
         def on(ev: MemberEvent) -> None:
+            alive = alive_of[observer]
+            if ev.member.status == MemberStatus.alive:
+                alive.add(ev.member.id)
+            else:
+                alive.discard(ev.member.id)
+            if len(alive) == n - 1:
+                complete.add(observer)
+            else:
+                complete.discard(observer)
+            converged[0] = (converged[0] or loop.time()) if len(complete) == n else None
             if ev.kind == "dead":
                 deaths.setdefault(ev.member.id, {}).setdefault(observer, loop.time())
                 if ev.member.id not in net.dead:
@@ -377,19 +398,25 @@ async def _run(spec: SimSpec, rng: random.Random) -> SimResult:
     for i in ids:
         net.members[i].add_listener(listener(i))
     started = loop.time()
-    for i in ids:
-        net.members[i].start()
-    joins = [asyncio.ensure_future(net.members[i].join(ids[0], spec.limit_s)) for i in ids[1:]]
+    joined: list[float] = []
 
-    def alive_views() -> int:
-        return sum(
-            1 for m in net.members.values() if sum(1 for s in m.members.values() if s.status == MemberStatus.alive) == n
-        )
+    async def join(i: str, at: float) -> None:
+        await asyncio.sleep(at)  # a member starts as its process would: then joins at once
+        net.members[i].start()
+        await net.members[i].join(ids[0], spec.limit_s)
+        joined.append(loop.time())
+
+    net.members[ids[0]].start()
+    offsets = spec.join_at or (0.0,) * (n - 1)
+    joins = [asyncio.ensure_future(join(i, at)) for i, at in zip(ids[1:], offsets, strict=True)]
 
     try:
         await asyncio.gather(*joins)
-        await _until(lambda: alive_views() == n, cfg.protocol_period, spec.limit_s, "convergence")
-        result.converge_s = round(loop.time() - started, 3)
+        await _until(lambda: converged[0] is not None, cfg.protocol_period / 4, spec.limit_s, "convergence")
+        at = converged[0]
+        assert at is not None
+        result.converge_s = round(at - started, 3)
+        result.converge_after_joins_s = round(max(0.0, at - max(joined)), 3)
         if not spec.watch_s:
             net.slow = {i: spec.slow_s for i in slowed}
         if spec.kill:
@@ -436,6 +463,11 @@ def simulate(spec: SimSpec) -> SimResult:
     probe order and helpers from the module, the network from its own generator)."""
     if spec.members < 2:
         raise ValueError(f"members must be at least 2, got {spec.members}")
+    if spec.join_at and (len(spec.join_at) != spec.members - 1 or min(spec.join_at) < 0):
+        raise ValueError(
+            f"join_at has {len(spec.join_at)} offsets (min {min(spec.join_at):g} s): expected one per member "
+            f"but the first, {spec.members - 1}, none negative"
+        )
     random.seed(spec.seed)
     rng = random.Random(spec.seed)
     loop = virtual_loop()
