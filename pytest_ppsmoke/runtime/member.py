@@ -48,7 +48,16 @@ async def run(config: NodeConfig, names: tuple[str, ...], watch_parent: bool = F
         joined_in = time.monotonic() - started
         for name in names:
             node.register(name, NODE_ACTOR)
-        emit({"event": "ready", "id": node.id, "ticket": node.ticket(), "pid": os.getpid(), "joined_in_s": joined_in})
+        emit(
+            {
+                "event": "ready",
+                "id": node.id,
+                "ticket": node.ticket(),
+                "pid": os.getpid(),
+                "joined_in_s": joined_in,
+                "at": time.monotonic(),
+            }
+        )
         await stop.wait()
     finally:
         if parent is not None:
