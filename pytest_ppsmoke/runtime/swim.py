@@ -285,6 +285,10 @@ class Membership:
                 )
                 if isinstance(reply, Sync):
                     self.merge(reply.members)
+                    # announce ourselves to the members we now know, as memberlist's join does:
+                    # those that joined just before us may not hear it from the seed's gossip,
+                    # sent before they were known, and would wait for a push-pull
+                    self._enqueue(self.me)
                     return
                 last = f"unexpected reply {type(reply).__name__}"
             except (TimeoutError, ConnectionError, RemoteError) as e:
