@@ -99,21 +99,34 @@ def _swim_on(loop: asyncio.AbstractEventLoop) -> Iterator[None]:
         module["time"] = real
 
 
+# QUIC's probe timeout adds the peer's maximum ACK delay (quinn's default, iroh's transport)
+QUIC_MAX_ACK_DELAY = 0.025
+TRANSPORTS = ("datagram", "quic")
+MAX_ATTEMPTS = 8  # a stream's packet sent this often unanswered: ~2^8 probe timeouts, the connection times out
+
+
 @dataclass(frozen=True)
 class Link:
     delay: float = 0.0  # one way, seconds
     jitter: float = 0.0  # seconds, uniform on top of the delay
     loss: float = 0.0
     loss_corr: float = 0.0
+    # 0: a lost packet is a lost message (UDP, as memberlist and the SWIM papers have it); else a
+    # reliable stream's: the message is sent again after this long, doubling each time (QUIC's
+    # probe timeout and its backoff), each attempt lost or not as the first
+    retransmit_s: float = 0.0
 
     @classmethod
-    def of_profile(cls, name: str) -> Link:
+    def of_profile(cls, name: str, transport: str = "datagram") -> Link:
         if name not in PROFILES:
             raise ValueError(f"unknown network profile {name!r}; expected one of {', '.join(PROFILES)}")
+        if transport not in TRANSPORTS:
+            raise ValueError(f"unknown transport {transport!r}; expected one of {', '.join(TRANSPORTS)}")
         p = PROFILES[name]
-        if p is None:  # loopback
-            return cls(delay=50e-6)
-        return cls(p.delay_ms / 1000, p.jitter_ms / 1000, p.loss, p.loss_corr)
+        link = cls(delay=50e-6) if p is None else cls(p.delay_ms / 1000, p.jitter_ms / 1000, p.loss, p.loss_corr)
+        if transport == "quic":  # RFC 9002's PTO: smoothed RTT + 4 x its variation + the peer's ACK delay
+            link = replace(link, retransmit_s=2 * link.delay + 4 * link.jitter + QUIC_MAX_ACK_DELAY)
+        return link
 
 
 @dataclass
@@ -185,13 +198,26 @@ class SimNet:
                 total += n
         return total
 
+    def _transit(self, src: str, dst: str) -> float | None:
+        """How long a message from ``src`` takes to reach ``dst``; None: it is lost."""
+        delay, backoff = 0.0, self.link.retransmit_s
+        for _ in range(MAX_ATTEMPTS):
+            if not self._lost(src, dst):
+                return delay + self._delay(dst)
+            if not backoff:
+                return None
+            delay, backoff = delay + backoff, 2 * backoff
+        return None  # a reliable stream that long without an answer: its connection is gone
+
     def send(self, src: str, dst: str, msg: Message, reply: asyncio.Future[Message] | None, corr: int = 0) -> None:
         t = self.traffic.setdefault(src, Traffic())
         t.messages += 1
         t.bytes += self.size(msg, corr, False)
-        if src in self.dead or dst in self.dead or dst not in self.members or self._lost(src, dst):
+        if src in self.dead or dst in self.dead or dst not in self.members:
             return
-        asyncio.get_running_loop().call_later(self._delay(dst), self._arrive, src, dst, msg, reply, corr)
+        took = self._transit(src, dst)
+        if took is not None:
+            asyncio.get_running_loop().call_later(took, self._arrive, src, dst, msg, reply, corr)
 
     def _arrive(self, src: str, dst: str, msg: Message, reply: asyncio.Future[Message] | None, corr: int) -> None:
         if dst in self.dead:
@@ -232,7 +258,10 @@ class SimNet:
         self._deliver_reply(src, dst, result, reply, size)
 
     def _deliver_reply(self, src: str, dst: str, result: Any, reply: asyncio.Future[Message], size: int) -> None:
-        if src in self.dead or dst in self.dead or self._lost(src, dst):
+        if src in self.dead or dst in self.dead:
+            return
+        took = self._transit(src, dst)
+        if took is None:
             return
 
         def land() -> None:
@@ -247,7 +276,7 @@ class SimNet:
             else:
                 reply.set_result(result)
 
-        asyncio.get_running_loop().call_later(self._delay(dst), land)
+        asyncio.get_running_loop().call_later(took, land)
 
     def next_corr(self) -> int:
         self._corr += 1
@@ -310,6 +339,7 @@ class SimSpec:
     seed: int = 1
     count_bytes: bool = True
     limit_s: float = 600.0  # virtual seconds before the run gives up on a phase
+    transport: str = "datagram"  # a lost packet: a lost message ("datagram"), or sent again ("quic", the nodes')
     join_at: tuple[float, ...] = ()  # members 1.. start and join at these seconds (a real run's schedule); () all at 0
 
 
@@ -362,7 +392,7 @@ async def _until(pred: Any, step: float, limit: float, what: str) -> float:
 async def _run(spec: SimSpec, rng: random.Random) -> SimResult:
     loop = asyncio.get_running_loop()
     n, cfg = spec.members, spec.config
-    net = SimNet(Link.of_profile(spec.profile), rng, spec.count_bytes)
+    net = SimNet(Link.of_profile(spec.profile, spec.transport), rng, spec.count_bytes)
     ids = [member_id(i) for i in range(n)]
     for i in ids:
         net.members[i] = Membership(SimHost(net, i), cfg, (), None)
@@ -436,7 +466,7 @@ async def _run(spec: SimSpec, rng: random.Random) -> SimResult:
             false.clear()
             net.slow = {i: spec.slow_s for i in slowed}
             suspicions_before = sum(m.stats().suspicions_raised for m in net.members.values())
-            net.link = Link.of_profile(spec.watch_profile or spec.profile)
+            net.link = Link.of_profile(spec.watch_profile or spec.profile, spec.transport)
             await asyncio.sleep(spec.watch_s)
             result.suspicions = sum(m.stats().suspicions_raised for m in net.members.values()) - suspicions_before
     finally:
