@@ -7,8 +7,11 @@ simulation run at the same N, profile, SWIM configuration and join schedule over
 Per size: the cluster forms (member 0, the seed, in this process; the others as they come up),
 one member is SIGKILLed, every live member must declare it dead, then the cluster is watched for
 ``--hold`` seconds (false deaths, suspicions, what each member costs this machine).
-``network/swimreal.py`` measures; ``network/swimsim.py`` simulates; ``agreement`` says, figure by
-figure, whether the real value lies in the simulated range widened by the stated tolerance. The
+``network/swimreal.py`` measures; ``network/swimsim.py`` simulates, with each of its transport
+models (``quic``: a lost packet sent again, as the members' iroh streams do; ``datagram``: a lost
+packet is a lost message, as memberlist's UDP); ``agreement`` says, figure by figure, whether the
+real value lies in the simulated range widened by the stated tolerance. ``--resimulate FILE``
+simulates a saved result's real runs again. The
 largest N this machine holds is where its cores run out: ``machine_busy`` over the hold says how
 close each size came.
 """
@@ -32,43 +35,79 @@ sys.path.insert(0, str(HERE.parent))
 from pytest_ppsmoke.cloud.lifecycle import RunConfig  # noqa: E402
 from pytest_ppsmoke.harness.driver import rtt_of  # noqa: E402
 from pytest_ppsmoke.network import EmulatedNetwork, parse_network  # noqa: E402
-from pytest_ppsmoke.network.swimreal import RealSpec, agreement, run_members  # noqa: E402
-from pytest_ppsmoke.network.swimsim import SimSpec, simulate  # noqa: E402
+from pytest_ppsmoke.network.swimreal import RealResult, RealSpec, agreement, run_members  # noqa: E402
+from pytest_ppsmoke.network.swimsim import TRANSPORTS, SimSpec, simulate  # noqa: E402
+from pytest_ppsmoke.runtime.swimconfig import SwimConfig  # noqa: E402
 
 
-async def real_run(n: int, profile: str, hold: float, seed: int) -> Any:
-    cfg = RunConfig(network="local", rtt=rtt_of(parse_network(profile))).swim
+def swim_for(profile: str) -> SwimConfig:
+    """The SWIM configuration a run chooses for the profile (from its worst round trip)."""
+    return RunConfig(network="local", rtt=rtt_of(parse_network(profile))).swim
+
+
+async def real_run(n: int, profile: str, hold: float, seed: int, wave: int) -> RealResult:
     async with EmulatedNetwork(parse_network(profile), seed=seed) as net:
-        return await run_members(net, RealSpec(members=n, config=cfg, hold_s=hold, seed=seed))
+        spec = RealSpec(members=n, config=swim_for(profile), hold_s=hold, seed=seed, start_wave=wave)
+        return await run_members(net, spec)
 
 
-def one_size(n: int, profile: str, hold: float, sims: int, seed: int) -> dict[str, Any]:
-    cfg = RunConfig(network="local", rtt=rtt_of(parse_network(profile))).swim
+def simulations(real: RealResult, cfg: SwimConfig, sims: int) -> dict[str, Any]:
+    """The simulation of ``real``'s N, profile and join schedule, per transport model: its
+    figures per seed and its agreement with the real run."""
+    out: dict[str, Any] = {}
+    for transport in TRANSPORTS:
+        wall = time.monotonic()
+        simulated = [
+            simulate(
+                SimSpec(
+                    real.members,
+                    real.profile,
+                    cfg,
+                    join_at=real.join_at,
+                    watch_s=real.hold_s,
+                    seed=s,
+                    transport=transport,
+                )
+            )
+            for s in range(1, sims + 1)
+        ]
+        out[transport] = {
+            "figures": [
+                {k: getattr(r, k) for k in ("converge_after_joins_s", "detect_first_s", "detect_all_s", "false_deaths")}
+                for r in simulated
+            ],
+            "wall_s": round(time.monotonic() - wall, 1),
+            "agreement": agreement(real, simulated),
+        }
+    return out
+
+
+def one_size(n: int, profile: str, hold: float, sims: int, seed: int, wave: int) -> dict[str, Any]:
+    cfg = swim_for(profile)
     wall = time.monotonic()
-    real = asyncio.run(real_run(n, profile, hold, seed))
-    real_wall = time.monotonic() - wall
-    wall = time.monotonic()
-    simulated = [
-        simulate(SimSpec(n, profile, cfg, join_at=real.join_at, watch_s=real.hold_s, seed=s))
-        for s in range(1, sims + 1)
-    ]
-    sim_wall = time.monotonic() - wall
-    agree = agreement(real, simulated)
-    out = {
+    real = asyncio.run(real_run(n, profile, hold, seed, wave))
+    out: dict[str, Any] = {
         "members": n,
         "profile": profile,
+        "start_wave": wave,
         "swim": asdict(cfg),
         "real": asdict(real),
-        "real_wall_s": round(real_wall, 1),
-        "simulated": [
-            {k: getattr(s, k) for k in ("converge_after_joins_s", "detect_first_s", "detect_all_s", "false_deaths")}
-            for s in simulated
-        ],
-        "simulated_wall_s": round(sim_wall, 1),
-        "agreement": agree,
     }
-    print(json.dumps({"members": n, "real": asdict(real), "agreement": agree}), flush=True)
+    out["real_wall_s"] = round(time.monotonic() - wall, 1)
+    out["simulated"] = simulations(real, cfg, sims)
+    brief = {t: v["agreement"] for t, v in out["simulated"].items()}
+    print(json.dumps({"members": n, "real": asdict(real), "agreement": brief}), flush=True)
     return out
+
+
+def resimulate(path: Path, sims: int) -> dict[str, Any]:
+    """The saved real runs of ``path``, simulated again (the simulation changed, not the members)."""
+    saved: dict[str, Any] = json.loads(path.read_text())
+    for size in saved["sizes"]:
+        real = RealResult(**{**size["real"], "join_at": tuple(size["real"]["join_at"])})
+        size["simulated"] = simulations(real, swim_for(real.profile), sims)
+    saved["resimulated_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return saved
 
 
 def main() -> None:
@@ -78,12 +117,23 @@ def main() -> None:
     ap.add_argument("--hold", type=float, default=60.0, help="seconds watched for false deaths after the detection")
     ap.add_argument("--sims", type=int, default=20, help="simulated seeds per size")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument(
+        "--wave",
+        type=int,
+        default=16,
+        help="member processes started at a time (0: all at once; 63 at once overload 2 cores)",
+    )
     ap.add_argument("--out", type=Path, default=HERE / "results" / "swim_members.json")
+    ap.add_argument("--resimulate", type=Path, help="a saved result: simulate its real runs again, run nothing real")
     a = ap.parse_args()
+    if a.resimulate:
+        a.out.write_text(json.dumps(resimulate(a.resimulate, a.sims), indent=1) + "\n")
+        print(a.out)
+        return
     res: dict[str, Any] = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "kernel": platform.release()},
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "sizes": [one_size(int(n), a.profile, a.hold, a.sims, a.seed) for n in a.sizes.split(",")],
+        "sizes": [one_size(int(n), a.profile, a.hold, a.sims, a.seed, a.wave) for n in a.sizes.split(",")],
     }
     a.out.write_text(json.dumps(res, indent=1) + "\n")
     print(a.out)

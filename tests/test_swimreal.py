@@ -35,7 +35,10 @@ def test_real_members_on_wan_agree_with_the_simulation_of_the_same_schedule() ->
     assert real.detect_first_s is not None and real.detect_all_s is not None
     assert cfg.suspicion_bounds(4)[0] <= real.detect_first_s <= real.detect_all_s <= cfg.detection_bound(4)
     assert real.false_deaths == 0 and real.member_rss_mb > 0
-    sims = [simulate(SimSpec(4, "wan", cfg, join_at=real.join_at, watch_s=real.hold_s, seed=s)) for s in range(1, 6)]
+    sims = [
+        simulate(SimSpec(4, "wan", cfg, join_at=real.join_at, watch_s=real.hold_s, seed=s, transport="quic"))
+        for s in range(1, 6)
+    ]
     agree = agreement(real, sims)
     assert agree["agrees"], agree
 

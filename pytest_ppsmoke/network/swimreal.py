@@ -56,6 +56,9 @@ class RealSpec:
     config: SwimConfig = field(default_factory=SwimConfig.wan)
     hold_s: float = 30.0  # after the detection: watched for false deaths
     seed: int = 1  # which member is killed
+    start_wave: int = (
+        0  # start the member processes this many at a time, each wave once the last has joined; 0: all at once
+    )
     limit_s: float = 120.0  # a phase's deadline (the start: this plus 3 s a member)
 
 
@@ -189,10 +192,15 @@ async def run_members(net: EmulatedNetwork, spec: RealSpec) -> RealResult:
                 ChildProcess(f"member {i}", m.wrap([sys.executable, "-m", "pytest_ppsmoke.runtime.member"]), env)
             )
         started = time.monotonic()
-        for p in procs:
-            await p.start()
-        limit = spec.limit_s + 3 * n
-        readies = [await p.wait_event(lambda e: e.get("event") == "ready", limit, "ready") for p in procs]
+        wave = spec.start_wave or len(procs)
+        readies = []
+        for k in range(0, len(procs), wave):
+            for p in procs[k : k + wave]:
+                await p.start()
+            for p in procs[k : k + wave]:
+                readies.append(
+                    await p.wait_event(lambda e: e.get("event") == "ready", spec.limit_s + 3 * wave, "ready")
+                )
         starts = [float(r["at"]) - float(r["joined_in_s"]) for r in readies]
         ends = [float(r["at"]) for r in readies]
         result.join_at = tuple(round(s - min(starts), 3) for s in starts)
