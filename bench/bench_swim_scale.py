@@ -12,8 +12,10 @@ For each N, on wan's links (20 ms one way, 2 ms jitter, 0.1% loss) with the WAN 
 Then, for false deaths, the same cluster converged on wan and watched ``--watch`` simulated
 seconds on flaky's links (20% loss, correlation 0.75) with one member in ten slow (each message
 it handles up to 1 s late): with Lifeguard (the preset) and without (``awareness_max=1``,
-``suspicion_max_mult=1``), where N allows. A simulated second is not a wall second: each run says
-both (``virtual_s``, ``wall_s``).
+``suspicion_max_mult=1``), where N allows; these lose a lost packet's message (``datagram``: UDP,
+as memberlist and the Lifeguard paper have it). ``lifeguard_quic``: the same with Lifeguard on
+the nodes' transport, where QUIC sends a lost packet again (``quic``). A simulated second is not
+a wall second: each run says both (``virtual_s``, ``wall_s``).
 """
 
 from __future__ import annotations
@@ -48,10 +50,11 @@ def row(n: int, watch: float, off_up_to: int) -> dict[str, Any]:
     spec = SimSpec(
         members=n, slowed=0.1, slow_s=1.0, kill=False, watch_s=watch, watch_profile="flaky", count_bytes=False
     )
-    for name, cfg in (("lifeguard", SwimConfig.wan()), ("lifeguard_off", LIFEGUARD_OFF)):
+    runs = (("lifeguard", SwimConfig.wan(), "datagram"), ("lifeguard_off", LIFEGUARD_OFF, "datagram"))
+    for name, cfg, transport in (*runs, ("lifeguard_quic", SwimConfig.wan(), "quic")):
         if name == "lifeguard_off" and n > off_up_to:
             continue
-        f = simulate(dataclasses.replace(spec, config=cfg))
+        f = simulate(dataclasses.replace(spec, config=cfg, transport=transport))
         out[name] = {
             "false_deaths": f.false_deaths,
             "false_deaths_per_member_hour": f.false_deaths_per_member_hour,
