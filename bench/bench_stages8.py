@@ -1,7 +1,7 @@
 """Eight stages: a pipeline of 8 ``pp-gpu-node`` processes on a synthetic model of 8 blocks,
-rented from the emulator (its catalogue widened to 12 single-GPU offers: the default has 7 that a
-query can take), on loopback or an emulated network, checked token for token against the
-reference on stage 0's node, with the per-hop figures.
+rented from the emulator (its catalogue widened to the stage count, ``catalogue.widened``: the
+default query takes 4 of its offers), on loopback or an emulated network, checked token for token
+against the reference on stage 0's node, with the per-hop figures.
 
     pp-synth-gguf /tmp/synth8.gguf --blocks 8 --dim 64 --heads 4 --kv-heads 2 --ffn 128 --vocab 512 --context 1024
     python bench/bench_stages8.py --model /tmp/synth8.gguf [--stages 2,4,8] [--network wan] [--out FILE]
@@ -24,30 +24,19 @@ from benchio import emit  # bench/ is this script's directory: first on sys.path
 PROMPT = "Say hello"
 
 
-def wide_catalogue(extra: int) -> list[dict[str, Any]]:
-    """The default catalogue and ``extra`` more copies of its first offer, each its own machine."""
-    from pytest_ppsmoke.cloud.emulator.catalogue import default_catalogue
-
-    offers = default_catalogue()
-    first = offers[0]
-    for i in range(extra):
-        oid = 4_200_000 + 17 * i
-        offers.append({**first, "id": oid, "ask_contract_id": oid, "machine_id": 32_000 + i, "host_id": 8_000 + i})
-    return offers
-
-
 async def run(model: str, stages: int, network: str, max_tokens: int) -> dict[str, Any]:
+    from pytest_ppsmoke.cloud.emulator.catalogue import widened
     from pytest_ppsmoke.cloud.emulator.server import FakeVast
     from pytest_ppsmoke.cloud.lifecycle import Deployment, RunConfig
     from pytest_ppsmoke.cloud.vast import VastClient
     from pytest_ppsmoke.harness.driver import rtt_of
     from pytest_ppsmoke.harness.pipeline import request_reference, run_inference
 
+    config = RunConfig(model=model, num_stages=stages, poll_interval=0.25)
     async with (
-        FakeVast(catalogue=wide_catalogue(8), network=network) as fake,
+        FakeVast(catalogue=widened(stages, config.query.body()), network=network) as fake,
         VastClient(fake.api_key, fake.url) as vast,
     ):
-        config = RunConfig(model=model, num_stages=stages, poll_interval=0.25)
         if fake.network is not None:
             config.bind, config.rtt = f"{fake.network.host_addr}:0", rtt_of(fake.network.spec)
         started = time.monotonic()

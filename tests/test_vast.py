@@ -21,7 +21,7 @@ import pytest_asyncio
 from aiohttp import web
 
 from pytest_ppsmoke import failpoints
-from pytest_ppsmoke.cloud.emulator.catalogue import default_catalogue, match_offer
+from pytest_ppsmoke.cloud.emulator.catalogue import default_catalogue, match_offer, search, widened
 from pytest_ppsmoke.cloud.emulator.server import FakeVast
 from pytest_ppsmoke.cloud.vast import Instance, Label, Offer, OfferQuery, VastClient, VastError
 
@@ -65,6 +65,24 @@ async def test_offers_match_the_query_cheapest_first(fake: FakeVast) -> None:
         assert await vast.search_offers(OfferQuery(gpu_ram_gb=100)) == []
     ops = {"gpu_ram": {"gte": "24000"}, "geolocation": {"in": ["Sweden, SE", "Texas, US"]}, "num_gpus": {"eq": "1"}}
     assert sum(match_offer(o, ops) for o in default_catalogue()) == 2
+
+
+def test_the_catalogue_widens_to_the_stage_count_only_where_the_query_takes_too_few() -> None:
+    query = OfferQuery().body()
+    assert len(search(default_catalogue(), query)) == 4  # the default query takes 4 of the 9
+    for n in (1, 2, 4):  # enough already: the default catalogue, offer for offer
+        assert widened(n, query) == default_catalogue()
+    for n in (5, 8, 12):
+        offers = widened(n, query)
+        assert offers[:9] == default_catalogue()  # the default's offers first, unchanged
+        taken = search(offers, query)
+        assert len(taken) == n
+        for key in ("id", "ask_contract_id", "bundle_id", "machine_id", "host_id"):
+            assert len({o[key] for o in offers}) == len(offers), key  # each a machine of its own
+        # the copies are of the cheapest offer the query takes
+        assert {o["gpu_name"] for o in offers[9:]} == {"RTX 3090"} and {o["dph_total"] for o in offers[9:]} == {0.21}
+    # a query that takes none: nothing to copy, the preflight says so
+    assert widened(8, OfferQuery(gpu_ram_gb=100).body()) == default_catalogue()
 
 
 @pytest.mark.parametrize("fake", ["vast.offers=1"], indirect=True)

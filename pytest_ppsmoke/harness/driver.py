@@ -33,6 +33,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from ..cloud.emulator.catalogue import widened
 from ..cloud.emulator.server import NETWORK_PATH, FakeVast
 from ..cloud.lifecycle import Deployment, RunConfig
 from ..cloud.preflight import image_check
@@ -240,7 +241,9 @@ class SmokeRun(Resource):
         config = run_config(s)
         if s.embedded_emulator:
             gpus = [g for g in s.gpus.split(",") if g] or None
-            self.fake = FakeVast(gpus=gpus, runtime=s.runtime, network=s.network)
+            # the catalogue widened to the stage count where the query takes fewer (catalogue.widened)
+            offers = widened(s.num_stages, config.query.body())
+            self.fake = FakeVast(gpus=gpus, runtime=s.runtime, network=s.network, catalogue=offers)
             await self.fake.start()
             url, key = self.fake.url, self.fake.api_key
             net = self.fake.network

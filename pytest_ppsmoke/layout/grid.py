@@ -87,7 +87,9 @@ def samples(r: Any, num_blocks: int, num_stages: int) -> tuple[list[HopSample], 
 
 
 async def _emulated_points(spec: GridSpec, network: str, grid: Grid, log: Log, settings: Settings | None) -> None:
-    """Every split layout on ``network``, emulated here: one emulator, its instances on this machine."""
+    """Every split layout on ``network``, emulated here: one emulator, its instances on this
+    machine, its catalogue widened to the grid's largest stage count (``catalogue.widened``)."""
+    from ..cloud.emulator.catalogue import widened
     from ..cloud.emulator.server import FakeVast
     from ..cloud.lifecycle import RunConfig
     from ..cloud.vast import VastClient
@@ -95,11 +97,12 @@ async def _emulated_points(spec: GridSpec, network: str, grid: Grid, log: Log, s
 
     gpus = _gpus(spec, settings) or None
     runtime = settings.runtime if settings else "processes"
+    config = run_config(settings) if settings else RunConfig(model=spec.model, poll_interval=0.25)
+    offers = widened(max(spec.stages), config.query.body())
     async with (
-        FakeVast(network=network, gpus=gpus, runtime=runtime) as fake,
+        FakeVast(network=network, gpus=gpus, runtime=runtime, catalogue=offers) as fake,
         VastClient(fake.api_key, fake.url) as vast,
     ):
-        config = run_config(settings) if settings else RunConfig(model=spec.model, poll_interval=0.25)
         net = fake.network
         if net is not None:  # the seed on the network's host address, SWIM timed for its worst link
             config.bind, config.rtt = f"{net.host_addr}:0", rtt_of(net.spec)

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 
@@ -158,3 +158,31 @@ def rent(offer: dict[str, Any]) -> None:
 def free(offer: dict[str, Any]) -> None:
     """The offer's machine is free again."""
     offer["rentable"], offer["rented"] = True, False
+
+
+def widened(
+    instances: int, query: Mapping[str, Any], offers: Iterable[Mapping[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    """The catalogue (``offers``, default: :func:`default_catalogue`) with enough machines for
+    ``instances`` rentals that ``query`` (a search body, ``OfferQuery.body()``) takes: the offers
+    it takes first, then copies of the first of them (its cheapest), each a machine and host of its
+    own. Unchanged where the query already takes enough, or takes none (nothing to copy: the
+    preflight says so)."""
+    out = [dict(o) for o in (offers if offers is not None else default_catalogue())]
+    found = search(out, query)
+    if not found or len(found) >= instances:
+        return out
+    first = found[0]
+    for i in range(instances - len(found)):
+        oid = 4_200_000 + 17 * i
+        out.append(
+            {
+                **first,
+                "id": oid,
+                "ask_contract_id": oid,
+                "bundle_id": 910_000 + i,
+                "machine_id": 32_000 + i,
+                "host_id": 8_000 + i,
+            }
+        )
+    return out
