@@ -12,11 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from pytest_ppsmoke.layout.cli import main
 from pytest_ppsmoke.layout.fit import Fit, Link, Overhead, Wake, fit, layer_range, stage_shapes
 from pytest_ppsmoke.layout.grid import hold_out
 from pytest_ppsmoke.layout.points import WIRE_BYTES, Grid, HopSample, Point, StageSample
 from pytest_ppsmoke.layout.report import (
     Row,
+    beyond_the_grid,
     layout_name,
     layouts,
     pareto_frontier,
@@ -537,6 +539,87 @@ def test_predict_table(fitted: Fit) -> None:
         predict_table(fitted, "wan", [], [16], "bf16", DIM, BLOCKS, DPH)
 
 
+def test_holding_out_the_largest_stage_count_extrapolates_in_stages(grid: Grid) -> None:
+    """``largest`` holds out every point of the largest split stage count, on every network at
+    every prompt length, and nothing else; ``stages=N`` any one; the fit without them predicts
+    them (the synthetic grid is the model's own, so within its noise)."""
+    largest = hold_out(grid.points, "largest")
+    assert largest == [i for i, p in enumerate(grid.points) if p.stages == 4]
+    assert len(largest) == len(LINKS) * 3  # every network, every prompt length
+    assert hold_out(grid.points, "stages=3") == [i for i, p in enumerate(grid.points) if p.stages == 3]
+    held = replace(grid, held_out=largest)
+    assert {p.stages for i, p in enumerate(grid.points) if i not in largest} == {1, 2, 3}
+    errors = fit(held).held_out_errors(held)
+    assert {(r.network, r.stages) for r in errors.rows} == {(n, 4) for n in LINKS}
+    assert errors.ttft_max is not None and errors.tpot_max is not None
+    assert errors.ttft_max < 0.03 and errors.tpot_max < 0.03, errors.to_json()
+    two = [p for p in grid.points if p.stages <= 2]
+    with pytest.raises(ValueError, match=r"largest: needs two split stage counts, the grid has \[2\]"):
+        hold_out(two, "largest")
+    with pytest.raises(ValueError, match=r"'stages=5': the grid's split stage counts are \[2, 3, 4\]"):
+        hold_out(grid.points, "stages=5")
+    with pytest.raises(ValueError, match="'stages=x': expected stages=N"):
+        hold_out(grid.points, "stages=x")
+
+
+def test_predict_warns_beyond_the_grid_and_not_within(grid: Grid, fitted: Fit) -> None:
+    """A stage count or prompt length outside what the fitted points measured is an extrapolation:
+    one line each, naming the value and the range; inside it (measured or between), none."""
+    assert beyond_the_grid(grid, [1, 2, 3, 4], [16, 100, 512]) == []
+    warnings = beyond_the_grid(grid, [2, 8, 8], [16, 1024])
+    assert warnings == [
+        "stage count 8 is outside the grid's measured stage counts 1-4: the prediction extrapolates",
+        "prompt length 1024 is outside the grid's measured prompt lengths 16-512 tokens: the prediction extrapolates",
+    ]
+    assert beyond_the_grid(grid, [1], [8]) == [
+        "prompt length 8 is outside the grid's measured prompt lengths 16-512 tokens: the prediction extrapolates"
+    ]
+    # held-out points are not what the fit measured: without the 4-stage points, 4 extrapolates
+    held = replace(grid, held_out=hold_out(grid.points, "largest"))
+    assert beyond_the_grid(held, [3, 4], [128]) == [
+        "stage count 4 is outside the grid's measured stage counts 1-3: the prediction extrapolates"
+    ]
+    table = predict_table(fitted, "wan", [2, 8], [128, 1024], "bf16", DIM, BLOCKS, DPH, grid)
+    assert "| 8* | 128 |" in table and "| 2 | 1024* |" in table and "| 2 | 128 |" in table
+    assert "Values marked * lie outside the grid's measured range (stage counts 1-4, prompt lengths 16-512" in table
+    inside = predict_table(fitted, "wan", [2, 3], [128], "bf16", DIM, BLOCKS, DPH, grid)
+    assert "*" not in inside and "extrapolates" not in inside
+
+
+def test_predict_takes_any_stage_count_the_model_can_hold(fitted: Fit) -> None:
+    table = predict_table(fitted, "wan", [8, BLOCKS], [128], "bf16", DIM, BLOCKS, DPH)
+    assert "| 8 | 128 |" in table and f"| {BLOCKS} | 128 |" in table
+    with pytest.raises(ValueError, match=rf"stages={BLOCKS + 1}: expected 1 to {BLOCKS}, the model's blocks"):
+        predict_table(fitted, "wan", [2, BLOCKS + 1], [128], "bf16", DIM, BLOCKS, DPH)
+    with pytest.raises(ValueError, match=rf"stages=0: expected 1 to {BLOCKS}"):
+        predict_table(fitted, "wan", [0], [128], "bf16", DIM, BLOCKS, DPH)
+    with pytest.raises(ValueError, match="prompt length 0: expected at least 1 token"):
+        predict_table(fitted, "wan", [2], [0], "bf16", DIM, BLOCKS, DPH)
+
+
+def test_pp_layout_predict_warns_on_stderr_and_rejects_too_many_stages(
+    grid: Grid, fitted: Fit, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    saved = tmp_path / "layout.json"
+    saved.write_text(json.dumps({"grid": grid.to_json(), "fit": fitted.to_json()}))
+    main(["predict", str(saved), "--network", "wan", "--stages", "2,8", "--prompts", "128"])
+    out, err = capsys.readouterr()
+    assert err.splitlines() == [
+        "pp-layout predict: warning: stage count 8 is outside the grid's measured stage counts 1-4: "
+        "the prediction extrapolates"
+    ]
+    assert "| 8* | 128 |" in out
+    main(["predict", str(saved), "--network", "wan", "--stages", "2,3", "--prompts", "128"])
+    assert capsys.readouterr().err == ""
+    with pytest.raises(SystemExit) as exit_:
+        main(["predict", str(saved), "--network", "wan", "--stages", f"4,{BLOCKS + 1}"])
+    assert exit_.value.code == 1
+    assert f"pp-layout predict: stages={BLOCKS + 1}: expected 1 to {BLOCKS}" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["report", str(saved), "--out", str(tmp_path), "--hold-out", "stages=1"])
+    assert exit_.value.code == 2
+
+
 def test_the_held_out_points_are_layouts_never_run_on_their_network(grid: Grid) -> None:
     """By default the fit must not see, on each network, one split stage count (another on each
     network in turn), at every prompt length; with one split stage count, the middle prompt length."""
@@ -554,5 +637,5 @@ def test_the_held_out_points_are_layouts_never_run_on_their_network(grid: Grid) 
     two = [p for p in grid.points if p.stages <= 2]
     assert hold_out(two) == [i for i, p in enumerate(two) if p.prompt_tokens == 128]  # one split count
     assert hold_out([p for p in two if p.prompt_tokens != 128]) == []  # and two lengths: nothing to spare
-    with pytest.raises(ValueError, match="hold-out scheme 'random': expected layouts or prompt"):
+    with pytest.raises(ValueError, match="hold-out scheme 'random': expected one of layouts, prompt, largest"):
         hold_out(grid.points, "random")

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from ..harness.gridspec import GridSpec, grid_spec
 from ..harness.settings import in_face
-from .grid import hold_out, new_grid, run_grid
+from .grid import HOLD_OUT, hold_out, new_grid, run_grid
 from .points import WIRE_BYTES, Grid
 
 if TYPE_CHECKING:
@@ -53,6 +53,17 @@ def _wires(text: str) -> tuple[str, ...]:
     if bad:
         raise argparse.ArgumentTypeError(f"unknown wire dtype(s) {bad}; expected {', '.join(WIRE_BYTES)}")
     return values
+
+
+def _scheme(text: str) -> str:
+    scheme = text.strip()
+    if scheme not in ("saved", "layouts", "prompt", "largest"):
+        n = scheme.removeprefix("stages=")
+        if not scheme.startswith("stages=") or not n.isdigit() or int(n) < 2:
+            raise argparse.ArgumentTypeError(
+                f"hold-out scheme {text!r}: expected saved, {', '.join(HOLD_OUT[:-1])} or stages=N (N >= 2)"
+            )
+    return scheme
 
 
 def _report(grid: Grid, out: Path) -> list[Path]:
@@ -129,10 +140,11 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--out", type=Path, required=True)
     r.add_argument(
         "--hold-out",
-        choices=("saved", "layouts", "prompt"),
+        type=_scheme,
         default="saved",
         help="the points the fit must not see: as saved in grid.json (default); layouts (one split stage count "
-        "per network, in turn); prompt (the middle prompt length)",
+        "per network, in turn); prompt (the middle prompt length); largest (the largest stage count, every "
+        "network); stages=N (stage count N)",
     )
     q = sub.add_parser("predict", help="predict from a saved report for a network never measured")
     q.add_argument("report", type=Path, help="a layout.json")
@@ -166,17 +178,26 @@ def main(argv: list[str] | None = None) -> None:
             written = _report(grid, a.out)
         else:
             from .fit import Fit
-            from .report import predict_table
+            from .report import beyond_the_grid, predict_table
 
             saved = json.loads(a.report.read_text())
             grid = Grid.from_json(saved["grid"])
             ref = grid.points[0]
             dph = min((min(pt.dph) for pt in grid.points if pt.dph), default=0.0)
-            print(
-                predict_table(
-                    Fit.from_json(saved["fit"]), a.network, a.stages, a.prompts, a.wire[0], ref.dim, ref.num_blocks, dph
-                )
+            table = predict_table(
+                Fit.from_json(saved["fit"]),
+                a.network,
+                a.stages,
+                a.prompts,
+                a.wire[0],
+                ref.dim,
+                ref.num_blocks,
+                dph,
+                grid,
             )
+            for warning in beyond_the_grid(grid, a.stages, a.prompts):
+                print(f"pp-layout predict: warning: {warning}", file=sys.stderr)
+            print(table)
             return
     except (ValueError, RuntimeError, OSError, KeyError) as e:
         print(f"pp-layout {a.command}: {e}", file=sys.stderr)

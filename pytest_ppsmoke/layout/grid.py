@@ -227,16 +227,38 @@ def _unsplit_points(spec: GridSpec, grid: Grid, log: Log) -> None:
         log(f"unsplit P={m['prompt_tokens']}: ttft {m['ttft_s']} s, tpot {m['tpot_s']} s")
 
 
+HOLD_OUT = ("layouts", "prompt", "largest", "stages=N")  # the schemes, as the CLI names them
+
+
 def hold_out(points: list[Point], scheme: str = "layouts") -> list[int]:
     """The points a fit must not see. ``layouts``: on each network (in the order measured) one
     split stage count, another on each network in turn (a Latin square), at every prompt length:
     layouts the fit never saw on that network, the question a user asks before renting; with
     fewer than two split stage counts, ``prompt``. ``prompt``: every point of the middle prompt
-    length (interpolating between two lengths; needs three). Unsplit points are never held out:
-    one measurement serves every network."""
-    if scheme not in ("layouts", "prompt"):
-        raise ValueError(f"hold-out scheme {scheme!r}: expected layouts or prompt")
+    length (interpolating between two lengths; needs three). ``largest``: every point of the
+    largest split stage count, on every network at every prompt length (extrapolating in stages:
+    needs two split stage counts); ``stages=N``: every point of stage count N (at least 2).
+    Unsplit points are never held out: one measurement serves every network."""
+    if scheme not in ("layouts", "prompt", "largest") and not scheme.startswith("stages="):
+        raise ValueError(f"hold-out scheme {scheme!r}: expected one of {', '.join(HOLD_OUT)}")
     split = sorted({p.stages for p in points if p.stages > 1})
+    if scheme == "largest" or scheme.startswith("stages="):
+        if scheme == "largest":
+            if len(split) < 2:
+                raise ValueError(f"hold-out scheme largest: needs two split stage counts, the grid has {split}")
+            n = split[-1]
+        else:
+            try:
+                n = int(scheme.removeprefix("stages="))
+            except ValueError:
+                raise ValueError(f"hold-out scheme {scheme!r}: expected stages=N, N a stage count") from None
+            if n not in split:
+                raise ValueError(f"hold-out scheme {scheme!r}: the grid's split stage counts are {split}")
+            if len(split) < 2:
+                raise ValueError(
+                    f"hold-out scheme {scheme!r}: the fit needs another split stage count, the grid has {split}"
+                )
+        return [i for i, p in enumerate(points) if p.stages == n]
     if scheme == "layouts" and len(split) >= 2:
         networks = list(dict.fromkeys(p.network for p in points))
         pick = {net: split[(i + 1) % len(split)] for i, net in enumerate(networks)}

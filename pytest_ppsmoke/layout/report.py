@@ -408,6 +408,38 @@ def write_report(grid: Grid, fit: Fit, out_dir: Path, plots: bool = True) -> lis
     return [json_path, md_path, *pngs]
 
 
+def measured_range(grid: Grid) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(lowest, highest) stage count and prompt length among the points the fit saw (held-out
+    points excluded): outside them a prediction extrapolates."""
+    seen = [p for i, p in enumerate(grid.points) if i not in set(grid.held_out)]
+    if not seen:
+        raise ValueError("the grid has no fitted points: no measured range to predict within")
+    stages, prompts = [p.stages for p in seen], [p.prompt_tokens for p in seen]
+    return (min(stages), max(stages)), (min(prompts), max(prompts))
+
+
+def _span(lo_hi: tuple[int, int]) -> str:
+    return str(lo_hi[0]) if lo_hi[0] == lo_hi[1] else f"{lo_hi[0]}-{lo_hi[1]}"
+
+
+def beyond_the_grid(grid: Grid, stages_list: Sequence[int], prompt_tokens_list: Sequence[int]) -> list[str]:
+    """One line for each stage count and prompt length outside the fitted points' range
+    (``measured_range``), where the prediction is an extrapolation."""
+    stages, prompts = measured_range(grid)
+    out = [
+        f"stage count {s} is outside the grid's measured stage counts {_span(stages)}: the prediction extrapolates"
+        for s in dict.fromkeys(stages_list)
+        if not stages[0] <= s <= stages[1]
+    ]
+    out += [
+        f"prompt length {p} is outside the grid's measured prompt lengths {_span(prompts)} tokens: "
+        "the prediction extrapolates"
+        for p in dict.fromkeys(prompt_tokens_list)
+        if not prompts[0] <= p <= prompts[1]
+    ]
+    return out
+
+
 def predict_table(
     fit: Fit,
     network_description: str,
@@ -417,11 +449,22 @@ def predict_table(
     dim: int,
     num_blocks: int,
     dph: float,
+    grid: Grid | None = None,
 ) -> str:
     """The what-if, with no run: the fit's predictions for each stage count and prompt length on a
-    network (a fitted profile's name or a description, e.g. ``"rtt=40ms,bw=1gbit"``), in Markdown."""
+    network (a fitted profile's name or a description, e.g. ``"rtt=40ms,bw=1gbit"``), in Markdown.
+    Any stage count from 1 to the model's blocks; with the ``grid`` fitted, a value outside its
+    measured range (``beyond_the_grid``) is marked ``*``, an extrapolation."""
     if not stages_list or not prompt_tokens_list:
         raise ValueError(f"stages {list(stages_list)} and prompt lengths {list(prompt_tokens_list)}: need one of each")
+    for s in stages_list:
+        if not 1 <= s <= num_blocks:
+            raise ValueError(
+                f"stages={s}: expected 1 to {num_blocks}, the model's blocks (each stage holds one block at least)"
+            )
+    for p in prompt_tokens_list:
+        if p < 1:
+            raise ValueError(f"prompt length {p}: expected at least 1 token")
     link = fit.link(network_description)
     rows = [
         _row(fit, link, network_description, s, wire, p, dim, num_blocks, dph)
@@ -430,6 +473,11 @@ def predict_table(
     ]
     fastest = min(rows, key=lambda r: (r.tpot_s, r.stages))
     cheapest = min(rows, key=lambda r: _cost_key(r, "decode"))
+    s_range, p_range = measured_range(grid) if grid is not None else ((1, num_blocks), (1, 1 << 62))
+
+    def mark(v: int, lo_hi: tuple[int, int]) -> str:
+        return str(v) if lo_hi[0] <= v <= lo_hi[1] else f"{v}*"
+
     lines = [
         f"Predicted on {network_description} ({link.describe()}), wire {wire}, dim {dim}, {num_blocks} blocks, "
         f"${dph:g}/hour an instance:",
@@ -438,8 +486,8 @@ def predict_table(
             ["stages", "prompt", "ttft ms", "tpot ms", "tokens/s", "chip-s/token", "$/token"],
             [
                 [
-                    r.stages,
-                    r.prompt_tokens,
+                    mark(r.stages, s_range),
+                    mark(r.prompt_tokens, p_range),
                     _ms(r.ttft_s),
                     _ms(r.tpot_s),
                     f"{1 / r.tpot_s:.1f}",
@@ -453,4 +501,10 @@ def predict_table(
         f"Decode: fastest {layout_name(fastest.stages, wire)} ({_ms(fastest.tpot_s)} ms a token), "
         f"cheapest {layout_name(cheapest.stages, wire)} ({_usd(cheapest.usd_per_token)} $ a token).",
     ]
+    if grid is not None and beyond_the_grid(grid, stages_list, prompt_tokens_list):
+        lines += [
+            "",
+            f"Values marked * lie outside the grid's measured range (stage counts {_span(s_range)}, "
+            f"prompt lengths {_span(p_range)} tokens): there the prediction extrapolates.",
+        ]
     return "\n".join(lines) + "\n"
