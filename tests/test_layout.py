@@ -568,20 +568,20 @@ def test_predict_warns_beyond_the_grid_and_not_within(grid: Grid, fitted: Fit) -
     assert beyond_the_grid(grid, [1, 2, 3, 4], [16, 100, 512]) == []
     warnings = beyond_the_grid(grid, [2, 8, 8], [16, 1024])
     assert warnings == [
-        "stage count 8 is outside the grid's measured stage counts 1-4: the prediction extrapolates",
-        "prompt length 1024 is outside the grid's measured prompt lengths 16-512 tokens: the prediction extrapolates",
+        "stage count 8 is outside the grid's fitted stage counts 1-4: the prediction extrapolates",
+        "prompt length 1024 is outside the grid's fitted prompt lengths 16-512 tokens: the prediction extrapolates",
     ]
     assert beyond_the_grid(grid, [1], [8]) == [
-        "prompt length 8 is outside the grid's measured prompt lengths 16-512 tokens: the prediction extrapolates"
+        "prompt length 8 is outside the grid's fitted prompt lengths 16-512 tokens: the prediction extrapolates"
     ]
     # held-out points are not what the fit measured: without the 4-stage points, 4 extrapolates
     held = replace(grid, held_out=hold_out(grid.points, "largest"))
     assert beyond_the_grid(held, [3, 4], [128]) == [
-        "stage count 4 is outside the grid's measured stage counts 1-3: the prediction extrapolates"
+        "stage count 4 is outside the grid's fitted stage counts 1-3: the prediction extrapolates"
     ]
     table = predict_table(fitted, "wan", [2, 8], [128, 1024], "bf16", DIM, BLOCKS, DPH, grid)
     assert "| 8* | 128 |" in table and "| 2 | 1024* |" in table and "| 2 | 128 |" in table
-    assert "Values marked * lie outside the grid's measured range (stage counts 1-4, prompt lengths 16-512" in table
+    assert "Values marked * lie outside the grid's fitted range (stage counts 1-4, prompt lengths 16-512" in table
     inside = predict_table(fitted, "wan", [2, 3], [128], "bf16", DIM, BLOCKS, DPH, grid)
     assert "*" not in inside and "extrapolates" not in inside
 
@@ -605,7 +605,7 @@ def test_pp_layout_predict_warns_on_stderr_and_rejects_too_many_stages(
     main(["predict", str(saved), "--network", "wan", "--stages", "2,8", "--prompts", "128"])
     out, err = capsys.readouterr()
     assert err.splitlines() == [
-        "pp-layout predict: warning: stage count 8 is outside the grid's measured stage counts 1-4: "
+        "pp-layout predict: warning: stage count 8 is outside the grid's fitted stage counts 1-4: "
         "the prediction extrapolates"
     ]
     assert "| 8* | 128 |" in out

@@ -427,12 +427,12 @@ def beyond_the_grid(grid: Grid, stages_list: Sequence[int], prompt_tokens_list: 
     (``measured_range``), where the prediction is an extrapolation."""
     stages, prompts = measured_range(grid)
     out = [
-        f"stage count {s} is outside the grid's measured stage counts {_span(stages)}: the prediction extrapolates"
+        f"stage count {s} is outside the grid's fitted stage counts {_span(stages)}: the prediction extrapolates"
         for s in dict.fromkeys(stages_list)
         if not stages[0] <= s <= stages[1]
     ]
     out += [
-        f"prompt length {p} is outside the grid's measured prompt lengths {_span(prompts)} tokens: "
+        f"prompt length {p} is outside the grid's fitted prompt lengths {_span(prompts)} tokens: "
         "the prediction extrapolates"
         for p in dict.fromkeys(prompt_tokens_list)
         if not prompts[0] <= p <= prompts[1]
@@ -454,7 +454,7 @@ def predict_table(
     """The what-if, with no run: the fit's predictions for each stage count and prompt length on a
     network (a fitted profile's name or a description, e.g. ``"rtt=40ms,bw=1gbit"``), in Markdown.
     Any stage count from 1 to the model's blocks; with the ``grid`` fitted, a value outside its
-    measured range (``beyond_the_grid``) is marked ``*``, an extrapolation."""
+    fitted range (``beyond_the_grid``) is marked ``*``, an extrapolation."""
     if not stages_list or not prompt_tokens_list:
         raise ValueError(f"stages {list(stages_list)} and prompt lengths {list(prompt_tokens_list)}: need one of each")
     for s in stages_list:
@@ -504,7 +504,7 @@ def predict_table(
     if grid is not None and beyond_the_grid(grid, stages_list, prompt_tokens_list):
         lines += [
             "",
-            f"Values marked * lie outside the grid's measured range (stage counts {_span(s_range)}, "
+            f"Values marked * lie outside the grid's fitted range (stage counts {_span(s_range)}, "
             f"prompt lengths {_span(p_range)} tokens): there the prediction extrapolates.",
         ]
     return "\n".join(lines) + "\n"
