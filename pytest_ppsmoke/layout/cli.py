@@ -6,7 +6,8 @@
 
 ``grid`` runs on this machine through the vast.ai emulator (``layout/grid.py``) and writes
 ``grid.json`` as it goes, then the report (``layout/report.py``): ``layout.json``, ``layout.md``
-and the plots. ``predict`` needs no run: a saved report's fit and a network description.
+and the plots. ``predict`` needs no run: a saved report's fit and a network description; it warns
+on stderr for each stage count or prompt length outside those the fit saw (an extrapolation).
 Exit status: 0, 1 when a measurement or the fit failed (the message says which), 2 for bad
 arguments.
 """
@@ -149,8 +150,13 @@ def main(argv: list[str] | None = None) -> None:
     q = sub.add_parser("predict", help="predict from a saved report for a network never measured")
     q.add_argument("report", type=Path, help="a layout.json")
     q.add_argument("--network", required=True, help="a measured profile's name, or e.g. rtt=40ms,bw=1gbit")
-    q.add_argument("--stages", type=_ints, default=(1, 2, 4))
-    q.add_argument("--prompts", type=_ints, default=(128,))
+    q.add_argument(
+        "--stages",
+        type=_ints,
+        default=(1, 2, 4),
+        help="stage counts, 1 to the model's blocks; outside the grid's fitted ones: a warning (an extrapolation)",
+    )
+    q.add_argument("--prompts", type=_ints, default=(128,), help="prompt lengths; outside the grid's: a warning")
     q.add_argument("--wire", type=_wires, default=("bf16",))
     a = p.parse_args(argv)
     try:
