@@ -6,6 +6,7 @@ the grid asked for."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ from typing import Any
 import pytest
 
 from pytest_ppsmoke.harness.gridspec import GridSpec
-from pytest_ppsmoke.layout.grid import _check_weights, prompt_text, run_grid
+from pytest_ppsmoke.layout.grid import _check_weights, hold_out, prompt_text, run_grid
 from pytest_ppsmoke.layout.points import Grid
 from pytest_ppsmoke.messages import WeightLoad
 from pytest_ppsmoke.stage.synth import SHAPES, write
@@ -131,6 +132,11 @@ async def test_pp_smoke_run_grid_rents_where_the_run_would(
     assert grid.device == f"instances rented from {fake.url}" and len(grid.points) == 6
     # two split stage counts on one network: the layouts scheme holds the second one out
     assert sorted({grid.points[i].stages for i in grid.held_out}) == [3] and len(grid.held_out) == 3
+    # which on one network is the largest stage count (the scheme the 8-stage grid is checked by),
+    # and the report's held-out errors are the fit's predictions for it
+    assert hold_out(grid.points, "largest") == grid.held_out
+    held = json.loads((out / "layout.json").read_text())["held_out"]
+    assert sorted(r["index"] for r in held["rows"]) == grid.held_out and held["tpot_max"] is not None
     assert len(fake.destroyed) == 2 + 3  # a deployment of 2 instances, then one of 3
     await assert_nothing_left(fake, smoke, created=5)
     assert "## Recommended layouts" in (out / "layout.md").read_text()
