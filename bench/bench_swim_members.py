@@ -105,6 +105,7 @@ def resimulate(path: Path, sims: int) -> dict[str, Any]:
     saved: dict[str, Any] = json.loads(path.read_text())
     for size in saved["sizes"]:
         real = RealResult(**{**size["real"], "join_at": tuple(size["real"]["join_at"])})
+        size.setdefault("swim", asdict(swim_for(real.profile)))
         size["simulated"] = simulations(real, swim_for(real.profile), sims)
     saved["resimulated_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     return saved
@@ -133,8 +134,15 @@ def main() -> None:
     res: dict[str, Any] = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "kernel": platform.release()},
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "sizes": [one_size(int(n), a.profile, a.hold, a.sims, a.seed, a.wave) for n in a.sizes.split(",")],
+        "sizes": [],
     }
+    for n in (int(x) for x in a.sizes.split(",")):
+        try:
+            res["sizes"].append(one_size(n, a.profile, a.hold, a.sims, a.seed, a.wave))
+        except Exception as e:  # a size this machine does not hold: the figure, and no larger one
+            res["failed"] = {"members": n, "error": f"{type(e).__name__}: {e}", "load_average": os.getloadavg()}
+            print(json.dumps(res["failed"]), flush=True)
+            break
     a.out.write_text(json.dumps(res, indent=1) + "\n")
     print(a.out)
 

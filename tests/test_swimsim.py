@@ -95,3 +95,25 @@ def test_a_replayed_join_schedule_starts_each_member_at_its_time() -> None:
     assert r.converge_s is not None and r.converge_after_joins_s is not None
     assert r.converge_s >= 7.5 + 0.04  # the last joiner's Join and the seed's Sync: a wan round trip at least
     assert r.converge_after_joins_s <= r.converge_s - 7.5
+
+
+def test_a_reliable_transport_turns_loss_into_delay_and_opens_each_connection_first() -> None:
+    """``quic``: the first request between two members pays the handshake (a round trip before
+    its own way), later ones and replies only their way; a lost packet arrives a probe timeout
+    later, doubling, where ``datagram`` loses the message."""
+    quic, datagram = Link(delay=0.02, retransmit_s=0.1), Link(delay=0.02)
+    net = SimNet(quic, random.Random(1))
+    assert net._transit("a", "b") == pytest.approx(0.06)  # handshake there and back, then the request
+    assert net._transit("a", "b") == pytest.approx(0.02)
+    assert net._transit("b", "a", reply=True) == pytest.approx(0.02)  # the reply rides the request's connection
+    assert net._transit("b", "a") == pytest.approx(0.06)  # b's own requests dial their own
+    lossy = SimNet(dataclasses.replace(quic, loss=0.5), random.Random(2))
+    lossy._connected.add(("a", "b"))
+    ways = [lossy._transit("a", "b") for _ in range(400)]
+    assert {round(w, 3) for w in ways if w is not None} >= {0.02, 0.12, 0.32}  # lost once, twice: 0.1 then 0.2 more
+    assert sum(w is None for w in ways) < 10  # lost eight times in a row (1 in 256): the connection gives up
+    dropped = SimNet(dataclasses.replace(datagram, loss=0.5), random.Random(2))
+    assert 150 < sum(dropped._transit("a", "b") is None for _ in range(400)) < 250
+    assert Link.of_profile("wan", "quic").retransmit_s == pytest.approx(2 * 0.02 + 4 * 0.002 + 0.025)
+    with pytest.raises(ValueError, match="unknown transport 'tcp'; expected one of datagram, quic"):
+        Link.of_profile("wan", "tcp")

@@ -103,6 +103,10 @@ def _swim_on(loop: asyncio.AbstractEventLoop) -> Iterator[None]:
 QUIC_MAX_ACK_DELAY = 0.025
 TRANSPORTS = ("datagram", "quic")
 MAX_ATTEMPTS = 8  # a stream's packet sent this often unanswered: ~2^8 probe timeouts, the connection times out
+# before a connection has a round trip measured, QUIC's probe timeout starts from RFC 9002's initial
+# RTT (333 ms, its variation half that): a lost handshake packet waits about a second
+QUIC_HANDSHAKE_PTO = 0.333 + 4 * 0.333 / 2 + QUIC_MAX_ACK_DELAY
+QUIC_SERVER_FLIGHT = 2  # the server's first flight (its Initial and Handshake packets): all must arrive
 
 
 @dataclass(frozen=True)
@@ -161,6 +165,7 @@ class SimNet:
         self._corr = 0
         self.handling: set[asyncio.Task[Any]] = set()  # handlers under way (an indirect probe's)
         self._state_bytes: dict[tuple[str, int, int], int] = {}
+        self._connected: set[tuple[str, str]] = set()  # (dialer, peer): a reliable transport's open connections
 
     def _lost(self, src: str, dst: str) -> bool:
         link = self.link
@@ -198,9 +203,10 @@ class SimNet:
                 total += n
         return total
 
-    def _transit(self, src: str, dst: str) -> float | None:
-        """How long a message from ``src`` takes to reach ``dst``; None: it is lost."""
-        delay, backoff = 0.0, self.link.retransmit_s
+    def _attempts(self, src: str, dst: str, backoff: float) -> float | None:
+        """One packet's way from ``src`` to ``dst``: its delay, after any retransmissions
+        (``backoff``, doubling; 0: none); None: lost."""
+        delay = 0.0
         for _ in range(MAX_ATTEMPTS):
             if not self._lost(src, dst):
                 return delay + self._delay(dst)
@@ -208,6 +214,23 @@ class SimNet:
                 return None
             delay, backoff = delay + backoff, 2 * backoff
         return None  # a reliable stream that long without an answer: its connection is gone
+
+    def _transit(self, src: str, dst: str, reply: bool = False) -> float | None:
+        """How long a message from ``src`` takes to reach ``dst``; None: it is lost. On a
+        reliable transport the first request between two members opens the connection: its
+        handshake's two flights come first, each sent again after QUIC's initial probe timeout
+        when lost (a reply travels on its request's connection)."""
+        link = self.link
+        first = 0.0
+        if link.retransmit_s and not reply and (src, dst) not in self._connected:
+            there = self._attempts(src, dst, QUIC_HANDSHAKE_PTO)
+            back = [self._attempts(dst, src, QUIC_HANDSHAKE_PTO) for _ in range(QUIC_SERVER_FLIGHT)]
+            if there is None or None in back:
+                return None
+            self._connected.add((src, dst))
+            first = there + max(b for b in back if b is not None)
+        took = self._attempts(src, dst, link.retransmit_s)
+        return None if took is None else first + took
 
     def send(self, src: str, dst: str, msg: Message, reply: asyncio.Future[Message] | None, corr: int = 0) -> None:
         t = self.traffic.setdefault(src, Traffic())
@@ -260,7 +283,7 @@ class SimNet:
     def _deliver_reply(self, src: str, dst: str, result: Any, reply: asyncio.Future[Message], size: int) -> None:
         if src in self.dead or dst in self.dead:
             return
-        took = self._transit(src, dst)
+        took = self._transit(src, dst, reply=True)
         if took is None:
             return
 
