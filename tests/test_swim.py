@@ -513,3 +513,18 @@ async def test_the_members_a_member_probes_and_gossips_to_follow_joins_deaths_an
         assert probed == set(expected()) and ids[0] not in probed
     finally:
         await net.stop()
+
+
+async def test_a_member_learnt_mid_round_is_probed_in_that_round() -> None:
+    """As memberlist does: a new member takes a random place in the current round, instead of
+    waiting a whole round (N probe periods) to be probed at all."""
+    net = SimNet(FAST, 5)
+    m = net.members[0]
+    try:
+        first = m._next_target()  # the round begins: the 4 others, in random order
+        newcomer = MemberState(f"{99:064x}", MemberStatus.alive, 0)
+        m.merge([newcomer])
+        rest = [m._next_target() for _ in range(len(m._probe_order))]
+        assert newcomer.id in rest and sorted([first, *rest]) == sorted(m._others())
+    finally:
+        await net.stop()
