@@ -99,21 +99,26 @@ def test_a_replayed_join_schedule_starts_each_member_at_its_time() -> None:
 
 def test_a_reliable_transport_turns_loss_into_delay_and_opens_each_connection_first() -> None:
     """``quic``: the first request between two members pays the handshake (a round trip before
-    its own way), later ones and replies only their way; a lost packet arrives a probe timeout
-    later, doubling, where ``datagram`` loses the message."""
+    its own way), unless its sender's deadline comes first; later ones and replies only their
+    way, in order behind the frames before them; a lost packet arrives a probe timeout later,
+    doubling, where ``datagram`` loses the message."""
     quic, datagram = Link(delay=0.02, retransmit_s=0.1), Link(delay=0.02)
     net = SimNet(quic, random.Random(1))
-    assert net._transit("a", "b") == pytest.approx(0.06)  # handshake there and back, then the request
-    assert net._transit("a", "b") == pytest.approx(0.02)
-    assert net._transit("b", "a", reply=True) == pytest.approx(0.02)  # the reply rides the request's connection
-    assert net._transit("b", "a") == pytest.approx(0.06)  # b's own requests dial their own
+    assert net._transit("a", "b", 0.0, deadline=0.03) is None  # gave up before the handshake's round trip (0.04 s)
+    assert net._transit("a", "b", 0.0) == pytest.approx(0.06)  # handshake there and back, then the request
+    assert net._transit("a", "b", 1.0) == pytest.approx(0.02)
+    assert net._transit("b", "a", 1.0, reply=True) == pytest.approx(0.02)  # on the request's connection
+    assert net._transit("b", "a", 2.0) == pytest.approx(0.06)  # b's own requests dial their own
     lossy = SimNet(dataclasses.replace(quic, loss=0.5), random.Random(2))
     lossy._connected.add(("a", "b"))
-    ways = [lossy._transit("a", "b") for _ in range(400)]
+    ways = [lossy._transit("a", "b", 10.0 * i) for i in range(400)]  # 10 s apart: none waits for another
     assert {round(w, 3) for w in ways if w is not None} >= {0.02, 0.12, 0.32}  # lost once, twice: 0.1 then 0.2 more
     assert sum(w is None for w in ways) < 10  # lost eight times in a row (1 in 256): the connection gives up
+    held = [lossy._transit("a", "b", 5000.0) for _ in range(40)]  # sent together: in order, each behind the last
+    landed = [w for w in held if w is not None]
+    assert landed == sorted(landed) and max(landed) >= 0.12
     dropped = SimNet(dataclasses.replace(datagram, loss=0.5), random.Random(2))
-    assert 150 < sum(dropped._transit("a", "b") is None for _ in range(400)) < 250
+    assert 150 < sum(dropped._transit("a", "b", 0.0) is None for _ in range(400)) < 250
     assert Link.of_profile("wan", "quic").retransmit_s == pytest.approx(2 * 0.02 + 4 * 0.002 + 0.025)
     with pytest.raises(ValueError, match="unknown transport 'tcp'; expected one of datagram, quic"):
         Link.of_profile("wan", "tcp")

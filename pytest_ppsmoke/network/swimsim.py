@@ -166,6 +166,7 @@ class SimNet:
         self.handling: set[asyncio.Task[Any]] = set()  # handlers under way (an indirect probe's)
         self._state_bytes: dict[tuple[str, int, int], int] = {}
         self._connected: set[tuple[str, str]] = set()  # (dialer, peer): a reliable transport's open connections
+        self._stream_free: dict[tuple[str, str, bool], float] = {}  # (from, to, replies): when its last frame lands
 
     def _lost(self, src: str, dst: str) -> bool:
         link = self.link
@@ -215,11 +216,19 @@ class SimNet:
             delay, backoff = delay + backoff, 2 * backoff
         return None  # a reliable stream that long without an answer: its connection is gone
 
-    def _transit(self, src: str, dst: str, reply: bool = False) -> float | None:
-        """How long a message from ``src`` takes to reach ``dst``; None: it is lost. On a
-        reliable transport the first request between two members opens the connection: its
-        handshake's two flights come first, each sent again after QUIC's initial probe timeout
-        when lost (a reply travels on its request's connection)."""
+    def _transit(
+        self, src: str, dst: str, now: float, reply: bool = False, deadline: float | None = None
+    ) -> float | None:
+        """How long a message sent at ``now`` from ``src`` takes to reach ``dst``; None: it is
+        lost. On a reliable transport (as the nodes' transport works):
+
+        - the first request from one member to another opens the connection: the handshake's
+          flights come first, each sent again after QUIC's initial probe timeout when lost; a
+          sender that gives up at its ``deadline`` first abandons it (the message is lost, the
+          next one dials again); a reply travels on its request's connection;
+        - a member's frames to another share one stream, in order: a frame held up by a lost
+          packet holds up the frames behind it.
+        """
         link = self.link
         first = 0.0
         if link.retransmit_s and not reply and (src, dst) not in self._connected:
@@ -227,18 +236,36 @@ class SimNet:
             back = [self._attempts(dst, src, QUIC_HANDSHAKE_PTO) for _ in range(QUIC_SERVER_FLIGHT)]
             if there is None or None in back:
                 return None
-            self._connected.add((src, dst))
             first = there + max(b for b in back if b is not None)
+            if deadline is not None and first > deadline:
+                return None
+            self._connected.add((src, dst))
         took = self._attempts(src, dst, link.retransmit_s)
-        return None if took is None else first + took
+        if took is None:
+            return None
+        if not link.retransmit_s:
+            return first + took
+        stream = (src, dst, reply)
+        arrives = max(now + first + took, self._stream_free.get(stream, 0.0))
+        self._stream_free[stream] = arrives
+        return arrives - now
 
-    def send(self, src: str, dst: str, msg: Message, reply: asyncio.Future[Message] | None, corr: int = 0) -> None:
+    def send(
+        self,
+        src: str,
+        dst: str,
+        msg: Message,
+        reply: asyncio.Future[Message] | None,
+        corr: int = 0,
+        deadline: float | None = None,
+    ) -> None:
         t = self.traffic.setdefault(src, Traffic())
         t.messages += 1
         t.bytes += self.size(msg, corr, False)
         if src in self.dead or dst in self.dead or dst not in self.members:
             return
-        took = self._transit(src, dst)
+        loop = asyncio.get_running_loop()
+        took = self._transit(src, dst, loop.time(), deadline=deadline)
         if took is not None:
             asyncio.get_running_loop().call_later(took, self._arrive, src, dst, msg, reply, corr)
 
@@ -283,7 +310,7 @@ class SimNet:
     def _deliver_reply(self, src: str, dst: str, result: Any, reply: asyncio.Future[Message], size: int) -> None:
         if src in self.dead or dst in self.dead:
             return
-        took = self._transit(src, dst, reply=True)
+        took = self._transit(src, dst, asyncio.get_running_loop().time(), reply=True)
         if took is None:
             return
 
@@ -328,13 +355,13 @@ class SimHost:
         pass
 
     def send_nowait(self, to: ActorAddress, msg: Message, timeout: float, sender: str = "") -> None:
-        self.net.send(self._id, to.node, msg, None)
+        self.net.send(self._id, to.node, msg, None, deadline=timeout)
 
     async def request(
         self, to: ActorAddress, msg: Message, timeout: float | None = None, *, sender: str = ""
     ) -> Message:
         fut: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
-        self.net.send(self._id, to.node, msg, fut, self.net.next_corr())
+        self.net.send(self._id, to.node, msg, fut, self.net.next_corr(), deadline=timeout)
         try:
             return await asyncio.wait_for(fut, timeout)
         except TimeoutError:
@@ -528,6 +555,10 @@ def simulate(spec: SimSpec) -> SimResult:
     try:
         with _swim_on(loop):
             result = loop.run_until_complete(_run(spec, rng))
+            left = asyncio.all_tasks(loop)  # a probe's helpers cancelled as its member stopped
+            for t in left:
+                t.cancel()
+            loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
     finally:
         loop.close()
     result.wall_s = round(time.monotonic() - wall, 3)
