@@ -538,6 +538,14 @@ async def _run(spec: SimSpec, rng: random.Random) -> SimResult:
     return result
 
 
+async def _cancel_the_rest() -> None:
+    """Cancel what is left on the loop (a probe's helpers, cancelled as their member stopped)."""
+    left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for t in left:
+        t.cancel()
+    await asyncio.gather(*left, return_exceptions=True)
+
+
 def simulate(spec: SimSpec) -> SimResult:
     """One run on a fresh virtual loop (``random`` seeded from ``spec.seed``: ``swim`` draws its
     probe order and helpers from the module, the network from its own generator)."""
@@ -555,10 +563,7 @@ def simulate(spec: SimSpec) -> SimResult:
     try:
         with _swim_on(loop):
             result = loop.run_until_complete(_run(spec, rng))
-            left = asyncio.all_tasks(loop)  # a probe's helpers cancelled as its member stopped
-            for t in left:
-                t.cancel()
-            loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+            loop.run_until_complete(_cancel_the_rest())
     finally:
         loop.close()
     result.wall_s = round(time.monotonic() - wall, 3)
