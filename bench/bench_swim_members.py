@@ -32,17 +32,12 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from pytest_ppsmoke.cloud.lifecycle import RunConfig  # noqa: E402
-from pytest_ppsmoke.harness.driver import rtt_of  # noqa: E402
+from bench_swim_network import swim_for  # noqa: E402  (bench/, this script's directory, is first on sys.path)
+
 from pytest_ppsmoke.network import EmulatedNetwork, parse_network  # noqa: E402
 from pytest_ppsmoke.network.swimreal import RealResult, RealSpec, agreement, run_members  # noqa: E402
 from pytest_ppsmoke.network.swimsim import TRANSPORTS, SimSpec, simulate  # noqa: E402
 from pytest_ppsmoke.runtime.swimconfig import SwimConfig  # noqa: E402
-
-
-def swim_for(profile: str) -> SwimConfig:
-    """The SWIM configuration a run chooses for the profile (from its worst round trip)."""
-    return RunConfig(network="local", rtt=rtt_of(parse_network(profile))).swim
 
 
 async def real_run(n: int, profile: str, hold: float, seed: int, wave: int) -> RealResult:

@@ -65,7 +65,8 @@ async def spin() -> asyncio.subprocess.Process:
 
 
 def swim_for(profile: str) -> SwimConfig:
-    return RunConfig(network="local", rtt=rtt_of(profile)).swim
+    """The SWIM configuration a run chooses for the profile (from its worst round trip)."""
+    return RunConfig(network="local", rtt=rtt_of(parse_network(profile))).swim
 
 
 def alive_seen(p: ChildProcess) -> set[str]:

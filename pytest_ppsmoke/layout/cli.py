@@ -58,7 +58,7 @@ def _wires(text: str) -> tuple[str, ...]:
 
 def _scheme(text: str) -> str:
     scheme = text.strip()
-    if scheme not in ("saved", "layouts", "prompt", "largest"):
+    if scheme not in ("saved", *HOLD_OUT[:-1]):
         n = scheme.removeprefix("stages=")
         if not scheme.startswith("stages=") or not n.isdigit() or int(n) < 2:
             raise argparse.ArgumentTypeError(

@@ -44,7 +44,7 @@ from ..runtime.node import Node, NodeConfig
 from ..runtime.swim import MemberEvent
 from ..runtime.swimconfig import SwimConfig
 from .emulated import EmulatedNetwork
-from .swimsim import SimResult
+from .swimsim import SimResult, until
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -147,14 +147,6 @@ def _machine_busy_total() -> tuple[int, int]:
     return sum(v) - idle, sum(v)
 
 
-async def _until(pred: Any, limit: float, what: str) -> None:
-    deadline = time.monotonic() + limit
-    while not pred():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} did not happen within {limit:g} s")
-        await asyncio.sleep(0.05)
-
-
 async def run_members(net: EmulatedNetwork, spec: RealSpec) -> RealResult:
     """Form a cluster of ``spec.members`` on ``net``, kill one, watch; always tears it down."""
     n, cfg = spec.members, spec.config
@@ -210,7 +202,7 @@ async def run_members(net: EmulatedNetwork, spec: RealSpec) -> RealResult:
             collect()
             return all(views.complete_since(i) is not None for i in ids)
 
-        await _until(converged, spec.limit_s, f"every one of {n} members seeing every other alive")
+        await until(converged, 0.05, spec.limit_s, f"every one of {n} members seeing every other alive")
         done = max(v for i in ids if (v := views.complete_since(i)) is not None)
         result.converge_after_joins_s = round(max(0.0, done - max(ends)), 3)
 
@@ -224,7 +216,7 @@ async def run_members(net: EmulatedNetwork, spec: RealSpec) -> RealResult:
             collect()
             return set(views.dead_at(victim)) >= set(live)
 
-        await _until(all_know, spec.limit_s, f"every live member declaring the killed one dead (of {n})")
+        await until(all_know, 0.05, spec.limit_s, f"every live member declaring the killed one dead (of {n})")
         seen_at = views.dead_at(victim)
         result.detect_first_s = round(min(seen_at[i] for i in live) - killed, 3)
         result.detect_all_s = round(max(seen_at[i] for i in live) - killed, 3)

@@ -267,7 +267,7 @@ class SimNet:
         loop = asyncio.get_running_loop()
         took = self._transit(src, dst, loop.time(), deadline=deadline)
         if took is not None:
-            asyncio.get_running_loop().call_later(took, self._arrive, src, dst, msg, reply, corr)
+            loop.call_later(took, self._arrive, src, dst, msg, reply, corr)
 
     def _arrive(self, src: str, dst: str, msg: Message, reply: asyncio.Future[Message] | None, corr: int) -> None:
         if dst in self.dead:
@@ -299,15 +299,14 @@ class SimNet:
             return
         if isinstance(result, BaseException):
             err: BaseException = RemoteError(ActorAddress(src, SWIM_ACTOR), "handler_failed", str(result))
-            self._deliver_reply(src, dst, err, reply, len(str(result)))
+            self._deliver_reply(src, dst, err, reply)
             return
         t = self.traffic.setdefault(src, Traffic())
         t.messages += 1
-        size = self.size(result, corr, True)
-        t.bytes += size
-        self._deliver_reply(src, dst, result, reply, size)
+        t.bytes += self.size(result, corr, True)
+        self._deliver_reply(src, dst, result, reply)
 
-    def _deliver_reply(self, src: str, dst: str, result: Any, reply: asyncio.Future[Message], size: int) -> None:
+    def _deliver_reply(self, src: str, dst: str, result: Any, reply: asyncio.Future[Message]) -> None:
         if src in self.dead or dst in self.dead:
             return
         took = self._transit(src, dst, asyncio.get_running_loop().time(), reply=True)
@@ -429,12 +428,14 @@ def memberlist_figures(n: int, config: SwimConfig) -> dict[str, float]:
     }
 
 
-async def _until(pred: Any, step: float, limit: float, what: str) -> float:
+async def until(pred: Any, step: float, limit: float, what: str) -> float:
+    """Wait, checking every ``step`` seconds of the running loop's clock (virtual in a
+    simulation), until ``pred()``; its seconds, or TimeoutError after ``limit``."""
     loop = asyncio.get_running_loop()
     started = loop.time()
     while not pred():
         if loop.time() - started > limit:
-            raise TimeoutError(f"{what} did not happen within {limit:g} simulated seconds")
+            raise TimeoutError(f"{what} did not happen within {limit:g} s")
         await asyncio.sleep(step)
     return loop.time() - started
 
@@ -492,7 +493,7 @@ async def _run(spec: SimSpec, rng: random.Random) -> SimResult:
 
     try:
         await asyncio.gather(*joins)
-        await _until(lambda: converged[0] is not None, cfg.protocol_period / 4, spec.limit_s, "convergence")
+        await until(lambda: converged[0] is not None, cfg.protocol_period / 4, spec.limit_s, "convergence (simulated)")
         at = converged[0]
         assert at is not None
         result.converge_s = round(at - started, 3)
@@ -505,8 +506,11 @@ async def _run(spec: SimSpec, rng: random.Random) -> SimResult:
             killed = loop.time()
             await net.members[victim].stop()
             live = [i for i in ids if i != victim]
-            await _until(
-                lambda: len(deaths.get(victim, {})) >= len(live), cfg.protocol_period / 4, spec.limit_s, "detection"
+            await until(
+                lambda: len(deaths.get(victim, {})) >= len(live),
+                cfg.protocol_period / 4,
+                spec.limit_s,
+                "detection (simulated)",
             )
             seen = deaths[victim]
             result.detect_first_s = round(min(seen.values()) - killed, 3)

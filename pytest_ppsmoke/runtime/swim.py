@@ -438,15 +438,20 @@ class Membership:
     def _put(self, m: MemberState) -> None:
         cur = self.members.get(m.id)
         self.members[m.id] = m
-        if m.id != self.me.id and m.status != DEAD and (cur is None or cur.status == DEAD) and self._probe_order:
-            # a member new to us (or back) joins the current round at a random place, as in
-            # memberlist: else it waits for the next round, N probe periods away (a member killed
-            # right after a mass join of 300 went unprobed for 18 s)
+        if m.id == self.me.id or (cur is not None and (cur.status == DEAD) == (m.status == DEAD)):
+            return  # the members not dead stay the same
+        if m.status == DEAD:
+            self._others_cache = None
+            return
+        # a member new to us (or back) joins the current round at a random place, as in
+        # memberlist: else it waits for the next round, N probe periods away (a member killed
+        # right after a mass join of 300 went unprobed for 18 s)
+        if self._probe_order:
             self._probe_order.insert(random.randrange(len(self._probe_order) + 1), m.id)
-        if cur is None and m.status != DEAD and self._others_cache is not None and m.id != self.me.id:
+        if cur is None and self._others_cache is not None:
             self._others_cache.append(m.id)  # a join: at a mass join, one for every member
             self._others_set.add(m.id)
-        elif cur is None or (cur.status == DEAD) != (m.status == DEAD):
+        else:
             self._others_cache = None
 
     def _set_me(self, me: MemberState) -> None:
