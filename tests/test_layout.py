@@ -562,6 +562,24 @@ def test_holding_out_the_largest_stage_count_extrapolates_in_stages(grid: Grid) 
         hold_out(grid.points, "stages=x")
 
 
+def test_ramps_the_gaps_cannot_tell_apart_are_chosen_by_the_data_not_by_rounding(grid: Grid) -> None:
+    """Without the 4-stage points the largest idle gap fitted is ~0.23 s, so every ramp from 0.12 s
+    that ends past it fits the calls exactly as well (its wake-up scaled to the same slope); their
+    squared errors differ only in the last bits, which move with the order of the rows (and with
+    the processor's BLAS kernels). The fit takes the one that ends soonest, whatever the order."""
+    held = replace(grid, held_out=hold_out(grid.points, "largest"))
+    wakes = set()
+    for seed in range(8):
+        rng = random.Random(seed)
+        shuffled = [replace(p, compute=rng.sample(p.compute, len(p.compute))) for p in held.points]
+        got = fit(replace(held, points=shuffled))
+        wakes.add((got.wake, round(got.decode["wake"], 6)))
+    assert len(wakes) == 1, wakes
+    ((wake, seconds),) = wakes
+    assert wake.per == "call" and abs(wake.from_s - WAKE.from_s) < 1e-9, wake
+    assert abs(wake.to_s - WAKE.to_s) < 1e-9 and close(seconds, DECODE["wake"], 0.01), (wake, seconds)
+
+
 def test_predict_warns_beyond_the_grid_and_not_within(grid: Grid, fitted: Fit) -> None:
     """A stage count or prompt length outside what the fitted points measured is an extrapolation:
     one line each, naming the value and the range; inside it (measured or between), none."""

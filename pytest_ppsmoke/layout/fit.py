@@ -44,6 +44,9 @@ WAKE_FROM = tuple(i * 0.01 for i in range(0, 51))
 WAKE_WIDTH = (0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4)
 WAKE_MIN_SPAN_S = 0.05  # idle gaps spanning less than this cannot show a wake-up: no wake term
 WAKE_MIN_GAIN = 0.1  # the wake term is kept only if it takes this share of the squared error away
+# ramps whose squared errors differ by less than this share explain the calls equally: the
+# difference is rounding, which moves with the processor's BLAS kernels, not with the data
+WAKE_TIE = 1e-9
 
 
 def stage_shapes(num_blocks: int, stages: int) -> list[tuple[int, bool, bool]]:
@@ -542,7 +545,7 @@ def _fit_compute(
                 "no wake-up term"
             )
         else:
-            best: tuple[float, list[float], int, Wake] | None = None
+            candidates: list[tuple[float, list[float], int, Wake]] = []
             for start in WAKE_FROM:
                 for width in WAKE_WIDTH:
                     share = np.clip((idle - start) / width, 0.0, 1.0)
@@ -550,8 +553,9 @@ def _fit_compute(
                         continue  # every call on one side of the ramp: nothing to fit
                     for per, scale in (("call", 1.0), ("block", blocks)):
                         c, r, e = solve(np.column_stack([base, share * scale]))
-                        if c[-1] > 0 and (best is None or e < best[0]):
-                            best = (e, c, r, Wake(start, start + width, per))
+                        if c[-1] > 0:
+                            candidates.append((e, c, r, Wake(start, start + width, per)))
+            best = _least_wake(candidates)
             if best is not None and best[0] <= (1 - WAKE_MIN_GAIN) * sse:
                 sse, coef, rank, wake = best
                 columns = [*used, "wake"]
@@ -568,6 +572,22 @@ def _fit_compute(
     out = dict.fromkeys(terms, 0.0)
     out.update(zip(columns, coef, strict=True))
     return out, wake
+
+
+def _least_wake(
+    candidates: list[tuple[float, list[float], int, Wake]],
+) -> tuple[float, list[float], int, Wake] | None:
+    """The ramp with the least squared error; among those that tie with it (within ``WAKE_TIE``),
+    the one that ends soonest, then starts soonest, then per call. Ramps tie where the idle gaps
+    measured cannot tell them apart, e.g. every ramp that starts below the gaps' clusters and ends
+    beyond the largest gap, its wake-up scaled to the same slope: the data says nothing past its
+    largest gap, so the fit claims the least wake-up there that explains it. Picking by the last
+    bits of the error instead made a prediction beyond the gaps move with the processor."""
+    if not candidates:
+        return None
+    least = min(e for e, _, _, _ in candidates)
+    tied = [c for c in candidates if c[0] <= least + WAKE_TIE * max(least, np.finfo(np.float64).tiny)]
+    return min(tied, key=lambda c: (c[3].to_s, c[3].from_s, c[3].per != "call"))
 
 
 def fit(grid: Grid, exclude: Sequence[int] | None = None) -> Fit:
