@@ -329,11 +329,12 @@ class NodeEnv:
     def public_udp(self, env: Mapping[str, str] | None = None) -> str | None:
         """``PUBLIC_IPADDR:VAST_UDP_PORT_<port>``: where vast.ai forwards the node's UDP port from
         (its host agent sets both when the create asked for the port); None where either is unset.
-        ValueError names the variable when the port is not one."""
+        Both are stripped: vast.ai pads the strings it serves, and iroh refuses an address with a
+        newline in it. ValueError names the variable when the port is not one."""
         env = os.environ if env is None else env
         name = f"VAST_UDP_PORT_{self.port}"
-        raw = env.get(name, "")
-        if not (self.port and self.public_ipaddr and raw):
+        raw, ip = env.get(name, "").strip(), self.public_ipaddr.strip()
+        if not (self.port and ip and raw):
             return None
         try:
             public = checks.integer(raw, 1)
@@ -341,7 +342,7 @@ class NodeEnv:
             raise ValueError(f"{name} must be a UDP port (1..65535), got {raw!r}") from None
         if public > 65535:
             raise ValueError(f"{name} must be a UDP port (1..65535), got {raw!r}")
-        return f"{self.public_ipaddr}:{public}"
+        return f"{ip}:{public}"
 
     def require(self, name: str) -> Any:
         """The value of field ``name``; ValueError naming its variable when it is not set."""

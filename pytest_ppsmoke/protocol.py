@@ -21,6 +21,12 @@ BOOT_POLL_INTERVAL = 3.0  # seconds between them, on vast.ai
 CONVERGE_TIMEOUT = 120.0  # SWIM: every member alive in every view
 RESOLVE_TIMEOUT = 60.0  # every stage name
 
+# the GPUs the node image can run: the compute capabilities (vast.ai's ``compute_cap``, x100) of
+# the GPUs vast.ai rents that the image's NVRTC (12.4: sm_50 to sm_90) compiles tinygrad's f16 and
+# bf16 kernels for, each checked inside the built image (tests/test_image.py). Blackwell (10.0,
+# 12.0: B200, RTX 50xx) is refused by that NVRTC; every offer search asks for this range.
+COMPUTE_CAPS = (600, 610, 700, 750, 800, 860, 890, 900)
+
 # the dtypes of hidden states on the wire, the spec's default first: the one list (the settings,
 # the node's environment and ``messages.WireDtype`` take it from here; stdlib only, so that the
 # pytest plugin can read it without numpy)

@@ -25,6 +25,8 @@ from pytest_ppsmoke.cloud.emulator.runtimes import Image, NetworkMembers, Runtim
 from pytest_ppsmoke.cloud.emulator.server import FakeVast
 from pytest_ppsmoke.cloud.vast import OfferQuery
 from pytest_ppsmoke.harness import settings
+from pytest_ppsmoke.protocol import COMPUTE_CAPS
+from pytest_ppsmoke.stage.cudacheck import ARCHES
 from tests import registry as test_registry
 from tests.helpers import TEST_TAG, tagged_processes
 
@@ -197,13 +199,17 @@ def test_the_image_is_the_release_its_dockerfile_names(built_image: str) -> None
 @pytest.mark.image
 def test_the_images_nvrtc_compiles_f16_and_bf16_kernels_for_the_offers_gpus(built_image: str) -> None:
     """What a node on a rented GPU does first, minus the GPU: tinygrad's CUDA compiler, with only
-    the NVRTC and headers the image ships, compiles real f16 and bf16 kernels for sm_80 and sm_90
-    (this machine's own CUDA toolkit, if any, is outside the container)."""
+    the NVRTC and headers the image ships, compiles real f16 and bf16 kernels for every compute
+    capability an offer search admits (this machine's own CUDA toolkit, if any, is outside the
+    container); and refuses Blackwell's, which the search therefore excludes."""
+    admitted = OfferQuery().body()["compute_cap"]
+    arches = [f"sm_{cap // 10}" for cap in COMPUTE_CAPS]
+    assert arches == list(ARCHES) and admitted == {"gte": min(COMPUTE_CAPS), "lte": max(COMPUTE_CAPS)}
     done = run_in(built_image, ["python", "-m", "pytest_ppsmoke.stage.cudacheck"], {"CUDA": "0"})
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout.splitlines()[-1])
     assert result["nvrtc"] == str(OfferQuery().min_cuda), result
-    for arch in ("sm_80", "sm_90"):
+    for arch in arches:
         for dtype in ("half", "bfloat16"):
             assert result[f"{arch} {dtype}"]["ptx_bytes"] > 1000 and result[f"{arch} {dtype}"]["ptx_isa"] == "8.4"
     # the headers come from the image's CUDA_PATH: without it, the first f16 kernel fails, in one line
@@ -211,7 +217,11 @@ def test_the_images_nvrtc_compiles_f16_and_bf16_kernels_for_the_offers_gpus(buil
     assert bare.returncode == 1, bare.stdout
     # (buildah run adds its own lines after the command's)
     (line,) = [ln for ln in bare.stderr.splitlines() if ln.startswith("cudacheck:")]
-    assert line.startswith("cudacheck: sm_80 half:") and 'cannot open source file "cuda_fp16.h"' in line, line
+    assert line.startswith(f"cudacheck: {arches[0]} half:") and 'cannot open source file "cuda_fp16.h"' in line, line
+    # the next compute capability past the range (Blackwell's 10.0 and 12.0): the image's NVRTC refuses it
+    for arch in ("sm_100", "sm_120"):
+        past = run_in(built_image, ["python", "-m", "pytest_ppsmoke.stage.cudacheck", "--arch", arch], {"CUDA": "0"})
+        assert past.returncode == 1 and "NVRTC_ERROR_INVALID_OPTION" in past.stderr, (arch, past.stderr[-500:])
 
 
 @pytest.fixture(scope="module")

@@ -50,7 +50,7 @@ from typing import Any
 import aiohttp
 
 from .. import checks
-from ..protocol import VAST_ENDPOINTS
+from ..protocol import COMPUTE_CAPS, VAST_ENDPOINTS
 
 log = logging.getLogger(__name__)
 
@@ -280,13 +280,19 @@ class OfferQuery:
     verified: bool = True
     limit: int = 64
     direct_ports: int = 0  # ports the machine must be able to forward (offers' direct_port_count)
+    # the GPUs the image's NVRTC compiles for (offers' compute_cap, x100): protocol.COMPUTE_CAPS
+    compute_caps: tuple[int, int] = (min(COMPUTE_CAPS), max(COMPUTE_CAPS))
+    min_inet_down: float = 0.0  # Mbit/s: hosts whose download would eat the boot window are skipped
 
     def body(self) -> dict[str, Any]:
+        """vast.ai's search body. ``allocated_storage`` is the disk the create rents: vast.ai
+        prices each offer's ``dph_total`` for it (its default is 8 GB, vast-cli's 5 GB)."""
         q: dict[str, Any] = {
             "num_gpus": {"eq": self.num_gpus},
             "gpu_ram": {"gte": self.gpu_ram_gb * 1000},  # vast.ai counts GPU RAM in MB
             "reliability": {"gte": self.min_reliability},
             "cuda_max_good": {"gte": self.min_cuda},
+            "compute_cap": {"gte": self.compute_caps[0], "lte": self.compute_caps[1]},
             "disk_space": {"gte": self.disk_gb},
             "rentable": {"eq": True},
             "rented": {"eq": False},
@@ -294,7 +300,10 @@ class OfferQuery:
             "order": [["dph_total", "asc"]],
             "type": "on-demand",
             "limit": self.limit,
+            "allocated_storage": self.disk_gb,
         }
+        if self.min_inet_down:
+            q["inet_down"] = {"gte": self.min_inet_down}
         if self.verified:
             q["verified"] = {"eq": True}
         if self.max_dph is not None:
@@ -304,11 +313,14 @@ class OfferQuery:
         return q
 
     def describe(self) -> str:
-        price = f", at most ${self.max_dph}/h" if self.max_dph is not None else ""
+        price = f", at most ${self.max_dph}/h with {self.disk_gb:g} GB of storage" if self.max_dph is not None else ""
+        lo, hi = (c / 100 for c in self.compute_caps)
         return (
-            f"{self.num_gpus} GPU, >= {self.gpu_ram_gb:g} GB GPU RAM, reliability >= {self.min_reliability}, "
-            f"CUDA >= {self.min_cuda}, disk >= {self.disk_gb:g} GB{', verified' if self.verified else ''}{price}"
+            f"{self.num_gpus} GPU, >= {self.gpu_ram_gb:g} GB GPU RAM, compute capability {lo:g}-{hi:g}, "
+            f"reliability >= {self.min_reliability}, CUDA >= {self.min_cuda}, disk >= {self.disk_gb:g} GB"
+            f"{', verified' if self.verified else ''}{price}"
             + (f", >= {self.direct_ports} direct port(s)" if self.direct_ports else "")
+            + (f", download >= {self.min_inet_down:g} Mbit/s" if self.min_inet_down else "")
         )
 
 
@@ -753,11 +765,26 @@ class NeverRuns(VastError):
         self.failure = failure
 
 
+def strip_strings(value: Any) -> Any:
+    """Every string in ``value`` (values, not keys) without its surrounding whitespace: vast.ai
+    serves strings padded (its own example of ``local_ipaddrs`` is ``"10.2.202.31 172.17.0.1 \\n"``),
+    and vast-cli strips every string of every instance row (``_strip_strings``). A status of
+    ``"running "`` is running; an address with a newline would be refused by iroh."""
+    if isinstance(value, str):
+        return value.strip()
+    if isinstance(value, dict):
+        return {k: strip_strings(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [strip_strings(v) for v in value]
+    return value
+
+
 def _parse(method: str, path: str, status: int, text: str) -> Any:
+    """An answer's JSON, every string in it stripped (:func:`strip_strings`)."""
     if not text:
         return None
     try:
-        return json.loads(text)
+        return strip_strings(json.loads(text))
     except ValueError:
         if 200 <= status < 300:
             raise VastError(method, path, status, f"the answer is not JSON: {text[:200]!r}") from None

@@ -1,6 +1,6 @@
 """Can this machine compile the node's CUDA kernels? No GPU is needed to find out.
 
-    python -m pytest_ppsmoke.stage.cudacheck [--arch sm_80 --arch sm_90]
+    python -m pytest_ppsmoke.stage.cudacheck [--arch sm_86 --arch sm_90]
 
 tinygrad's CUDA backend renders every kernel as CUDA C and compiles it at run time with NVRTC;
 each f16 or bf16 kernel includes ``cuda_fp16.h`` or ``cuda_bf16.h``, found under
@@ -23,7 +23,10 @@ import os
 import re
 import sys
 
-ARCHES = ("sm_80", "sm_90")  # A100-class and H100/H200-class: what the offers are
+from ..protocol import COMPUTE_CAPS
+
+# every architecture an offer search admits (protocol.COMPUTE_CAPS: 860 -> sm_86)
+ARCHES = tuple(f"sm_{cap // 10}" for cap in COMPUTE_CAPS)
 
 
 def kernel_source(dtype_name: str, arch: str) -> str:
