@@ -217,6 +217,14 @@ POINTS: dict[str, Point] = {
             "node.empty_text",
         ),
         Point(
+            "vast.crash_node",
+            NUMBERS,
+            RULE_DESTROY,
+            "node.crash in these stages' nodes",
+            frozenset(),
+            "node.crash",
+        ),
+        Point(
             "vast.kill_stage", COUNT, ROW_DROP, "SIGKILL this stage's instance once vast.kill_after_tokens were sampled"
         ),
         Point(
@@ -346,6 +354,13 @@ POINTS: dict[str, Point] = {
             False,
         ),
         Point("node.empty_text", FLAG, ROW_TEXT, "the last stage reports done with empty text", False),
+        Point(
+            "node.crash",
+            FLAG,
+            RULE_DESTROY,
+            "the node raises a RuntimeError as it starts (an error nobody planned for)",
+            False,
+        ),
         Point("node.slow_decode", SECONDS, RULE_BUDGET, "seconds each decode step on this node waits first", 0.0),
         Point("node.slow_reference", SECONDS, RULE_DESTROY, "seconds a reference on this node waits first", 0.0),
     )

@@ -244,6 +244,13 @@ class NodeEnv:
         900.0, "PP_TTL", SECONDS, "seconds after which the node destroys its own instance, whatever happens"
     )
     orphan_grace: float = _var(60.0, "PP_ORPHAN_GRACE", SECONDS, "seconds the node outlives a lost orchestrator")
+    boot_window: float = _var(
+        180.0,
+        "PP_BOOT_WINDOW",
+        SECONDS,
+        "seconds the orchestrator gives the slowest instance to run: until it first reaches this node, the node "
+        "waits that long plus its orphan grace (wan: its join deadline too)",
+    )
     container_id: int | None = _var(
         None, "CONTAINER_ID", _integer(0, "an instance id (an integer)"), "the instance this node runs on", AGENT
     )

@@ -4,8 +4,10 @@ guard destroys its own instance through the API with the container's key, and on
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -13,6 +15,7 @@ import pytest
 from pytest_ppsmoke.cloud.emulator.server import FakeVast
 from pytest_ppsmoke.cloud.vast import OfferQuery, VastClient
 from pytest_ppsmoke.nodeenv import NodeEnv
+from pytest_ppsmoke.runtime.codec import MemberStatus
 from pytest_ppsmoke.runtime.node import Node, NodeConfig
 from pytest_ppsmoke.stage.gpu_node import Settings, guard_lifetime
 
@@ -87,3 +90,97 @@ async def test_without_a_container_the_guard_only_stops_the_node(nodes, monkeypa
     stop = asyncio.Event()
     await asyncio.wait_for(guard_lifetime(node, settings(cfg, ttl=0.3, grace=60), stop), 5)
     assert stop.is_set()
+
+
+class Clock:
+    """The guard's clock, moved by the test: the guard's own checks still sleep real (short) time."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Viewer:
+    """A node's view of the orchestrator, as the guard reads it (``membership.members``)."""
+
+    def __init__(self) -> None:
+        self.membership = SimpleNamespace(members={})
+
+    def sees(self, seed_id: str, status: MemberStatus | None) -> None:
+        self.membership.members = {} if status is None else {seed_id: SimpleNamespace(status=status)}
+
+
+async def settle(guard: asyncio.Future[None]) -> None:
+    """Let the guard make a few checks at the clock's present time (each sleeps grace / 4)."""
+    for _ in range(5):
+        await asyncio.sleep(0.02)
+        if guard.done():
+            return
+
+
+async def test_a_node_the_orchestrator_never_reached_waits_the_boot_window_plus_its_grace(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On vast.ai the orchestrator reaches the nodes only once every instance runs: a node on a
+    fast host must not count the wait for a slow one as a lost orchestrator. Until its first
+    contact it waits the boot window plus its grace (the orchestrator may have died during the
+    boot), then destroys its own instance; after contact, the grace alone. The clock is virtual."""
+    (cfg,) = cluster_configs(1)
+    seed_id = cluster_configs(1)[0].id
+    cfg = dataclasses.replace(cfg, seed=seed_id)
+    async with FakeVast(faults="vast.boot_delay=0.05", node_argv=SLEEPER) as fake:
+        iid = await rented(fake, monkeypatch)
+        run = settings(cfg, ttl=10_000, grace=0.04)
+        run = dataclasses.replace(run, env=run.env.replace(boot_window=100.0))
+        clock, node, stop = Clock(), Viewer(), asyncio.Event()
+        guard = asyncio.ensure_future(guard_lifetime(node, run, stop, clock))  # type: ignore[arg-type]
+        await settle(guard)  # started at 0
+        clock.now = 100.0  # a whole boot window with no contact, within the grace after it: alive
+        await settle(guard)
+        assert not guard.done() and [i.id for i in fake.live()] == [iid]
+        clock.now = 100.05  # past the window plus the grace: the orchestrator died during the boot
+        await asyncio.wait_for(guard, 10)
+        assert stop.is_set() and fake.live() == [] and [i.id for i in fake.destroyed] == [iid]
+
+    # reached once, the node's grace counts from the last time it saw the orchestrator
+    clock, node, stop = Clock(), Viewer(), asyncio.Event()
+    for name in ("CONTAINER_ID", "CONTAINER_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    run = dataclasses.replace(run, env=NodeEnv(ttl=10_000, orphan_grace=0.04, boot_window=100.0))
+    guard = asyncio.ensure_future(guard_lifetime(node, run, stop, clock))  # type: ignore[arg-type]
+    await settle(guard)
+    clock.now = 50.0
+    node.sees(seed_id, MemberStatus.alive)
+    await settle(guard)
+    node.sees(seed_id, MemberStatus.dead)
+    clock.now = 50.03  # within the grace of the last sight
+    await settle(guard)
+    assert not guard.done()
+    clock.now = 50.1
+    await asyncio.wait_for(guard, 10)
+    assert stop.is_set()
+
+
+async def test_a_node_that_fails_on_an_unexpected_error_destroys_its_own_instance() -> None:
+    """Not only the errors the node plans for (a bad setting, a timeout, its worker's death): any
+    exception (iroh's, a transport's, a bug; here the failpoint node.crash's RuntimeError) ends
+    the node through the same door, and its instance does not bill on until a teardown or a reap."""
+    (cfg,) = cluster_configs(1)
+    env = NodeEnv(stage=0, num_stages=2, node_key=cfg.secret_key, seed=cluster_configs(1)[0].id, network="wan")
+    async with FakeVast(faults="vast.crash_node=0;vast.boot_delay=0.05") as fake:
+        async with VastClient(fake.api_key, fake.url) as vast:
+            offer = (await vast.search_offers(OfferQuery()))[0]
+            iid = await vast.create_instance(offer.id, image="i", env=env.to_env(), label="ppsmoke-crash-stage0")
+        deadline = time.monotonic() + 60
+        while fake.live() and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert fake.live() == [] and [i.id for i in fake.destroyed] == [iid]
+        inst = fake.destroyed[0]
+        assert inst.proc is not None
+        await fake.torn_down()
+        tail = inst.proc.stderr_tail()
+        # the traceback first; the destroy it sent then ends the container (as vast.ai's does),
+        # often before the node's last line
+        assert "failed unexpectedly" in tail and "RuntimeError: failpoint node.crash" in tail, tail

@@ -47,6 +47,7 @@ def full() -> NodeEnv:
         worker_ready_timeout=30,
         ttl=600,
         orphan_grace=5,
+        boot_window=240,
         container_id=123,
         container_api_key=CONTAINER_KEY,
         vast_url="http://127.0.0.1:1",
@@ -172,6 +173,17 @@ def test_the_direct_port_and_the_relay_reach_the_node_and_the_public_side_is_adv
     node = NodeConfig.from_env({**env, "VAST_UDP_PORT_7100": "41234"})
     assert (node.bind_addr, node.advertise, node.relay) == ("0.0.0.0:7100", ("203.0.113.7:41234",), env["PP_RELAY"])
     assert NodeConfig.from_env(env).advertise == ()  # no forwarded port in the environment: nothing to advertise
+    # vast.ai's host agent pads what it sets, as vast.ai pads every string: iroh refuses "203.0.113.7\n:41234"
+    padded = NodeConfig.from_env({**env, "PUBLIC_IPADDR": " 203.0.113.7\n", "VAST_UDP_PORT_7100": "41234\n"})
+    assert padded.advertise == ("203.0.113.7:41234",)
+    # wan: the seed dials this node once every instance runs, up to the boot window after it starts
+    assert node.join_timeout == config.converge_timeout + config.boot_window == 120 + 180
+    assert (
+        NodeConfig.from_env(
+            RunConfig(network="local", check_image=False).node_env().replace(node_key=KEY).to_env()
+        ).join_timeout
+        == 120
+    )
     with pytest.raises(ValueError, match="VAST_UDP_PORT_7100 must be a UDP port"):
         NodeConfig.from_env({**env, "VAST_UDP_PORT_7100": "70000"})
     local = RunConfig(network="local", check_image=False)

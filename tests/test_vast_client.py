@@ -34,6 +34,7 @@ from pytest_ppsmoke.cloud.vast import (
     VastError,
     endpoint_name,
     going_away,
+    strip_strings,
 )
 from pytest_ppsmoke.protocol import VAST_ENDPOINTS
 
@@ -325,8 +326,17 @@ def test_going_away_reads_the_state_fields() -> None:
     assert going_away(None)  # not listed at all
     assert not gone({**lingering, "next_state": "running"})  # still on its way up
     assert not gone({"actual_status": "exited", "intended_status": "running", "next_state": "running"})  # crashed
-    assert not gone({"actual_status": "offline", "intended_status": "running", "next_state": "stopped"})
     assert not gone(lingering)  # next_state missing: nothing says it is going away
+    # as vast.ai's sources show a destroyed instance: its contract released (the docs' cur_state
+    # "unloaded"), a status vast-cli reads as gone (destroyed, terminated, offline), padded or not
+    held = {"actual_status": "running", "intended_status": "running", "next_state": "running", "cur_state": "running"}
+    assert not gone(held)  # a destroy that was lost: everything still says running
+    assert gone({**held, "cur_state": "unloaded"})
+    assert gone({**held, "cur_state": " unloaded\n"}) is False  # Instance.from_json keeps what it is given ...
+    assert going_away(Instance.from_json(strip_strings({**held, "cur_state": " unloaded\n"})))  # ... the client strips
+    for status in ("destroyed", "terminated"):
+        assert gone({**held, "intended_status": status}) and gone({**held, "actual_status": status})
+    assert gone({**held, "actual_status": "offline"})  # vast-cli's instance_exist: an offline host bills nothing
     assert not gone({"actual_status": "exited"})
     assert not gone({"intended_status": None, "next_state": "stopped"})
     assert not gone({"intended_status": 0, "next_state": "stopped"})  # not a state: as if missing
@@ -375,6 +385,31 @@ async def test_gpu_ram_is_sent_and_kept_in_mb() -> None:
         offers = await vast.search_offers(OfferQuery(gpu_ram_gb=24.57))
         assert [(o.gpu_name, o.gpu_ram_mb) for o in offers] == [("RTX 3090", 24576), ("A100 SXM4", 81920)]
         assert offers[0].summary()["gpu_ram_mb"] == 24576
+
+
+async def test_a_padded_host_with_a_heartbeat_gap_runs_and_its_address_is_clean() -> None:
+    """vast.ai pads the strings it serves, and a host may miss its heartbeats while it boots
+    (``unknown``): the boot polls through the gap (vast-cli's wait fails on offline, stopped and
+    exited only), reads ``" running\\n"`` as running, and the address it gives iroh has no
+    whitespace. Without the strip the wait would never see running."""
+    shown: list[str] = []
+    states = [" loading\n", "unknown ", "unknown\n", "running \n"]
+
+    async def show(request: web.Request) -> web.Response:
+        state = states[min(len(shown), len(states) - 1)]
+        shown.append(state)
+        record = {
+            "id": 7, "actual_status": state, "status_msg": " no recent heartbeat from the host\n",
+            "label": " ppsmoke-r1-stage0\n", "public_ipaddr": "203.0.113.7\n", "cur_state": "running ",
+            "ports": {"7000/udp": [{"HostIp": "0.0.0.0", "HostPort": " 41234\n"}]},
+        }  # fmt: skip
+        return web.Response(text=json.dumps({"instances": record}), content_type="application/json")
+
+    async with stub(show) as url, VastClient(KEY, url) as vast:
+        record = await vast.wait_running(7, 10, 0.01)
+    assert len(shown) == 4 and record.actual_status == "running" and record.label == "ppsmoke-r1-stage0"
+    assert record.public_udp(7000) == "203.0.113.7:41234" and record.run_label == Label("r1", 0)
+    assert strip_strings({"a": [" x\n", {"b": " y"}], " k ": 3}) == {"a": ["x", {"b": "y"}], " k ": 3}
 
 
 def test_stats_summary_totals_the_endpoints() -> None:

@@ -10,7 +10,8 @@ instance gets its ``NodeEnv`` (stage, stage count, seed, model, key, the cluster
 create call's ``env``, and a label ``ppsmoke-<run id>-stage<i>`` by which it can be found again.
 
 Phases and their deadlines (the spec's): *rent* (fewer offers than stages, or a rejected create,
-fails at once), *boot* (each instance ``running`` within 60 polls), *converge* (1 + N members
+fails at once), *boot* (each instance ``running`` within its boot window: 60 polls at vast.ai's
+3 s), *converge* (1 + N members
 alive in every member's view within 2 minutes), *load* (every node's worker ready), *resolve*
 (every stage name within 1 minute).
 
@@ -26,6 +27,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import math
 import secrets
 import time
 from collections.abc import Callable, Mapping
@@ -59,7 +61,11 @@ from .vast import Instance, Label, NeverRuns, Offer, OfferGone, OfferQuery, Vast
 
 log = logging.getLogger(__name__)
 
-LOST_STATES = ("offline", "exited", "unknown")  # vast.ai's states a running instance never comes back from
+# vast.ai's states a running instance never comes back from. ``unknown`` ("no recent heartbeat
+# from the host") is a gap in the host's reports, not in its node: the cluster's own failure
+# detection judges the node, and a watched instance that shows it is only logged
+LOST_STATES = ("offline", "exited")
+PORTS_WAIT = 10.0  # seconds a running instance's record may take to show its forwarded port
 NEXT_PHASE = {
     "preflight": "rent",
     "rent": "boot",
@@ -84,6 +90,7 @@ NODE_FIELDS = {
     "orphan_grace": "orphan_grace",
     "relay": "relay",
     "reference_load": "reference",
+    "boot_window": "boot_window",
 }
 DEFAULT_PORT = 7000  # the UDP port each create asks vast.ai to forward (wan), and its node binds
 
@@ -103,8 +110,8 @@ class RunConfig:
     disk_gb: float = OfferQuery.disk_gb
     query: OfferQuery = field(default_factory=OfferQuery)
     network: str = DEFAULTS.network  # local: loopback, relays off, the seed a ticket; wan: ids, discovery, relays
-    polls: int = BOOT_POLLS  # the spec's boot polls
-    poll_interval: float = BOOT_POLL_INTERVAL
+    polls: int = BOOT_POLLS  # the spec's boot polls, at vast.ai's pace: the boot window (boot_window)
+    poll_interval: float = BOOT_POLL_INTERVAL  # how often the boot looks (a local run: faster)
     converge_timeout: float = CONVERGE_TIMEOUT  # the spec's SWIM deadline
     load_timeout: float = DEFAULTS.worker_ready_timeout  # the workers' ready deadline
     resolve_timeout: float = RESOLVE_TIMEOUT  # the spec's name deadline
@@ -136,6 +143,15 @@ class RunConfig:
             raise ValueError(f"port must be a UDP port (1..65535), or 0 for none, got {self.port}")
         if self.direct and not self.query.direct_ports:
             self.query = dataclasses.replace(self.query, direct_ports=1)
+
+    @property
+    def boot_window(self) -> float:
+        """Seconds an instance has to run: the spec's polls at vast.ai's pace (60 x 3 s = 180 s),
+        however often the run looks (``poll_interval``). vast.ai's docs put a boot at 1-5 minutes
+        (the image's size decides); the search skips hosts whose download would eat the window
+        (``OfferQuery.min_inet_down``). Each node knows it: until the orchestrator first reaches
+        it, a node waits this long plus its grace before it removes itself."""
+        return self.polls * BOOT_POLL_INTERVAL
 
     @property
     def direct(self) -> bool:
@@ -412,22 +428,50 @@ class Deployment(Resource):
                 if record is not None:
                     inst.seen(record)
 
+            looks = max(1, math.ceil(c.boot_window / c.poll_interval))
             try:
-                record = await self.vast.wait_running(inst.id, c.polls, c.poll_interval, seen)
+                record = await self.vast.wait_running(inst.id, looks, c.poll_interval, seen)
             except NeverRuns as e:
                 fix = ""
                 if e.failure == "image pull":
                     fix = f"; check that image {c.image} exists and is public, or pass {setting('image')}"
                 raise PhaseError("boot", f"stage {inst.stage}: {e}{fix}") from None
-            except (VastError, TimeoutError) as e:
+            except TimeoutError as e:
+                window = f"its {c.boot_window:g} s boot window ({c.polls} polls at vast.ai's {BOOT_POLL_INTERVAL:g} s)"
+                raise PhaseError("boot", f"stage {inst.stage}: not running within {window}: {e}") from None
+            except VastError as e:
                 raise PhaseError("boot", f"stage {inst.stage}: {e}") from None
             if c.direct:
-                inst.public_udp = record.public_udp(c.port)
+                inst.public_udp = await self._forwarded(inst, record)
 
         await _all(one(i) for i in self.instances)
         self._done("boot", t, f"{len(self.instances)} running")
         self.lost = asyncio.get_running_loop().create_future()
         self._watch = asyncio.ensure_future(self._watch_hosts(self.lost))
+
+    async def _forwarded(self, inst: RentedInstance, record: Instance) -> str | None:
+        """Where vast.ai forwards the node's UDP port from: the running record's ``ports``, or a
+        later record's (a host may show them a poll after ``running``), for up to
+        :data:`PORTS_WAIT` seconds; then None, and the orchestrator reaches the node by its id
+        alone (discovery and relays)."""
+        c = self.config
+        assert inst.id is not None
+        deadline = time.monotonic() + PORTS_WAIT
+        while (public := record.public_udp(c.port)) is None and time.monotonic() < deadline:
+            await asyncio.sleep(c.poll_interval)
+            try:
+                later = await self.vast.show_instance(inst.id)
+            except VastError as e:
+                log.info("%s: looking for its forwarded port: %s", inst.name, e)
+                continue
+            if later is not None:
+                record = later
+        if public is None:
+            log.warning(
+                "%s runs, but its record shows no forwarded UDP port %d after %g s: reaching it by its id",
+                inst.name, c.port, PORTS_WAIT,
+            )  # fmt: skip
+        return public
 
     async def _watch_hosts(self, lost: asyncio.Future[PhaseError]) -> None:
         """From boot to teardown: vast.ai's list of the run's instances, every poll interval. A stage
@@ -453,7 +497,11 @@ class Deployment(Resource):
                     what = "vast.ai no longer lists the instance (destroyed from elsewhere, or its node's time-to-live)"
                 else:
                     missing.pop(inst.id, None)
+                    if record.actual_status == "unknown" and inst.state != "unknown":
+                        log.warning("%s: vast.ai has no recent heartbeat from its host (unknown)", inst.where)
                     if record.actual_status not in LOST_STATES:
+                        if record.actual_status is not None:
+                            inst.seen(record)
                         continue
                     inst.seen(record)
                     what = f"vast.ai reports the instance {inst.state} ({inst.status_msg or 'no status message'})"

@@ -200,13 +200,24 @@ class Instance:
         )
 
 
+GONE_STATES = ("destroyed", "terminated")  # a status vast-cli reads as gone, whichever field holds it
+
+
 def going_away(inst: Instance | None) -> bool:
-    """Whether a destroyed instance that vast.ai still lists counts as gone: its record says it is
-    on its way out (``intended_status`` and ``next_state`` both present and neither ``running``).
-    ``cur_state`` and ``actual_status`` may still say running while it stops, so they are not
-    asked; an instance whose host crashed keeps ``intended_status`` running and is not going away.
-    None (no longer listed at all) is gone."""
+    """Whether an instance whose destroy vast.ai accepted counts as gone, its record as vast.ai's
+    sources describe one: no record at all (a 404, or ``instances: null``); ``cur_state``
+    ``unloaded`` (vast.ai's docs: its hardware "released on destroy"); ``destroyed`` or
+    ``terminated`` in ``intended_status`` or ``actual_status``, or ``offline`` (vast-cli's
+    ``instance_exist``: an offline host bills nothing); or both ``intended_status`` and
+    ``next_state`` present and neither ``running`` (on its way out). ``actual_status`` may still
+    say running while the container stops, and a destroy does not change ``intended_status`` to
+    stopped, so neither alone is asked. A record that still intends to run, on a contract still
+    held (``cur_state`` running), is not going away: the destroy was lost."""
     if inst is None:
+        return True
+    if inst.cur_state == "unloaded" or inst.actual_status == "offline":
+        return True
+    if inst.intended_status in GONE_STATES or inst.actual_status in GONE_STATES:
         return True
     intended, nxt = inst.intended_status, inst.next_state
     return intended is not None and nxt is not None and "running" not in (intended, nxt)
@@ -741,7 +752,10 @@ class VastClient:
         )
 
 
-DEAD_STATES = ("exited", "unknown", "offline", "stopped", "frozen")  # never running from there
+# never running from there. Not ``unknown``: vast.ai's "no recent heartbeat from the host" is a
+# gap in the host's reports, which vast-cli's own wait loop polls through (it fails on offline,
+# stopped and exited); a gap the boot window outlasts still ends the boot
+DEAD_STATES = ("exited", "offline", "stopped", "frozen")
 _ERROR_WORDS = ("error", "fail", "denied", "unauthorized", "not found", "manifest unknown", "does not exist")
 _PULL_WORDS = ("pull", "manifest", "not found", "unauthorized", "denied", "repository", "reference")
 

@@ -107,7 +107,9 @@ class NodeConfig:
         public = None if local else env.public_udp(raw)
         return cls(
             secret_key=env.require("node_key"),
-            join_timeout=env.join_timeout,
+            # wan: the seed dials this node once every instance runs, which a slower host may
+            # delay by up to the boot window
+            join_timeout=env.join_timeout + (0.0 if local else env.boot_window),
             allowed=frozenset(env.allowed_ids) if env.allowed_ids else None,
             seed=env.seed or None,
             local=local,

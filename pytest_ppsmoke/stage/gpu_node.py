@@ -44,7 +44,7 @@ import itertools
 import logging
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -607,24 +607,41 @@ class Settings:
         return cls(env, NodeConfig.from_nodeenv(env), worker)
 
 
-async def guard_lifetime(node: Node, settings: Settings, stop: asyncio.Event) -> None:
+async def guard_lifetime(
+    node: Node, settings: Settings, stop: asyncio.Event, clock: Callable[[], float] = time.monotonic
+) -> None:
     """The node's own time-to-live: it removes itself when it has lost the orchestrator for
     ``orphan_grace`` seconds, or when ``ttl`` has passed, so that no rented GPU outlives a run
     whose orchestrator died. On vast.ai it destroys its own instance (``NodeEnv.container_id`` and
-    ``container_api_key``, set by vast.ai's host agent); anywhere it then exits."""
+    ``container_api_key``, set by vast.ai's host agent); anywhere it then exits.
+
+    The orphan clock starts at the node's first contact with the orchestrator (its seed alive in
+    the node's view). Before that the orchestrator may be waiting for a slower host to boot (on
+    vast.ai it reaches the nodes only once every instance runs), so the node waits the run's
+    ``boot_window`` plus its grace, then removes itself: the orchestrator may have died during the
+    boot."""
     seed = settings.config.seed
     seed_id = PeerAddr.parse(seed).id if seed else None
-    started = seen = time.monotonic()
+    started = clock()
+    seen: float | None = None  # the last time the orchestrator was alive in this node's view
     while True:
         await asyncio.sleep(min(1.0, settings.orphan_grace / 4))
-        now = time.monotonic()
+        now = clock()
         membership = getattr(node, "membership", None)  # None until the node has bound its endpoint
         member = membership.members.get(seed_id) if membership is not None and seed_id else None
         if member is not None and member.status in (MemberStatus.alive, MemberStatus.suspect):
+            if seen is None:
+                emit({"event": "orchestrator", "after_s": round(now - started, 3)})
             seen = now
+        never = settings.env.boot_window + settings.orphan_grace
         if now - started > settings.ttl:
             reason = f"its time-to-live of {settings.ttl:g} s has passed"
-        elif seed_id and now - seen > settings.orphan_grace:
+        elif seed_id and seen is None and now - started > never:
+            reason = (
+                f"the orchestrator ({seed_id[:10]}) never reached it within the boot window "
+                f"({settings.env.boot_window:g} s) plus its grace ({settings.orphan_grace:g} s)"
+            )
+        elif seed_id and seen is not None and now - seen > settings.orphan_grace:
             reason = f"it lost the orchestrator ({seed_id[:10]}) {settings.orphan_grace:g} s ago"
         else:
             continue
@@ -680,6 +697,8 @@ async def run(settings: Settings) -> None:
         # the guard runs from the start: an orchestrator that dies before this node joins leaves
         # it orphaned too, and the time-to-live counts from the process's start
         guard = asyncio.ensure_future(guard_lifetime(node, settings, stop))
+        if failpoints.on("node.crash"):  # an error nobody planned for (iroh's, a bug)
+            raise RuntimeError("failpoint node.crash: an unexpected error in the node")
         joining = await _unless_stopped(node.start(), stop)
         if joining is None:
             return
@@ -737,12 +756,16 @@ def main() -> None:
         asyncio.run(run(settings))
     except (ValueError, TimeoutError, WorkerDied, WorkerError) as e:
         _give_up(e, settings.env)
+    except Exception as e:
+        log.error("pp-gpu-node failed unexpectedly", exc_info=True)
+        _give_up(e, settings.env, f"{type(e).__name__}: ")
 
 
-def _give_up(error: BaseException, env: NodeEnv) -> NoReturn:
-    # a node that cannot serve does not keep a rented GPU: it destroys its own instance
+def _give_up(error: BaseException, env: NodeEnv, kind: str = "") -> NoReturn:
+    # a node that cannot serve does not keep a rented GPU: it destroys its own instance, whatever
+    # ended it (the traceback, if any, is logged first; the exit line names the error)
     asyncio.run(destroy_own_instance(env))
-    sys.exit(f"pp-gpu-node: {error}")
+    sys.exit(f"pp-gpu-node: {kind}{error}")
 
 
 def _container() -> NodeEnv:
