@@ -278,6 +278,13 @@ class ApiStats:
         return {**row(self.total), "endpoints": {name: row(e) for name, e in sorted(self.endpoints.items())}}
 
 
+# the least download speed (offers' inet_down, Mbit/s) of a host a run rents: a new host downloads
+# the image, then the node the model, before the first token; at this speed both fit in about a
+# minute, a third of the boot window (docs/lifecycle.md has the arithmetic), where vast.ai's
+# slowest hosts (tens of Mbit/s) would take the whole window and more
+MIN_INET_DOWN = 200.0
+
+
 @dataclass(frozen=True)
 class OfferQuery:
     """What a stage needs from a machine; ``body()`` is vast.ai's search query."""
@@ -293,7 +300,7 @@ class OfferQuery:
     direct_ports: int = 0  # ports the machine must be able to forward (offers' direct_port_count)
     # the GPUs the image's NVRTC compiles for (offers' compute_cap, x100): protocol.COMPUTE_CAPS
     compute_caps: tuple[int, int] = (min(COMPUTE_CAPS), max(COMPUTE_CAPS))
-    min_inet_down: float = 0.0  # Mbit/s: hosts whose download would eat the boot window are skipped
+    min_inet_down: float = MIN_INET_DOWN  # Mbit/s (0: any host)
 
     def body(self) -> dict[str, Any]:
         """vast.ai's search body. ``allocated_storage`` is the disk the create rents: vast.ai
