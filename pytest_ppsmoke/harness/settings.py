@@ -313,7 +313,13 @@ OPTIONS: tuple[Option, ...] = (
     _opt("image", f"the node image (default {DEFAULT_IMAGE})", _text, DEFAULT_IMAGE, group="instances"),
     _opt("disk", "disk per instance, GB (default 20)", _positive, 20.0, group="instances"),
     _opt("gpu_ram", "least GPU RAM per instance, GB (default 8)", _positive, 8.0, group="instances"),
-    _opt("max_price", "most $/hour per instance (default 2.0)", _positive, 2.0, group="instances"),
+    _opt(
+        "max_price",
+        "most $/hour per instance, its disk (--disk) included (default 2.0)",
+        _positive,
+        2.0,
+        group="instances",
+    ),
     _opt("min_reliability", "least host reliability, 0..1 (default 0.95)", _fraction, 0.95, group="instances"),
     _opt(
         "min_cuda",
@@ -324,7 +330,8 @@ OPTIONS: tuple[Option, ...] = (
     ),
     _opt(
         "polls",
-        f"status polls until running (default {BOOT_POLLS})",
+        f"the boot window, in polls at vast.ai's {BOOT_POLL_INTERVAL:g} s (default {BOOT_POLLS}: "
+        f"{BOOT_POLLS * BOOT_POLL_INTERVAL:g} s, however often the run looks)",
         _int_at_least(1),
         BOOT_POLLS,
         group="deadlines",
