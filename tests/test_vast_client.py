@@ -412,6 +412,19 @@ async def test_a_padded_host_with_a_heartbeat_gap_runs_and_its_address_is_clean(
     assert strip_strings({"a": [" x\n", {"b": " y"}], " k ": 3}) == {"a": ["x", {"b": "y"}], " k ": 3}
 
 
+def test_the_query_admits_only_gpus_the_image_compiles_for_and_prices_the_disk_rented() -> None:
+    """vast.ai prices ``dph_total`` for the search's ``allocated_storage`` (its default 8 GB): the
+    query sends the disk the create rents, so the price filter, the pre-flight's worst case and the
+    report's cost include it. ``compute_cap`` bounds the GPUs to what the image's NVRTC compiles for
+    (Blackwell's 1000 and 1200 out), ``inet_down`` the hosts to those that download in time."""
+    body = OfferQuery(disk_gb=35).body()
+    assert body["allocated_storage"] == 35 and body["disk_space"] == {"gte": 35}
+    assert body["compute_cap"] == {"gte": 600, "lte": 900} and body["inet_down"] == {"gte": 200.0}
+    assert "inet_down" not in OfferQuery(min_inet_down=0).body()
+    text = OfferQuery(disk_gb=35).describe()
+    assert "compute capability 6-9" in text and "with 35 GB of storage" in text and ">= 200 Mbit/s" in text
+
+
 def test_stats_summary_totals_the_endpoints() -> None:
     stats = ApiStats()
     stats.of("create").rate_limited, stats.of("create").retry_wait_s = 3, 1.23456
