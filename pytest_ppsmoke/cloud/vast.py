@@ -201,12 +201,15 @@ class Instance:
 
 
 def going_away(inst: Instance | None) -> bool:
-    """Whether a destroyed instance that vast.ai still lists counts as gone: its record says it is
+    """Whether a destroyed instance that vast.ai still lists counts as gone: its contract is
+    released (``cur_state`` ``unloaded``, which vast.ai sets on destroy while ``intended_status``
+    may stay running: a destroy is not a stop), its status says destroyed, or its record says it is
     on its way out (``intended_status`` and ``next_state`` both present and neither ``running``).
-    ``cur_state`` and ``actual_status`` may still say running while it stops, so they are not
-    asked; an instance whose host crashed keeps ``intended_status`` running and is not going away.
-    None (no longer listed at all) is gone."""
-    if inst is None:
+    ``actual_status`` may still say running while it stops; an instance whose host crashed keeps
+    ``intended_status`` running and is not going away. None (no longer listed at all) is gone."""
+    if inst is None or inst.cur_state == "unloaded":
+        return True
+    if inst.actual_status in ("destroyed", "terminated") or inst.intended_status in ("destroyed", "terminated"):
         return True
     intended, nxt = inst.intended_status, inst.next_state
     return intended is not None and nxt is not None and "running" not in (intended, nxt)
