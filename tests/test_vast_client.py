@@ -331,6 +331,9 @@ def test_going_away_reads_the_state_fields() -> None:
     assert not gone({"actual_status": "exited"})
     assert not gone({"intended_status": None, "next_state": "stopped"})
     assert not gone({"intended_status": 0, "next_state": "stopped"})  # not a state: as if missing
+    # vast.ai's destroy releases the contract (cur_state unloaded) and leaves intended_status running
+    assert gone({"actual_status": "running", "intended_status": "running", "cur_state": "unloaded"})
+    assert gone({"actual_status": "destroyed"}) and gone({"intended_status": "terminated"})
 
 
 def test_an_instance_record_is_decoded_once_tolerating_missing_and_extra_fields() -> None:
