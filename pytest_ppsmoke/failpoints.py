@@ -3,7 +3,7 @@
 Every point is declared once, in :data:`POINTS`, with the row of the spec's error table it
 serves. Points are off unless one environment variable names them::
 
-    PP_FAILPOINTS="vast.reject_create=2;vast.boot_delay=0.05"     # the emulator's points
+    PP_FAILPOINTS="vast.reject_create=2;vast.boot_delay=0.05,2"   # the emulator's points
     PP_FAILPOINTS="node.no_names;node.empty_text"                  # a node's points
 
 ``vast.*`` points are evaluated by the vast.ai emulator (``cloud/emulator/``); ``node.*``
@@ -78,6 +78,21 @@ def _seconds(v: Any) -> float:
     return checks.number(v, least=0)  # also refuses NaN
 
 
+def _delays(v: Any) -> tuple[float, ...]:
+    items = [x for x in v.split(",")] if isinstance(v, str) else list(v) if isinstance(v, (list, tuple)) else [v]
+    out = tuple(_seconds(x) for x in items)
+    if not out:
+        raise ValueError
+    return out
+
+
+def _stage_seconds(v: Any) -> dict[int, float]:
+    pairs = [item.split(":") for item in v.split(",") if item.strip()] if isinstance(v, str) else list(dict(v).items())
+    if any(len(p) != 2 for p in pairs):
+        raise ValueError
+    return {_count(a): _seconds(b) for a, b in pairs}
+
+
 def _numbers(v: Any) -> frozenset[int]:
     if isinstance(v, str):
         return frozenset(_count(x) for x in v.split(",") if x.strip())
@@ -136,6 +151,17 @@ FLAG = Kind("nothing, 'on' or 'off'", _flag, lambda v: "")
 COUNT = Kind("an integer >= 0", _count, str)
 SECONDS = Kind("a number of seconds >= 0", _seconds, lambda v: f"{v:g}")
 NUMBERS = Kind("integers >= 0, comma-separated (e.g. 1,2)", _numbers, lambda v: ",".join(map(str, sorted(v))))
+DELAYS = Kind(
+    "seconds >= 0, one per instance in create order, comma-separated (e.g. 1,75); the last one also for "
+    "the instances created after",
+    _delays,
+    lambda v: ",".join(f"{x:g}" for x in v),
+)
+STAGE_SECONDS = Kind(
+    "stage:seconds pairs, comma-separated (e.g. 1:5)",
+    _stage_seconds,
+    lambda v: ",".join(f"{a}:{b:g}" for a, b in sorted(v.items())),
+)
 COUNTS = Kind(
     "stage:count pairs, comma-separated (e.g. 1:6)",
     _counts,
@@ -189,7 +215,30 @@ POINTS: dict[str, Point] = {
         Point("vast.offers", COUNT, ROW_OFFERS, "offer searches answer only the first n matching offers"),
         Point("vast.reject_create", NUMBERS, ROW_CREATE, "these create calls (1-based) get HTTP 400", frozenset()),
         Point("vast.never_running", NUMBERS, ROW_RUNNING, "these stages' instances stay `loading`", frozenset()),
-        Point("vast.boot_delay", SECONDS, ROW_RUNNING, "seconds every instance spends `loading` (a slow boot)", 0.2),
+        Point(
+            "vast.boot_delay",
+            DELAYS,
+            ROW_RUNNING,
+            "seconds each instance spends `loading` (a slow boot), one value per instance in create order, the "
+            "last for the rest (a single value: every instance)",
+            (0.2,),
+        ),
+        Point(
+            "vast.heartbeat_gap",
+            STAGE_SECONDS,
+            ROW_RUNNING,
+            "stage:seconds: that stage's instance shows `unknown` (no recent heartbeat from the host) for the "
+            "seconds from when it would first show `running`; its node runs all along",
+            {},
+        ),
+        Point(
+            "vast.late_ports",
+            SECONDS,
+            ROW_CONVERGE,
+            "every instance's record shows `ports` empty until this many seconds after it first shows `running` "
+            "(its node's VAST_UDP_PORT_n are set from the start)",
+            0.0,
+        ),
         Point(
             "vast.no_join",
             NUMBERS,
@@ -301,7 +350,8 @@ POINTS: dict[str, Point] = {
             "vast.destroy_linger",
             SECONDS,
             RULE_DESTROY,
-            "seconds a destroyed instance stays listed, on its way out (intended_status and next_state 'stopped')",
+            "seconds a destroyed instance stays listed, on its way out (cur_state and next_state 'unloaded', "
+            "intended_status as it was)",
             0.0,
         ),
         Point(

@@ -26,15 +26,21 @@ def test_the_env_form_parses_into_typed_values_and_prints_back() -> None:
     text = "vast.reject_create=2;vast.destroy_fails=1:6;vast.boot_delay=1.5;vast.offers=1;node.no_names"
     s = failpoints.parse(text)
     assert s.value("vast.reject_create") == {2} and s.value("vast.destroy_fails") == {1: 6}
-    assert s.value("vast.boot_delay") == 1.5 and s.value("vast.offers") == 1 and s.on("node.no_names")
+    assert s.value("vast.boot_delay") == (1.5,) and s.value("vast.offers") == 1 and s.on("node.no_names")
     assert failpoints.parse(str(s)) == s
     assert str(s) == "vast.offers=1;vast.reject_create=2;vast.boot_delay=1.5;vast.destroy_fails=1:6;node.no_names"
     # a mapping of typed values is the same scenario
     typed = {"vast.reject_create": {2}, "vast.destroy_fails": {1: 6}, "vast.boot_delay": 1.5, "vast.offers": 1}
+    assert failpoints.parse({**typed, "vast.boot_delay": [1.5]}).value("vast.boot_delay") == (1.5,)
     assert failpoints.parse({**typed, "node.no_names": True}) == s
     # off: each point's default
     off = failpoints.parse("")
-    assert not off and off.value("vast.boot_delay") == 0.2 and off.value("vast.never_running") == frozenset()
+    assert not off and off.value("vast.boot_delay") == (0.2,) and off.value("vast.never_running") == frozenset()
+    # one boot per host, in create order; the heartbeat gaps and late ports vast.ai's hosts show
+    hosts = failpoints.parse("vast.boot_delay=1,75;vast.heartbeat_gap=1:5,0:2.5;vast.late_ports=3")
+    assert hosts.value("vast.boot_delay") == (1.0, 75.0) and hosts.value("vast.heartbeat_gap") == {0: 2.5, 1: 5.0}
+    assert str(hosts) == "vast.boot_delay=1,75;vast.heartbeat_gap=0:2.5,1:5;vast.late_ports=3"
+    assert failpoints.parse(str(hosts)) == hosts
     assert failpoints.parse("node.no_names=off") == off and failpoints.parse(" ; ;") == off
 
 
@@ -45,6 +51,13 @@ def test_unknown_points_and_bad_values_are_named() -> None:
         failpoints.parse("vast.offers=many")
     with pytest.raises(ValueError, match=r"failpoint 'vast.destroy_fails' takes stage:count pairs"):
         failpoints.parse("vast.destroy_fails=1")
+    for bad in ("1,,2", "1,-1", "soon", ""):
+        with pytest.raises(ValueError, match=r"failpoint 'vast.boot_delay' takes seconds >= 0, one per instance"):
+            failpoints.parse(f"vast.boot_delay={bad}")
+    with pytest.raises(ValueError, match=r"failpoint 'vast.heartbeat_gap' takes stage:seconds pairs"):
+        failpoints.parse("vast.heartbeat_gap=5")
+    with pytest.raises(ValueError, match=r"failpoint 'vast.late_ports' takes a number of seconds >= 0"):
+        failpoints.parse("vast.late_ports=-1")
     with pytest.raises(ValueError, match=r"failpoint 'node.no_names' takes nothing, 'on' or 'off', got 'yes'"):
         failpoints.parse("node.no_names=yes")
     with pytest.raises(ValueError, match=r"unknown failpoint 'node.typo'"):

@@ -25,7 +25,7 @@ from pytest_ppsmoke.cloud.emulator.catalogue import default_catalogue, match_off
 from pytest_ppsmoke.cloud.emulator.server import FakeVast
 from pytest_ppsmoke.cloud.vast import Instance, Label, Offer, OfferQuery, VastClient, VastError
 
-from .helpers import SLEEPER
+from .helpers import SLEEPER, stripped
 
 pytestmark = pytest.mark.local
 KEY = "vk-test-0123456789abcdef-DISTINCT"
@@ -57,11 +57,14 @@ async def wait_state(vast: VastClient, iid: int, state: str, seconds: float = 10
 async def test_offers_match_the_query_cheapest_first(fake: FakeVast) -> None:
     async with client(fake) as vast:
         offers = await vast.search_offers(OfferQuery(gpu_ram_gb=16, max_dph=1.5))
-        assert [o.dph_total for o in offers] == [0.21, 0.34, 0.36, 1.05]
-        assert {o.gpu_name for o in offers} == {"RTX 3090", "RTX 4090", "A100 SXM4"}
+        names = ["RTX 4060 Ti", "RTX 3090", "RTX 4090", "RTX A6000", "L40S", "A100 SXM4"]
+        assert [o.gpu_name for o in offers] == names
+        # each priced for the 20 GB the query allocates: dph_base and 20 GB of storage_cost ($/GB/month)
+        want = [o.raw["dph_base"] + o.raw["storage_cost"] * 20 / 720 for o in offers]
+        assert [o.dph_total for o in offers] == pytest.approx(want) and want == sorted(want)
         # each filter really filters: the unverified, unreliable, 2-GPU, old-CUDA and small offers stay out
         cheap = await vast.search_offers(OfferQuery(gpu_ram_gb=8, max_dph=0.2, min_reliability=0, min_cuda=0))
-        assert [(o.gpu_name, o.dph_total) for o in cheap] == [("GTX 1080 Ti", 0.07), ("RTX 3080", 0.09)]
+        assert [o.gpu_name for o in cheap] == ["GTX 1080 Ti", "Tesla T4", "RTX 3080", "V100 SXM2"]
         assert await vast.search_offers(OfferQuery(gpu_ram_gb=100)) == []
     ops = {"gpu_ram": {"gte": "24000"}, "geolocation": {"in": ["Sweden, SE", "Texas, US"]}, "num_gpus": {"eq": "1"}}
     assert sum(match_offer(o, ops) for o in default_catalogue()) == 2
@@ -69,18 +72,24 @@ async def test_offers_match_the_query_cheapest_first(fake: FakeVast) -> None:
 
 def test_the_catalogue_widens_to_the_stage_count_only_where_the_query_takes_too_few() -> None:
     query = OfferQuery().body()
-    assert len(search(default_catalogue(), query)) == 4  # the default query takes 4 of the 9
-    for n in (1, 2, 4):  # enough already: the default catalogue, offer for offer
+    size = len(default_catalogue())
+    assert len(search(default_catalogue(), query)) == 7  # the default query takes 7 of the 18
+    for n in (1, 2, 7):  # enough already: the default catalogue, offer for offer
         assert widened(n, query) == default_catalogue()
-    for n in (5, 8, 12):
+    for n in (8, 12, 16):
         offers = widened(n, query)
-        assert offers[:9] == default_catalogue()  # the default's offers first, unchanged
+        assert offers[:size] == default_catalogue()  # the default's offers first, unchanged
         taken = search(offers, query)
         assert len(taken) == n
         for key in ("id", "ask_contract_id", "bundle_id", "machine_id", "host_id"):
             assert len({o[key] for o in offers}) == len(offers), key  # each a machine of its own
         # the copies are of the cheapest offer the query takes
-        assert {o["gpu_name"] for o in offers[9:]} == {"RTX 3090"} and {o["dph_total"] for o in offers[9:]} == {0.21}
+        copies = offers[size:]
+        assert {o["gpu_name"] for o in copies} == {"RTX 3060"} and {o["dph_base"] for o in copies} == {0.34}
+        assert {o["dph_total"] for o in copies} == {default_catalogue()[0]["dph_total"]}  # as stored, not as priced
+    # a query that allocates other storage widens the same way
+    big = {**query, "allocated_storage": 200}
+    assert len(search(widened(9, big), big)) == 9
     # a query that takes none: nothing to copy, the preflight says so
     assert widened(8, OfferQuery(gpu_ram_gb=100).body()) == default_catalogue()
 
@@ -103,7 +112,9 @@ async def test_instance_lifecycle_create_show_label_list_destroy(fake: FakeVast)
         assert (rec.intended_status, rec.cur_state, rec.next_state) == ("running", "running", "running")
         rec = await wait_state(vast, iid, "running")
         assert rec.label == "ppsmoke-t-stage0" and rec.run_label == Label("t", 0)
-        assert rec.raw["dph_total"] == offer.dph_total == rec.machine().dph_total
+        # priced for the 30 GB the create rents, where the search priced the query's 20 GB
+        extra = offer.raw["storage_cost"] * 10 / 720
+        assert rec.raw["dph_total"] == pytest.approx(offer.dph_total + extra) == rec.machine().dph_total
         assert (
             ["STAGE", "0"] in rec.raw["extra_env"] and rec.raw["disk_space"] == 30 and rec.raw["image_uuid"] == "img:1"
         )
@@ -188,7 +199,7 @@ async def test_a_container_key_acts_on_its_own_instance_only(fake: FakeVast) -> 
 async def test_429_bursts_are_retried_with_backoff(fake: FakeVast) -> None:
     async with client(fake, rate_limit_first=0.01) as vast:
         for _ in range(4):
-            assert len(await vast.search_offers(OfferQuery())) == 4
+            assert len(await vast.search_offers(OfferQuery())) == 7
         assert vast.retries >= 6 and vast.calls == vast.retries + 4
     assert sum(s == 429 for _, _, s in fake.requests) == vast.retries
 
@@ -290,7 +301,10 @@ def test_the_official_vastai_cli_works_against_the_emulator(tmp_path: Path) -> N
             url, tmp_path, "search", "offers", "gpu_ram>=16 num_gpus=1 reliability>0.99", "-o", "dph+", "--raw"
         )
         offers = json.loads(out.stdout)
-        assert [o["dph_total"] for o in offers] == [0.21, 0.34, 0.36, 1.05, 2.19]
+        assert [o["gpu_name"].strip() for o in offers] == [
+            "RTX 5090", "B200", "RTX 3090", "RTX 4090", "RTX A6000", "L40S", "A100 SXM4", "H100 SXM"
+        ]  # fmt: skip
+        assert [o["dph_total"] for o in offers] == sorted(o["dph_total"] for o in offers)
         table = vastai(url, tmp_path, "search", "offers", "gpu_ram>=16", "-o", "dph+")
         assert "RTX_3090" in table.stdout and "Poland,_PL" in table.stdout  # the CLI's table shows _ for spaces
         assert " 24.6 " in table.stdout  # its VRAM column is GB; the REST answer's gpu_ram is MB (24576)
@@ -304,13 +318,15 @@ def test_the_official_vastai_cli_works_against_the_emulator(tmp_path: Path) -> N
         iid = str(created["new_contract"])
 
         deadline = time.monotonic() + 20
-        while (shown := json.loads(vastai(url, tmp_path, "show", "instance", iid, "--raw").stdout))[
+        # this CLI prints vast.ai's padded strings as they come
+        while (shown := stripped(json.loads(vastai(url, tmp_path, "show", "instance", iid, "--raw").stdout)))[
             "actual_status"
         ] != "running":
             assert time.monotonic() < deadline, shown["actual_status"]
             time.sleep(0.2)
         assert shown["label"] == "cli-made" and shown["image_uuid"] == "pp/gpu-node:1" and shown["disk_space"] == 25
-        assert dict(shown["extra_env"]) == {"STAGE": "0", "MODEL": "smollm2:135m"}  # -p is a port, not a variable
+        env = {k.strip(): v for k, v in dict(shown["extra_env"]).items()}  # the CLI made the padded pairs a dict
+        assert env == {"STAGE": "0", "MODEL": "smollm2:135m"}  # -p is a port, not a variable
         # each port asked for, forwarded from a random public one, as docker writes its bindings
         assert sorted(shown["ports"]) == ["7000/udp", "8080/tcp"] and shown["public_ipaddr"] == "127.0.0.1"
         for bindings in shown["ports"].values():
@@ -318,7 +334,7 @@ def test_the_official_vastai_cli_works_against_the_emulator(tmp_path: Path) -> N
 
         out = vastai(url, tmp_path, "label", "instance", iid, "relabelled")
         assert f"label for {iid} set to relabelled." in out.stdout
-        listed = json.loads(vastai(url, tmp_path, "show", "instances", "--raw").stdout)
+        listed = stripped(json.loads(vastai(url, tmp_path, "show", "instances", "--raw").stdout))
         assert [(str(i["id"]), i["label"]) for i in listed] == [(iid, "relabelled")]
         assert vastai(url, tmp_path, "show", "instances", "-q").stdout.split() == [iid]
         assert "Traceback" not in vastai(url, tmp_path, "show", "instances").stderr  # the rich table renders

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from pytest_ppsmoke.cloud.emulator.catalogue import default_catalogue
+from pytest_ppsmoke.cloud.emulator.catalogue import default_catalogue, search
 from pytest_ppsmoke.cloud.emulator.server import FakeVast
 from pytest_ppsmoke.cloud.vast import (
     PACE_MARGIN,
@@ -43,6 +43,7 @@ from .helpers import SLEEPER
 pytestmark = pytest.mark.local
 KEY = "vk-test-0123456789abcdef-DISTINCT"
 OFFERS = [int(o["id"]) for o in default_catalogue()]
+TAKEN = len(search(default_catalogue(), OfferQuery().body()))  # the offers the default query takes
 
 
 @asynccontextmanager
@@ -165,7 +166,7 @@ async def test_429_waits_are_jittered_within_half_to_full() -> None:
             emulator("vast.burst_429=4;vast.throttle_every=1000") as fake,
             VastClient(KEY, fake.url, attempts=2, rate_limit_first=0.02, rate_limit_cap=0.1, rng=rng) as vast,
         ):
-            assert len(await vast.search_offers(OfferQuery())) == 4
+            assert len(await vast.search_offers(OfferQuery())) == TAKEN
             search = vast.stats.of("search")
         assert [(a, b) for a, b, _ in rng.drawn] == [(0.01, 0.02), (0.02, 0.04), (0.04, 0.08), (0.05, 0.1)]
         assert all(a <= v <= b for a, b, v in rng.drawn)
@@ -182,7 +183,7 @@ async def test_a_retry_after_is_waited_exactly_and_one_past_a_minute_ends_the_ca
         emulator("vast.burst_429=2;vast.throttle_every=1000;vast.retry_after=0.3") as fake,
         VastClient(KEY, fake.url, rng=Recording(1)) as vast,
     ):
-        assert len(await vast.search_offers(OfferQuery())) == 4
+        assert len(await vast.search_offers(OfferQuery())) == TAKEN
         search = vast.stats.of("search")
         assert search.rate_limited == search.rate_limit_retries == 2 and search.calls == 3
         assert search.retry_wait_s == pytest.approx(0.6)  # 2 x 0.3 s, not the jittered schedule
@@ -340,6 +341,9 @@ def test_going_away_reads_the_state_fields() -> None:
     assert not gone({"actual_status": "exited"})
     assert not gone({"intended_status": None, "next_state": "stopped"})
     assert not gone({"intended_status": 0, "next_state": "stopped"})  # not a state: as if missing
+    # vast.ai's destroy releases the contract (cur_state unloaded) and leaves intended_status running
+    assert gone({"actual_status": "running", "intended_status": "running", "cur_state": "unloaded"})
+    assert gone({"actual_status": "destroyed"}) and gone({"intended_status": "terminated"})
 
 
 def test_an_instance_record_is_decoded_once_tolerating_missing_and_extra_fields() -> None:
@@ -383,7 +387,9 @@ async def test_gpu_ram_is_sent_and_kept_in_mb() -> None:
     async with emulator("") as fake, VastClient(KEY, fake.url) as vast:
         # 24,570 MB: the 3090's 24,576 MB passes, the 4090s' 24,564 MB do not (in GB or GiB, all or none would)
         offers = await vast.search_offers(OfferQuery(gpu_ram_gb=24.57))
-        assert [(o.gpu_name, o.gpu_ram_mb) for o in offers] == [("RTX 3090", 24576), ("A100 SXM4", 81920)]
+        assert [(o.gpu_name, o.gpu_ram_mb) for o in offers] == [
+            ("RTX 3090", 24576), ("RTX A6000", 49140), ("L40S", 46068), ("A100 SXM4", 81920)
+        ]  # fmt: skip
         assert offers[0].summary()["gpu_ram_mb"] == 24576
 
 

@@ -2,6 +2,10 @@
 client, ``vastai`` 1.9, calls them), its authentication and, at the door, the faults of
 :mod:`.faults` (429 bursts, rate limits, an orchestrator cut off).
 
+Its answers about offers and instances carry every string value padded with whitespace (a
+trailing space or newline, a leading space), as vast.ai serves them (:func:`padded`); what the
+emulator holds is not padded.
+
 Every call needs ``Authorization: Bearer <key>`` (or ``api_key=``): the account's key, or an
 instance's container key, which may act on that instance only. The handlers find the emulator as
 ``request.app[EMULATOR]``.
@@ -73,6 +77,28 @@ def _json(data: Any, status: int = 200) -> web.Response:
     # exactly "application/json": the official CLI rejects the offers answer otherwise, and
     # aiohttp's json_response would add "; charset=utf-8"
     return web.Response(body=json.dumps(data).encode(), status=status, headers={"Content-Type": "application/json"})
+
+
+PADS = ("{} ", "{}\n", " {}", " {} \n")  # how vast.ai pads a string it serves, in turn
+
+
+def padded(data: Any) -> Any:
+    """``data`` with every string value (not a key), however deep, padded with whitespace: each
+    in turn with one of :data:`PADS`, so that a client which strips only some pads is caught."""
+    n = 0
+
+    def pad(v: Any) -> Any:
+        nonlocal n
+        if isinstance(v, str):
+            n += 1
+            return PADS[n % len(PADS)].format(v)
+        if isinstance(v, dict):
+            return {k: pad(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [pad(x) for x in v]
+        return v
+
+    return pad(data)
 
 
 def _error(status: int, error: str, msg: str) -> web.Response:
@@ -156,7 +182,7 @@ async def current_user(request: web.Request) -> web.Response:
 async def instance_filters(request: web.Request) -> web.Response:
     records = [i.record() for i in request.app[EMULATOR].listed()]
     keys = ("actual_status", "verification", "gpu_name")
-    return _json({"filters": [{k: r[k] for k in keys} for r in records]})
+    return _json(padded({"filters": [{k: r[k] for k in keys} for r in records]}))
 
 
 async def network_info(request: web.Request) -> web.Response:
@@ -191,7 +217,7 @@ async def search_offers(request: web.Request) -> web.Response:
         return _error(400, "invalid_args", f"limit must be a number, got {query.get('limit')!r}")
     if vast.faults.on("vast.offers"):
         limit = min(limit, vast.faults.value("vast.offers"))
-    return _json({"offers": found[:limit]})
+    return _json(padded({"offers": found[:limit]}))
 
 
 # --- instances --------------------------------------------------------------------------------
@@ -264,7 +290,7 @@ def _find(request: web.Request, lingering: bool = True) -> Instance | None:
 
 async def show_instance(request: web.Request) -> web.Response:
     inst = _find(request)
-    return _json({"instances": inst.record() if inst else None})
+    return _json(padded({"instances": inst.record() if inst else None}))
 
 
 async def update_instance(request: web.Request) -> web.Response:
@@ -318,7 +344,7 @@ async def destroy_instances(request: web.Request) -> web.Response:
 
 
 async def list_v0(request: web.Request) -> web.Response:
-    return _json({"instances": [i.record() for i in request.app[EMULATOR].listed()]})
+    return _json(padded({"instances": [i.record() for i in request.app[EMULATOR].listed()]}))
 
 
 async def list_v1(request: web.Request) -> web.Response:
@@ -339,4 +365,5 @@ async def list_v1(request: web.Request) -> web.Response:
     labels: dict[str, int] = {}
     for i in listed:
         labels[i.label or ""] = labels.get(i.label or "", 0) + 1
-    return _json({"instances": page, "next_token": token, "total_instances": len(listed), "label_counts": labels})
+    answer = {"instances": page, "next_token": token, "total_instances": len(listed), "label_counts": labels}
+    return _json(padded(answer))

@@ -1,8 +1,11 @@
 """An emulated instance: its record as vast.ai shows it, and its life.
 
 Its ``actual_status`` goes null -> ``loading`` -> ``running`` (its node started) -> ``exited``
-(its node gone), or ``offline`` when its host stops answering (``vast.lose_host``). The record
-also carries vast.ai's ``intended_status``, ``cur_state`` and ``next_state`` (:meth:`Instance.states`).
+(its node gone), or ``offline`` when its host stops answering (``vast.lose_host``); its record
+shows ``unknown`` for a while where its host's heartbeat lapses (``vast.heartbeat_gap``), and its
+``ports`` only some time after it runs (``vast.late_ports``). The record also carries vast.ai's
+``intended_status``, ``cur_state`` and ``next_state`` (:meth:`Instance.states`), and its
+``dph_total`` priced for the disk its create rented.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from ...failpoints import Scenario
 from ...nodeenv import NodeEnv
 from ...runtime.localproc import ChildProcess
 from .. import image as images
+from . import catalogue
 
 if TYPE_CHECKING:
     from .runtimes import Runtime
@@ -55,6 +59,9 @@ class Instance:
     public_ip: str = "127.0.0.1"  # its host's public address
     public_ports: dict[str, int] = field(default_factory=dict)  # "7000/udp" -> the public port forwarded to it
     linger_until: float = 0.0  # destroyed: listed until then (time.monotonic())
+    running_at: float | None = None  # when it first showed running (time.monotonic())
+    heartbeat_gap: float = 0.0  # seconds its record shows unknown from running_at (vast.heartbeat_gap)
+    late_ports: float = 0.0  # seconds its record shows no ports from running_at (vast.late_ports)
 
     @property
     def stage(self) -> int | None:
@@ -73,11 +80,29 @@ class Instance:
 
     def states(self) -> tuple[str, str, str]:
         """``intended_status``, ``cur_state`` and ``next_state`` as vast.ai shows them: what the
-        owner wants (running until destroyed, then stopped), the contract's state (running while
-        its container lives) and where it is headed. A crashed instance is still intended running."""
-        if self.destroyed_at is not None:  # on its way out
-            return "stopped", "stopped" if self.ended else "running", "stopped"
+        owner wants (running: the emulator has no stop, and a destroy is not a stop, so it stays
+        running when destroyed), the contract's state (running while its container lives, stopped
+        once it ended; ``unloaded`` once destroyed, released) and where it is headed (``unloaded``
+        once destroyed). A crashed instance is still intended running; one whose destroy was
+        ignored shows everything as before it."""
+        if self.destroyed_at is not None:  # released, on its way out of the listing
+            return "running", "unloaded", "unloaded"
         return "running", "stopped" if self.ended else "running", "running"
+
+    def shown_status(self, now: float) -> tuple[str | None, str]:
+        """``actual_status`` and ``status_msg`` as its record shows them at ``now``
+        (``time.monotonic()``): ``unknown`` in a heartbeat gap (its node runs underneath)."""
+        gap = self.running_at is not None and now < self.running_at + self.heartbeat_gap
+        if gap and self.actual_status == "running":
+            return "unknown", "no recent heartbeat from the host"
+        return self.actual_status, self.status_msg
+
+    def shown_ports(self, now: float) -> dict[str, int]:
+        """The forwarded ports its record shows at ``now``: none until ``late_ports`` seconds
+        after it first ran (vast.ai fills them in a poll or more after running)."""
+        if self.late_ports and (self.running_at is None or now < self.running_at + self.late_ports):
+            return {}
+        return self.public_ports
 
     def record(self) -> dict[str, Any]:
         """The instance as vast.ai shows it."""
@@ -99,6 +124,8 @@ class Instance:
 
     def running(self) -> None:
         self.actual_status, self.status_msg = "running", f"success, running {self.image}"
+        if self.running_at is None:
+            self.running_at = time.monotonic()
 
     def exited(self, how: str) -> None:
         self.actual_status, self.status_msg = "exited", f"container {how}"
@@ -132,7 +159,8 @@ async def boot(inst: Instance, runtime: Runtime, faults: Scenario) -> None:
     inst.loading()
     if inst.stage in faults.value("vast.never_running"):
         return  # stuck pulling, as a host with a broken registry mirror would be
-    await asyncio.sleep(faults.value("vast.boot_delay"))
+    delays = faults.value("vast.boot_delay")  # one per instance in create order, the last for the rest
+    await asyncio.sleep(delays[min(inst.number, len(delays)) - 1])
     while True:
         try:
             await runtime.pull(inst)
@@ -174,18 +202,20 @@ async def stop(inst: Instance, runtime: Runtime) -> None:
 def vast_record(inst: Instance) -> dict[str, Any]:
     """The instance as vast.ai shows it."""
     o = inst.offer
-    running = inst.actual_status == "running"
+    now = time.monotonic()
+    status, msg = inst.shown_status(now)
+    running = status == "running"
     intended, cur, nxt = inst.states()
     return {
         "id": inst.id,
         "machine_id": o["machine_id"],
         "host_id": o["host_id"],
         "bundle_id": o["bundle_id"],
-        "actual_status": inst.actual_status,
+        "actual_status": status,
         "intended_status": intended,
         "cur_state": cur,
         "next_state": nxt,
-        "status_msg": inst.status_msg,
+        "status_msg": msg,
         "label": inst.label,
         "image_uuid": inst.image,
         "image_runtype": "args",
@@ -213,8 +243,9 @@ def vast_record(inst: Instance) -> dict[str, Any]:
         "disk_usage": 0.0,
         "disk_util": 0.0,
         "dph_base": o["dph_base"],
-        "dph_total": o["dph_total"],
+        "dph_total": catalogue.price(o, inst.disk),
         "storage_cost": o["storage_cost"],
+        "storage_total_cost": catalogue.storage_price(o, inst.disk),
         "inet_up": o["inet_up"],
         "inet_down": o["inet_down"],
         "inet_up_cost": o["inet_up_cost"],
@@ -227,7 +258,7 @@ def vast_record(inst: Instance) -> dict[str, Any]:
         "verification": o["verification"],
         "public_ipaddr": inst.public_ip,
         "local_ipaddrs": inst.public_ip,
-        "ports": {k: [{"HostIp": "0.0.0.0", "HostPort": str(v)}] for k, v in inst.public_ports.items()},
+        "ports": {k: [{"HostIp": "0.0.0.0", "HostPort": str(v)}] for k, v in inst.shown_ports(now).items()},
         "ssh_host": "127.0.0.1",
         "ssh_port": None,
         "ssh_idx": None,

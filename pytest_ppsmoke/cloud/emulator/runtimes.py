@@ -132,6 +132,7 @@ class Runtime(ABC):
         )
         node = faults.node_faults(host.faults, inst, node)
         env = {**(process_env(NodeEnv()) if inherit else {"PYTHONUNBUFFERED": "1"}), **inst.env, **node.to_env()}
+        env["PUBLIC_IPADDR"] = f"{inst.public_ip}\n"  # padded, as vast.ai serves its strings
         for key, public in inst.public_ports.items():  # vast.ai's host agent: VAST_UDP_PORT_7000=41234
             port, proto = key.split("/")
             env[f"VAST_{proto.upper()}_PORT_{port}"] = str(public)

@@ -202,6 +202,8 @@ class FakeVast(Resource):
         # nodes run the transport's local mode and never use them)
         inst.public_ports = {f"{p}/{proto}": secrets.SystemRandom().randint(20000, 59999) for p, proto in inst.ports}
         self.instances[inst.id] = inst
+        inst.heartbeat_gap = self.faults.value("vast.heartbeat_gap").get(inst.stage, 0.0)
+        inst.late_ports = self.faults.value("vast.late_ports")
         inst.boot = asyncio.ensure_future(instances.boot(inst, self.runs, self.faults))
         log.info("created instance %d from offer %d (%s)", inst.id, inst.offer["id"], inst.label)
         return inst
