@@ -615,24 +615,30 @@ async def guard_lifetime(
     whose orchestrator died. On vast.ai it destroys its own instance (``NodeEnv.container_id`` and
     ``container_api_key``, set by vast.ai's host agent); anywhere it then exits.
 
-    The orphan clock starts at the node's first contact with the orchestrator (its seed alive in
-    the node's view). Before that the orchestrator may be waiting for a slower host to boot (on
-    vast.ai it reaches the nodes only once every instance runs), so the node waits the run's
+    Where the orchestrator reaches the node (a seed given by its id alone: vast.ai, where the
+    orchestrator may sit behind a NAT), the orphan clock starts at that first contact (the seed
+    alive in the node's view): the orchestrator reaches the nodes only once every instance runs,
+    so a node on a fast host may wait for a slower one. Until then the node waits the run's
     ``boot_window`` plus its grace, then removes itself: the orchestrator may have died during the
-    boot."""
+    boot. Where the node dials the seed itself (a ticket, with its address), nothing keeps the
+    contact waiting, and the clock starts with the node."""
     seed = settings.config.seed
-    seed_id = PeerAddr.parse(seed).id if seed else None
+    peer = PeerAddr.parse(seed) if seed else None
+    seed_id = peer.id if peer is not None else None
+    reached = peer is not None and not (peer.addrs or peer.relay)  # the orchestrator dials this node
     started = clock()
-    seen: float | None = None  # the last time the orchestrator was alive in this node's view
+    # the last time the orchestrator was alive in this node's view (None: it has not reached it yet)
+    seen: float | None = None if reached else started
+    contact = False
     while True:
         await asyncio.sleep(min(1.0, settings.orphan_grace / 4))
         now = clock()
         membership = getattr(node, "membership", None)  # None until the node has bound its endpoint
         member = membership.members.get(seed_id) if membership is not None and seed_id else None
         if member is not None and member.status in (MemberStatus.alive, MemberStatus.suspect):
-            if seen is None:
+            if not contact:
                 emit({"event": "orchestrator", "after_s": round(now - started, 3)})
-            seen = now
+            seen, contact = now, True
         never = settings.env.boot_window + settings.orphan_grace
         if now - started > settings.ttl:
             reason = f"its time-to-live of {settings.ttl:g} s has passed"
