@@ -359,10 +359,10 @@ async def test_vast_ais_pushback_is_absorbed_and_reported(emulator: Callable[[st
         assert await smoke.finish() == 0, smoke.stderr[-3000:]
     report = smoke.report()
     assert report["ok"] and report["text"].strip() and len(report["token_ids"]) == 3
-    # the race: the cheapest match (the RTX 3060, offer 4_100_000) went to someone else; the next two serve
-    assert [(o["stage"], o["offer"], o["status"]) for o in report["offers_skipped"]] == [(0, 4_100_000, 410)]
+    # the race: the cheapest match (the RTX 3090, offer 4_100_068) went to someone else; the next two serve
+    assert [(o["stage"], o["offer"], o["status"]) for o in report["offers_skipped"]] == [(0, 4_100_068, 410)]
     assert "no longer available" in report["offers_skipped"][0]["error"]
-    assert [i["offer"]["id"] for i in report["instances"]] == [4_100_051, 4_100_068]  # the RTX 4060 Ti and 3090
+    assert [i["offer"]["id"] for i in report["instances"]] == [4_100_085, 4_100_102]  # the RTX 4090 and A6000
     # the 429s: as many as the emulator sent, at least the create's, and the penalty waited out
     refused = sum(status == 429 for _, _, status in fake.requests)
     api = report["vast_api"]
@@ -370,7 +370,7 @@ async def test_vast_ais_pushback_is_absorbed_and_reported(emulator: Callable[[st
     assert api["retry_wait_s"] + api["pace_wait_s"] >= 11.0  # the create penalty is 12 s
     line = f"pp-smoke-run: vast.ai API: {api['calls']} calls; {refused} answered 429 (absorbed: "
     assert (
-        line in smoke.stderr and "1 offer(s) taken by someone else first: 4100000 (HTTP 410, stage 0)" in smoke.stderr
+        line in smoke.stderr and "1 offer(s) taken by someone else first: 4100068 (HTTP 410, stage 0)" in smoke.stderr
     )
     # the teardown: both still listed, on their way out; gone by vast.ai's own fields
     assert [i["final_state"] for i in report["instances"]] == ["destroying", "destroying"]

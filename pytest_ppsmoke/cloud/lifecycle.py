@@ -346,7 +346,7 @@ class Deployment(Resource):
                 if not starting.done():
                     await asyncio.wait([starting])
             starting.result()
-        detail = ", ".join(f"{i.id} ({i.offer.gpu_name}, ${i.offer.dph_total}/h)" for i in self.instances)
+        detail = ", ".join(f"{i.id} ({i.offer.gpu_name}, ${i.offer.dph_total:.4f}/h)" for i in self.instances)
         if self.offers_skipped:
             gone = ", ".join(f"{o['offer']} (HTTP {o['status']})" for o in self.offers_skipped)
             detail += f"; {len(self.offers_skipped)} offer(s) taken by someone else first: {gone}"

@@ -205,7 +205,7 @@ class Report:
             lines.append(api)
         for i in self.instances:
             gpu = (i.get("offer") or {}).get("gpu_name", "?")
-            lines.append(f"instance {i['id']} stage {i['stage']}: {gpu} ${i['dph_total']}/h, {i['final_state']}")
+            lines.append(f"instance {i['id']} stage {i['stage']}: {gpu} ${i['dph_total']:.4f}/h, {i['final_state']}")
         failed = f"; failed at {self.failed_phase or 'the start'} (the error is shown above)" if self.error else ""
         lines.append(f"cost ${self.cost_usd:.4f}{failed}")
         return lines
