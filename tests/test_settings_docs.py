@@ -62,3 +62,21 @@ def test_a_lower_layers_message_names_each_faces_own_flags() -> None:
         "Relax --ppsmoke-gpu-ram or --ppsmoke-max-price; run pp-smoke-run --reap --run-id r1"
     )
     assert in_face(setting("num_stages"), "pytest") == "--ppsmoke-stages"
+
+
+def test_every_test_the_docs_name_exists() -> None:
+    """docs/lifecycle.md names, for each vast.ai behaviour it relies on, the test that holds it
+    (``test_file.py::test_name``): each must be a test function of that file, or the table claims
+    a hold that nothing has."""
+    import ast
+    import re
+
+    root = Path(__file__).parent.parent
+    named = set(re.findall(r"`(test_\w+\.py)::(test_\w+)`", (root / "docs" / "lifecycle.md").read_text()))
+    assert len(named) >= 20, named
+    defined: dict[str, set[str]] = {}
+    for file in {f for f, _ in named}:
+        tree = ast.parse((root / "tests" / file).read_text())
+        defined[file] = {n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+    missing = sorted(f"{f}::{t}" for f, t in named if t not in defined[f])
+    assert not missing, f"docs/lifecycle.md names tests that do not exist: {missing}"
