@@ -42,7 +42,6 @@ VAST_ENDPOINTS: dict[tuple[str, str], str] = {
     ("PUT", "/api/v0/instances/{id}/"): "label",
     ("DELETE", "/api/v0/instances/{id}/"): "destroy",
     ("GET", "/api/v1/instances/"): "list",
-    ("GET", "/api/v0/instances/"): "list_v0",
     ("DELETE", "/api/v0/instances/"): "destroy_many",
     ("GET", "/api/v0/users/current"): "user",
 }

@@ -220,7 +220,7 @@ def vast_record(inst: Instance) -> dict[str, Any]:
         "image_uuid": inst.image,
         "image_runtype": "args",
         "image_args": inst.args,
-        "onstart": inst.onstart,
+        "onstart": inst.onstart or "",  # a string in both of vast.ai's descriptions (the list's not nullable)
         "extra_env": [[k, v] for k, v in inst.env.items()],
         "template_id": None,
         "template_name": None,
@@ -260,12 +260,12 @@ def vast_record(inst: Instance) -> dict[str, Any]:
         "local_ipaddrs": inst.public_ip,
         "ports": {k: [{"HostIp": "0.0.0.0", "HostPort": str(v)}] for k, v in inst.shown_ports(now).items()},
         "ssh_host": "127.0.0.1",
-        "ssh_port": None,
-        "ssh_idx": None,
+        "ssh_port": 20_000 + inst.id % 10_000,  # an integer in vast.ai's description (no ssh is served here)
+        "ssh_idx": "",
         "direct_port_start": -1,
         "direct_port_end": -1,
         "direct_port_count": o["direct_port_count"],
-        "machine_dir_ssh_port": None,
+        "machine_dir_ssh_port": 30_000 + inst.id % 10_000,
         "start_date": inst.created_at,
         "end_date": o["end_date"],
         "duration": o["duration"],
@@ -282,7 +282,7 @@ def vast_record(inst: Instance) -> dict[str, Any]:
         "disk_bw": o["disk_bw"],
         "logo": "/static/logos/nvidia.png",
         "webpage": None,
-        "jupyter_token": None,
+        "jupyter_token": "",
     }
 
 

@@ -31,7 +31,7 @@ from aiohttp import web
 from ... import failpoints
 from ...nodeenv import NodeEnv
 from ...runtime.resource import Resource
-from . import api, catalogue, instances, registry
+from . import api, apidoc, catalogue, instances, registry
 from .catalogue import default_catalogue
 from .faults import HostLoss, RateLimiter, loses_hosts
 from .instances import Instance
@@ -80,6 +80,7 @@ class FakeVast(Resource):
         self.lingering: dict[int, Instance] = {}  # destroyed, still listed (vast.destroy_linger)
         self.destroyed: list[Instance] = []
         self.requests: list[tuple[str, str, int]] = []  # method, path, status
+        self.violations: list[apidoc.Violation] = []  # calls that broke vast.ai's description (apidoc)
         self.limiter = RateLimiter(self.faults.value("vast.rate_limit"))
         self.creates = 0  # create calls answered or held, counted from 1
         self._next_id = 12_400_000

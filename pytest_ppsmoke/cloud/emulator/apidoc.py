@@ -1,0 +1,353 @@
+"""vast.ai's own description of its API, held against every call the emulator answers.
+
+The emulator is the only stand-in in the project, so it answers to what vast.ai publishes, not to
+what this project believes: ``openapi/`` holds vast.ai's OpenAPI files for the endpoints the
+emulator serves, byte for byte, with ``UPSTREAM`` naming the repository, the commit and each file's
+git blob id there (:func:`check_vendored`). :func:`validate_request` and :func:`validate_response`
+hold a call against its operation: the path's parameters, the query's, the JSON body and, for an
+answer, its status and JSON body, each schema read as OpenAPI 3.0 reads it (``nullable``).
+
+A disagreement that vast.ai's live API is known to accept (vast-cli sends it, or reads it) is in
+``openapi/allowed.json``, each entry with its source. An endpoint the document does not describe
+(the CLI calls a few at start-up) is there too, as ``undocumented``. Everything else is a
+:class:`Violation`, named by its endpoint, where (request, response), field and rule.
+
+The middleware (``api._gate``) fails the call on a violation where ``PP_EMULATOR_OPENAPI`` is
+``strict`` (the test suite sets it) and logs it otherwise.
+
+    python -m pytest_ppsmoke.cloud.emulator.apidoc [--upstream CLONE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import functools
+import hashlib
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+log = logging.getLogger(__name__)
+
+DOCS = Path(__file__).parent / "openapi"
+ENV = "PP_EMULATOR_OPENAPI"  # "strict": a violation fails the call; anything else: it is logged
+METHODS = ("get", "put", "post", "delete", "patch")
+
+
+def strict() -> bool:
+    return os.environ.get(ENV, "") == "strict"
+
+
+@dataclass(frozen=True)
+class Violation:
+    """A call that breaks vast.ai's description: ``endpoint`` (``POST /api/v0/bundles/``),
+    ``where`` (``request`` or ``response``), ``field`` (a dotted path, list items as ``[]``; the
+    part of the call for a missing or undescribed one), ``rule`` (the schema keyword broken, or
+    ``undocumented``, ``status``) and what was wrong."""
+
+    endpoint: str
+    where: str
+    field: str
+    rule: str
+    message: str
+    value: Any = dataclasses.field(default=None, compare=False, repr=False)  # what broke the rule: never shown
+
+    def __str__(self) -> str:
+        return f"{self.endpoint} {self.where}: {self.field}: {self.message} ({self.rule})"
+
+
+@dataclass(frozen=True)
+class Operation:
+    file: str
+    method: str
+    template: str
+    pattern: re.Pattern[str]
+    op: Mapping[str, Any]
+    doc: Mapping[str, Any]
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.method.upper()} {self.template}"
+
+
+def _openapi30(schema: Any) -> Any:
+    """An OpenAPI 3.0 schema as JSON Schema (draft 4, whose ``exclusiveMinimum`` it shares):
+    ``nullable: true`` admits null."""
+    if isinstance(schema, list):
+        return [_openapi30(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _openapi30(v) for k, v in schema.items() if k not in ("nullable", "example", "examples")}
+    if schema.get("nullable") is True:
+        return {"anyOf": [out, {"type": "null"}]}
+    return out
+
+
+@functools.cache
+def operations() -> tuple[Operation, ...]:
+    """Every operation of the vendored files, the most specific path first."""
+    ops = []
+    for path in sorted(DOCS.glob("*.yaml")):
+        doc = yaml.safe_load(path.read_text())
+        for template, item in (doc.get("paths") or {}).items():
+            regex = re.sub(r"\\\{[^}]+\\\}", "([^/]+)", re.escape(template))
+            for method in METHODS:
+                if method in item:
+                    ops.append(Operation(path.name, method, template, re.compile(regex + "$"), item[method], doc))
+    return tuple(sorted(ops, key=lambda o: -len(o.template)))
+
+
+def _forms(path: str) -> tuple[str, ...]:
+    """A path with and without its trailing slash: vast.ai serves both, and its files name one."""
+    return (path, path.rstrip("/") + "/", path.rstrip("/"))
+
+
+def find(method: str, path: str) -> Operation | None:
+    """The described operation a call goes to."""
+    for op in operations():
+        if op.method == method.lower() and any(op.pattern.match(p) for p in _forms(path)):
+            return op
+    return None
+
+
+def _field(parts: Iterator[Any] | Any) -> str:
+    out = ""
+    for p in parts:
+        out += "[]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out or "(body)"
+
+
+def _schema_errors(schema: Any, doc: Mapping[str, Any], instance: Any) -> list[tuple[str, str, str, Any]]:
+    """(field, rule, message, the value) for each way ``instance`` breaks ``schema`` (refs into ``doc``)."""
+    root = {"allOf": [_openapi30(schema)], "components": _openapi30(copy.deepcopy(doc.get("components") or {}))}
+    out = []
+    for e in jsonschema.Draft4Validator(root).iter_errors(instance):
+        for err in e.context or [e]:  # an anyOf (nullable) names the branch that failed
+            field = _field(err.absolute_path)
+            if err.validator == "required":
+                missing = re.match(r"'([^']+)' is a required property", err.message)
+                field = (
+                    f"{field}.{missing.group(1)}"
+                    if missing and field != "(body)"
+                    else (missing.group(1) if missing else field)
+                )
+            out.append((field, str(err.validator), _rule_text(err.validator, err.validator_value), err.instance))
+            break
+    unique = {(f, r, m): v for f, r, m, v in out}
+    return [(f, r, m, v) for (f, r, m), v in sorted(unique.items())]
+
+
+def _rule_text(rule: Any, value: Any) -> str:
+    """What the rule asks, never the value that broke it: a record holds secrets (an instance's
+    ``extra_env`` carries the cluster's keys), and a violation is logged and answered."""
+    if rule == "type":
+        return f"expected type {value!r}"
+    if rule == "enum":
+        return f"not one of {value!r}"
+    if rule == "required":
+        return "missing"
+    return f"breaks {rule} {json.dumps(value, default=str)[:200]}"
+
+
+def _coerce(raw: str, schema: Mapping[str, Any]) -> Any:
+    """A query or path parameter's text as its schema's type (unparseable text stays text)."""
+    kind = schema.get("type")
+    try:
+        if kind == "integer":
+            return int(raw)
+        if kind == "number":
+            return float(raw)
+        if kind == "boolean":
+            return {"true": True, "false": False}.get(raw.lower(), raw)
+        if kind in ("object", "array"):
+            return json.loads(raw)
+    except ValueError:
+        return raw
+    return raw
+
+
+def validate_request(method: str, path: str, query: Mapping[str, str], body: Any, has_body: bool) -> list[Violation]:
+    """How a request breaks its operation: its path and query parameters, its JSON body."""
+    op = find(method, path)
+    if op is None:
+        return [Violation(f"{method} {path}", "request", "(endpoint)", "undocumented", "no operation describes it")]
+    out: list[Violation] = []
+    match = next(m for m in (op.pattern.match(p) for p in _forms(path)) if m)
+    path_values = dict(zip(re.findall(r"\{([^}]+)\}", op.template), match.groups(), strict=True))
+    for param in op.op.get("parameters") or []:
+        where, name, schema = param.get("in"), param.get("name"), param.get("schema") or {}
+        raw = path_values.get(name) if where == "path" else query.get(name) if where == "query" else None
+        if raw is None:
+            if param.get("required") and where in ("path", "query"):
+                out.append(Violation(op.endpoint, "request", f"{where}.{name}", "required", "missing"))
+            continue
+        for _, rule, msg, value in _schema_errors(schema, op.doc, _coerce(raw, schema)):
+            out.append(Violation(op.endpoint, "request", f"{where}.{name}", rule, msg, value))
+    content = ((op.op.get("requestBody") or {}).get("content") or {}).get("application/json")
+    if content is not None and has_body:
+        for name, rule, msg, value in _schema_errors(content.get("schema") or {}, op.doc, body):
+            out.append(Violation(op.endpoint, "request", name, rule, msg, value))
+    elif content is not None and (op.op.get("requestBody") or {}).get("required"):
+        out.append(Violation(op.endpoint, "request", "(body)", "required", "no JSON body"))
+    return out
+
+
+def validate_response(method: str, path: str, status: int, content_type: str, body: bytes) -> list[Violation]:
+    """How an answer breaks its operation: a success status it does not list, or a JSON body
+    that breaks the schema given for its status. Plain-text answers (vast.ai's 429s) are not read."""
+    op = find(method, path)
+    if op is None:
+        return []  # named once, for the request
+    responses = op.op.get("responses") or {}
+    spec = responses.get(str(status)) or responses.get(f"{str(status)[0]}XX") or responses.get("default")
+    if spec is None:
+        if 200 <= status < 300:
+            return [Violation(op.endpoint, "response", "(status)", "status", f"status {status} is not described")]
+        return []
+    content = (spec.get("content") or {}).get("application/json")
+    if content is None or not content_type.startswith("application/json") or "schema" not in content:
+        return []
+    try:
+        data = json.loads(body)
+    except ValueError as e:
+        return [Violation(op.endpoint, "response", "(body)", "json", f"not JSON: {e}")]
+    errors = _schema_errors(content["schema"], op.doc, data)
+    return [Violation(op.endpoint, "response", f, r, m, v) for f, r, m, v in errors]
+
+
+# --- what vast.ai's live API is known to accept, against its description --------------------------
+
+
+JSON_TYPES = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null", int: "number"}
+
+
+def json_type(value: Any) -> str:
+    return JSON_TYPES.get(type(value), "number")
+
+
+@dataclass(frozen=True)
+class Allowed:
+    """A disagreement the live API is known to accept. ``allows``: for a ``type`` rule the JSON
+    types accepted besides the described one, for ``enum`` the values; empty: any (a rule the
+    description misplaces, as ``order``'s ``minItems``)."""
+
+    endpoint: str
+    where: str
+    field: str
+    rule: str
+    allows: tuple[Any, ...]
+    source: str
+    why: str
+
+    def covers(self, v: Violation) -> bool:
+        if self.rule == "undocumented":
+            return v.rule == "undocumented" and self.endpoint == v.endpoint
+        if (self.endpoint, self.where, self.field, self.rule) != (v.endpoint, v.where, v.field, v.rule):
+            return False
+        if self.rule == "type":
+            return json_type(v.value) in self.allows
+        if self.rule == "enum":
+            return v.value in self.allows
+        return not self.allows
+
+
+@functools.cache
+def allowed() -> tuple[Allowed, ...]:
+    """``openapi/allowed.json``: each entry names its endpoint, where, field, rule, its source
+    (a vast-cli path, a doc page) and why; ValueError for an entry without a source."""
+    entries = json.loads((DOCS / "allowed.json").read_text())
+    out = []
+    for i, e in enumerate(entries):
+        if not str(e.get("source", "")).strip():
+            raise ValueError(f"openapi/allowed.json entry {i} ({e.get('endpoint')} {e.get('field')}): no source")
+        if e["rule"] in ("type", "enum") and not e.get("allows"):
+            what = f"{e['endpoint']} {e['field']}"
+            raise ValueError(f"openapi/allowed.json entry {i} ({what}): a {e['rule']} rule needs allows")
+        allows = tuple(e.get("allows") or ())
+        out.append(Allowed(e["endpoint"], e["where"], e["field"], e["rule"], allows, e["source"], e["why"]))
+    return tuple(out)
+
+
+def unexplained(violations: list[Violation]) -> list[Violation]:
+    """The violations no entry of the allow-list covers."""
+    return [v for v in violations if not any(a.covers(v) for a in allowed())]
+
+
+# --- the vendored files against their upstream ------------------------------------------------------
+
+
+def blob_id(data: bytes) -> str:
+    """A file's git blob id, as ``git hash-object`` computes it."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()
+
+
+def upstream() -> dict[str, str]:
+    """``UPSTREAM``'s header (repository, commit, date, path) and its files' blob ids by name."""
+    head: dict[str, str] = {}
+    for line in (DOCS / "UPSTREAM").read_text().splitlines():
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition(": ")
+        if sep:
+            head[key] = value
+        else:
+            blob, name = line.split()
+            head[f"file:{name}"] = blob
+    return head
+
+
+def check_vendored(clone: Path | None = None) -> list[str]:
+    """What differs: each vendored file against the blob id ``UPSTREAM`` names, every file named
+    there present and none unnamed; with ``clone`` (a clone of the repository), each id against
+    that commit's own tree."""
+    up = upstream()
+    named = {k[5:]: v for k, v in up.items() if k.startswith("file:")}
+    have = {p.name for p in DOCS.glob("*.yaml")}
+    problems = [f"{n}: vendored but not in UPSTREAM" for n in sorted(have - set(named))]
+    problems += [f"{n}: in UPSTREAM but not vendored" for n in sorted(set(named) - have)]
+    for name in sorted(have & set(named)):
+        got = blob_id((DOCS / name).read_bytes())
+        if got != named[name]:
+            problems.append(f"{name}: blob {got}, UPSTREAM names {named[name]} (the file was changed)")
+    if clone is not None:
+        tree = subprocess.run(
+            ["git", "-C", str(clone), "ls-tree", up["commit"], up["path"]],
+            capture_output=True, text=True, check=True, timeout=60,
+        ).stdout  # fmt: skip
+        theirs = {line.split("\t")[1].rsplit("/", 1)[1]: line.split()[2] for line in tree.splitlines()}
+        for name, blob in sorted(named.items()):
+            if theirs.get(name) != blob:
+                problems.append(f"{name}: {up['repository']} at {up['commit'][:12]} has {theirs.get(name)}, not {blob}")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(
+        prog="python -m pytest_ppsmoke.cloud.emulator.apidoc", description=__doc__.split("\n\n")[0]
+    )
+    p.add_argument("--upstream", type=Path, help="a clone of the repository UPSTREAM names: check against its commit")
+    args = p.parse_args(argv)
+    problems = check_vendored(args.upstream)
+    for line in problems:
+        print(f"apidoc: {line}", file=sys.stderr)
+    up = upstream()
+    if not problems:
+        print(f"apidoc: {len(operations())} operations in {len(list(DOCS.glob('*.yaml')))} files equal "
+              f"{up['repository']} at {up['commit']} ({up['date']})")  # fmt: skip
+    sys.exit(1 if problems else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""The emulator against vast.ai's own description of its API (``cloud/emulator/apidoc.py``): the
+vendored files are upstream's, byte for byte; every call is held against them (the suite runs
+strict); a body the description refuses fails the call, naming the endpoint, the field and the
+rule, and never the value; every allowed disagreement names its source."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import aiohttp
+import pytest
+
+from pytest_ppsmoke.cloud.emulator import apidoc
+from pytest_ppsmoke.cloud.emulator.server import FakeVast
+from pytest_ppsmoke.cloud.vast import OfferQuery, VastClient
+
+from .helpers import SLEEPER
+
+pytestmark = pytest.mark.local
+
+
+def test_the_vendored_files_are_upstreams_byte_for_byte() -> None:
+    """Each file's git blob id is the one UPSTREAM names (as ``git ls-tree`` at that commit shows
+    it, which ``python -m pytest_ppsmoke.cloud.emulator.apidoc --upstream CLONE`` checks against
+    a clone); a byte changed, a file added or one missing is named."""
+    up = apidoc.upstream()
+    assert (
+        up["repository"] == "vast-ai/docs" and len(up["commit"]) == 40 and up["path"] == "api-reference/openapi/yaml/"
+    )
+    assert apidoc.check_vendored() == []
+    named = sorted(k[5:] for k in up if k.startswith("file:"))
+    assert named == sorted(p.name for p in apidoc.DOCS.glob("*.yaml")) and len(named) == 8
+    # the blob id is git's own: "blob <size>\0<bytes>" under SHA-1
+    assert apidoc.blob_id(b"") == "e69de29bb2d1d6434b8b29ae775ad8c2e48c5391"
+    body = (apidoc.DOCS / "show_user.yaml").read_bytes()
+    assert apidoc.blob_id(body + b" ") != up["file:show_user.yaml"]
+    # every endpoint the client calls is described, or allowed as undocumented with its source
+    calls = [("POST", "/api/v0/bundles/"), ("PUT", "/api/v0/asks/7/"), ("GET", "/api/v0/instances/7/"),
+             ("PUT", "/api/v0/instances/7/"), ("DELETE", "/api/v0/instances/7/"), ("GET", "/api/v1/instances/"),
+             ("GET", "/api/v0/users/current")]  # fmt: skip
+    for method, path in calls:
+        assert apidoc.find(method, path) is not None, (method, path)
+
+
+def test_every_allowed_disagreement_names_its_source() -> None:
+    entries = json.loads((apidoc.DOCS / "allowed.json").read_text())
+    assert len(entries) == len(apidoc.allowed()) >= 10
+    for e in entries:
+        assert set(e) - {"allows"} == {"endpoint", "where", "field", "rule", "source", "why"}, e
+        assert e["source"].startswith(("vast-cli ", "vast.ai's docs ")) and e["why"].strip(), e
+        assert e["where"] in ("request", "response"), e
+        assert e["rule"] not in ("type", "enum") or e["allows"], e  # a type or a value, never any
+    # docs/lifecycle.md lists each
+    doc = (apidoc.DOCS.parent.parent.parent.parent / "docs" / "lifecycle.md").read_text()
+    for e in entries:
+        assert f"`{e['endpoint']}` {e['where']} `{e['field']}`" in doc, e
+
+
+async def call(fake: FakeVast, method: str, path: str, body: Any) -> tuple[int, Any]:
+    headers = {"Authorization": f"Bearer {fake.api_key}"}
+    async with aiohttp.ClientSession(headers=headers) as http, http.request(method, fake.url + path, json=body) as resp:
+        return resp.status, await resp.json()
+
+
+async def test_a_body_the_description_refuses_fails_the_call_naming_the_field_never_the_value() -> None:
+    """The suite runs strict: ``type: "bogus"`` is outside the search's enum (ondemand, bid,
+    reserved, and vast-cli's on-demand, allowed); the call fails with 400 naming the endpoint,
+    the field and the rule. A create whose env is not a string is allowed (vast-cli's form), but one
+    whose disk is not a number is not: the answer names disk, and not the key in env beside it."""
+    assert os.environ["PP_EMULATOR_OPENAPI"] == "strict" and apidoc.strict()
+    async with FakeVast(node_argv=SLEEPER) as fake:
+        status, data = await call(fake, "POST", "/api/v0/bundles/", {**OfferQuery().body(), "type": "bogus"})
+        assert status == 400 and data["error"] == "openapi_violation", data
+        assert data["msg"] == "POST /api/v0/bundles/ request: type: not one of ['ondemand', 'bid', 'reserved'] (enum)"
+        status, data = await call(fake, "POST", "/api/v0/bundles/", OfferQuery().body())  # vast-cli's "on-demand"
+        assert status == 200 and data["offers"]
+        secret = "0123456789abcdef" * 4
+        body = {"image": "i:1", "env": {"PP_NODE_KEY": secret}, "disk": "lots", "label": "x", "price": None}
+        status, data = await call(fake, "PUT", f"/api/v0/asks/{data['offers'][0]['id']}/", body)
+        assert status == 400 and "PUT /api/v0/asks/{id}/ request: disk: expected type 'number' (type)" in data["msg"]
+        assert secret not in json.dumps(data) and fake.instances == {}
+        assert [str(v) for v in fake.violations] == [
+            "POST /api/v0/bundles/ request: type: not one of ['ondemand', 'bid', 'reserved'] (enum)",
+            "PUT /api/v0/asks/{id}/ request: disk: expected type 'number' (type)",
+        ]
+
+
+async def test_an_answer_that_breaks_the_description_fails_and_every_real_answer_does_not() -> None:
+    """The emulator's own answers are held too: a record whose type the description refuses (here
+    ``num_gpus`` served as text) becomes a 500 naming the field; a whole create, show, list and
+    destroy through the client meets the description (or the allow-list) at every call."""
+    async with (
+        FakeVast(node_argv=SLEEPER, faults="vast.boot_delay=0.05") as fake,
+        VastClient(fake.api_key, fake.url) as vast,
+    ):
+        offer = (await vast.search_offers(OfferQuery()))[0]
+        iid = await vast.create_instance(offer.id, image="i:1", env={"STAGE": "0"}, label="ppsmoke-r-stage0")
+        await vast.wait_running(iid, 100, 0.05)
+        assert [i.id for i in await vast.list_instances("ppsmoke-r-")] == [iid]
+        assert fake.violations == []
+        fake.instances[iid].offer["num_gpus"] = "1"  # a record vast.ai would never serve
+        status, data = await call(fake, "GET", f"/api/v0/instances/{iid}/", None)
+        assert status == 500 and data["error"] == "openapi_violation", data
+        assert "GET /api/v0/instances/{id}/ response: instances.num_gpus: expected type 'integer' (type)" in data["msg"]
+        fake.instances[iid].offer["num_gpus"] = 1
+        assert await vast.destroy_instance(iid) is True
+        assert await vast.show_instance(iid) is None  # {"instances": null}: allowed, vast-cli reads it so
