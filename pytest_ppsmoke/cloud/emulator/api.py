@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from ...protocol import VAST_ENDPOINTS
-from . import apidoc, catalogue, faults
+from . import apidoc, catalogue, faults, logs
 from .instances import Instance, parse_env, parse_ports
 
 if TYPE_CHECKING:
@@ -52,6 +52,8 @@ def app(vast: FakeVast) -> web.Application:
     r.add_put("/api/v0/instances/{id}/", update_instance)
     r.add_delete("/api/v0/instances/{id}/", destroy_instance)
     r.add_get(NETWORK_PATH, network_info)  # the emulator's own, not vast.ai's
+    r.add_put(logs.REQUEST_PATH, logs.request_logs)
+    r.add_get(logs.RESULT_PATH + "{token}", logs.result)  # the emulator's own: a log's upload, read with no key
     return a
 
 
@@ -187,7 +189,7 @@ def _answer_held_to_the_document(vast: FakeVast, request: web.Request, resp: web
 async def _authorized(
     vast: FakeVast, request: web.Request, handler: Callable[[web.Request], Any]
 ) -> web.StreamResponse:
-    if request.path == "/api/v0/gpu_names/unique/":
+    if request.path == "/api/v0/gpu_names/unique/" or request.path.startswith(logs.RESULT_PATH):
         public: web.StreamResponse = await handler(request)  # public on vast.ai too
         return public
     key = key_of(request)
@@ -195,7 +197,7 @@ async def _authorized(
         return _error(401, "auth_error", "authentication required: send Authorization: Bearer <api key>")
     if not secrets.compare_digest(key, vast.api_key):
         own = next((i for i in vast.listed() if secrets.compare_digest(key, i.container_key)), None)
-        if own is None or request.path != f"/api/v0/instances/{own.id}/":
+        if own is None or request.path not in (f"/api/v0/instances/{own.id}/", logs.request_path(own.id)):
             return _error(401, "auth_error", "invalid api key")
     try:
         resp: web.StreamResponse = await handler(request)
