@@ -80,7 +80,7 @@ async def request_logs(request: web.Request) -> web.Response:
         inst = None
     if inst is None:
         return api._error(404, "invalid_id", "Invalid instance id.")  # logs.yaml's 404
-    body = await request.json() if request.can_read_body else {}
+    body = await request.json() if request.body_exists else {}
     if not isinstance(body, dict):
         return api._error(400, "invalid_args", "the body must be a JSON object")
     if body.get("daemon_logs"):
