@@ -25,6 +25,9 @@ from aiohttp import web
 
 from ...protocol import VAST_ENDPOINTS
 from . import apidoc, catalogue, faults, logs
+from .answers import EMULATOR
+from .answers import error_answer as _error
+from .answers import json_answer as _json
 from .instances import Instance, parse_env, parse_ports
 
 if TYPE_CHECKING:
@@ -33,7 +36,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 NETWORK_PATH = "/ppsmoke/network"  # the emulator's own path: the emulated network's host address
-EMULATOR: web.AppKey[FakeVast] = web.AppKey("emulator")
 
 
 def app(vast: FakeVast) -> web.Application:
@@ -74,12 +76,6 @@ def endpoint_of(request: web.Request) -> str | None:
     return VAST_ENDPOINTS.get((request.method, info.canonical)) if info is not None else None
 
 
-def _json(data: Any, status: int = 200) -> web.Response:
-    # exactly "application/json": the official CLI rejects the offers answer otherwise, and
-    # aiohttp's json_response would add "; charset=utf-8"
-    return web.Response(body=json.dumps(data).encode(), status=status, headers={"Content-Type": "application/json"})
-
-
 PADS = ("{} ", "{}\n", " {}", " {} \n")  # how vast.ai pads a string it serves, in turn
 
 
@@ -100,10 +96,6 @@ def padded(data: Any) -> Any:
         return v
 
     return pad(data)
-
-
-def _error(status: int, error: str, msg: str) -> web.Response:
-    return _json({"success": False, "error": error, "msg": msg}, status)
 
 
 # --- the door: faults, then the key ---------------------------------------------------------

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from ...nodeenv import variables
-from . import api
+from .answers import EMULATOR, error_answer, json_answer
 
 if TYPE_CHECKING:
     from .instances import Instance
@@ -73,37 +73,37 @@ def log_text(vast: FakeVast, inst: Instance, tail: int, grep: re.Pattern[str] | 
 
 
 async def request_logs(request: web.Request) -> web.Response:
-    vast = request.app[api.EMULATOR]
+    vast = request.app[EMULATOR]
     try:
         inst = vast.find(int(request.match_info["id"]))
     except ValueError:
         inst = None
     if inst is None:
-        return api._error(404, "invalid_id", "Invalid instance id.")  # logs.yaml's 404
+        return error_answer(404, "invalid_id", "Invalid instance id.")  # logs.yaml's 404
     body = await request.json() if request.body_exists else {}
     if not isinstance(body, dict):
-        return api._error(400, "invalid_args", "the body must be a JSON object")
+        return error_answer(400, "invalid_args", "the body must be a JSON object")
     if body.get("daemon_logs"):
-        return api._error(400, "invalid_args", "daemon logs are not emulated (an instance here has no host daemon)")
+        return error_answer(400, "invalid_args", "daemon logs are not emulated (an instance here has no host daemon)")
     try:
         tail = int(str(body.get("tail") or DEFAULT_TAIL))  # a string in logs.yaml; a number is taken too
         grep = re.compile(str(body["filter"])) if body.get("filter") else None
     except (ValueError, re.error) as e:
-        return api._error(400, "invalid_args", f"bad tail or filter: {e}")
+        return error_answer(400, "invalid_args", f"bad tail or filter: {e}")
     if tail < 0:
-        return api._error(400, "invalid_args", f"tail must be a number of lines >= 0, got {tail}")
+        return error_answer(400, "invalid_args", f"tail must be a number of lines >= 0, got {tail}")
     kept = _results.setdefault(vast, OrderedDict())
     token = secrets.token_urlsafe(32)
     kept[token] = (inst.id, log_text(vast, inst, tail, grep))
     while len(kept) > KEPT:
         kept.popitem(last=False)
     url = f"{request.url.origin()}{RESULT_PATH}{token}"
-    return api._json({"success": True, "result_url": url, "msg": "logs uploaded"})
+    return json_answer({"success": True, "result_url": url, "msg": "logs uploaded"})
 
 
 async def result(request: web.Request) -> web.Response:
     """A result URL: the text of the one log it names, to anyone, with no key."""
-    kept = _results.get(request.app[api.EMULATOR])
+    kept = _results.get(request.app[EMULATOR])
     found = kept.get(request.match_info["token"]) if kept is not None else None
     if found is None:
         return web.Response(status=404, text="no such log (an unknown or expired result)")
