@@ -25,6 +25,9 @@ def test_the_wheel_carries_the_worker_the_spec_tests_and_the_entry_points(repo_w
     source = Path(__file__).resolve().parent.parent / "pytest_ppsmoke"
     modules = {p.relative_to(source.parent).as_posix() for p in source.rglob("*.py") if "__pycache__" not in p.parts}
     assert modules <= names, f"modules the wheel leaves out: {sorted(modules - names)}"  # a package not listed
+    # vast.ai's API description, which the emulator holds every call against (apidoc.py), and its allow-list
+    described = {p.relative_to(source.parent).as_posix() for p in (source / "cloud" / "emulator" / "openapi").iterdir()}
+    assert len(described) == 10 and described <= names, sorted(described - names)
     for line in (
         "pp-smoke-run = pytest_ppsmoke.harness.cli:main",
         "pp-gpu-node = pytest_ppsmoke.stage.gpu_node:main",
