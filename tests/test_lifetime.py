@@ -97,8 +97,10 @@ class Clock:
 
     def __init__(self) -> None:
         self.now = 0.0
+        self.reads = 0  # the guard reads it once at its start and once a check
 
     def __call__(self) -> float:
+        self.reads += 1
         return self.now
 
 
@@ -112,12 +114,14 @@ class Viewer:
         self.membership.members = {} if status is None else {seed_id: SimpleNamespace(status=status)}
 
 
-async def settle(guard: asyncio.Future[None]) -> None:
-    """Let the guard make a few checks at the clock's present time (each sleeps grace / 4)."""
-    for _ in range(5):
-        await asyncio.sleep(0.02)
-        if guard.done():
-            return
+async def settle(guard: asyncio.Future[None], clock: Clock, checks: int = 2) -> None:
+    """Until the guard has made ``checks`` checks at the clock's present time (or ended): counted
+    by its reads of the clock, not by time, so that a loaded machine cannot skip one."""
+    until = clock.reads + checks
+    deadline = time.monotonic() + 30
+    while clock.reads < until and not guard.done():
+        assert time.monotonic() < deadline, "the guard made no check in 30 s"
+        await asyncio.sleep(0.005)
 
 
 async def test_a_node_the_orchestrator_never_reached_waits_the_boot_window_plus_its_grace(
@@ -136,9 +140,9 @@ async def test_a_node_the_orchestrator_never_reached_waits_the_boot_window_plus_
         run = dataclasses.replace(run, env=run.env.replace(boot_window=100.0))
         clock, node, stop = Clock(), Viewer(), asyncio.Event()
         guard = asyncio.ensure_future(guard_lifetime(node, run, stop, clock))  # type: ignore[arg-type]
-        await settle(guard)  # started at 0
+        await settle(guard, clock)  # started at 0
         clock.now = 100.0  # a whole boot window with no contact, within the grace after it: alive
-        await settle(guard)
+        await settle(guard, clock)
         assert not guard.done() and [i.id for i in fake.live()] == [iid]
         clock.now = 100.05  # past the window plus the grace: the orchestrator died during the boot
         await asyncio.wait_for(guard, 10)
@@ -150,13 +154,13 @@ async def test_a_node_the_orchestrator_never_reached_waits_the_boot_window_plus_
         monkeypatch.delenv(name, raising=False)
     run = dataclasses.replace(run, env=NodeEnv(ttl=10_000, orphan_grace=0.04, boot_window=100.0))
     guard = asyncio.ensure_future(guard_lifetime(node, run, stop, clock))  # type: ignore[arg-type]
-    await settle(guard)
+    await settle(guard, clock)
     clock.now = 50.0
     node.sees(seed_id, MemberStatus.alive)
-    await settle(guard)
+    await settle(guard, clock)
     node.sees(seed_id, MemberStatus.dead)
     clock.now = 50.03  # within the grace of the last sight
-    await settle(guard)
+    await settle(guard, clock)
     assert not guard.done()
     clock.now = 50.1
     await asyncio.wait_for(guard, 10)
