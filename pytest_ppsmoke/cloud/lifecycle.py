@@ -475,7 +475,8 @@ class Deployment(Resource):
 
     async def _watch_hosts(self, lost: asyncio.Future[PhaseError]) -> None:
         """From boot to teardown: vast.ai's list of the run's instances, every poll interval. A stage
-        instance that vast.ai shows ``offline``, ``exited`` or ``unknown`` (its host died), or no
+        instance that vast.ai shows ``offline`` or ``exited`` (its host died; ``unknown``, a gap in
+        its host's heartbeats, is logged and left to the cluster's failure detection), or no
         longer lists twice running, ends the run at once: ``lost`` gets the PhaseError, naming the
         stage, the instance and what vast.ai reported. A list that fails is retried next time."""
         missing: dict[int, int] = {}
