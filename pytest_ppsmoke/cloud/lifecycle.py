@@ -46,6 +46,7 @@ from ..protocol import (
     PhaseError,
     reap_advice,
     setting,
+    stage_name,
 )
 from ..runtime.cluster import converge, resolve_names
 from ..runtime.codec import ActorAddress, Echo, Join, MemberStatus, Sync
@@ -203,7 +204,7 @@ class RentedInstance:
     @property
     def where(self) -> str:
         """How a failure names it: ``pp-stage-1 on instance N (label)``."""
-        return f"pp-stage-{self.stage} on instance {self.id} ({self.label})"
+        return f"{stage_name(self.stage)} on instance {self.id} ({self.label})"
 
     def seconds(self) -> float:
         if self.created_at is None:
@@ -562,7 +563,7 @@ class Deployment(Resource):
                 except (TimeoutError, ConnectionError, RemoteError):
                     continue
                 times.append(time.monotonic() - t)
-            measured[f"pp-stage-{inst.stage}"] = sorted(times)[len(times) // 2] if times else None
+            measured[stage_name(inst.stage)] = sorted(times)[len(times) // 2] if times else None
 
         await asyncio.gather(*(one(i) for i in self.instances if i.endpoint_id))
         worst = max((v for v in measured.values() if v is not None), default=0.0)
@@ -633,7 +634,7 @@ class Deployment(Resource):
         if self.seed is None:
             return {}
         out: dict[str, Any] = {
-            f"pp-stage-{i.stage}": self.seed.transport.path(i.endpoint_id) for i in self.instances if i.endpoint_id
+            stage_name(i.stage): self.seed.transport.path(i.endpoint_id) for i in self.instances if i.endpoint_id
         }
         stats = self.seed.transport.stats
         return {"links": out, "dialled": stats.connects, "accepted": stats.accepted}
@@ -663,7 +664,7 @@ class Deployment(Resource):
                 member = seed.membership.get(inst.endpoint_id)
                 if member is not None and member.status == MemberStatus.dead:
                     lost = "dropped out of the cluster: the orchestrator's SWIM declared it dead"
-                    raise PhaseError("load", f"pp-stage-{inst.stage} on {inst.name} {lost}")
+                    raise PhaseError("load", f"{stage_name(inst.stage)} on {inst.name} {lost}")
                 try:
                     st = await seed.request(ActorAddress(inst.endpoint_id, STATUS_ACTOR), NodeStatusQuery(), timeout=10)
                 except (TimeoutError, ConnectionError, RemoteError) as e:
@@ -675,11 +676,11 @@ class Deployment(Resource):
                         self.ready[inst.stage] = st
                         return st
                     if st.state == "failed":
-                        raise PhaseError("load", f"pp-stage-{inst.stage} on {inst.name}: {st.detail}")
+                        raise PhaseError("load", f"{stage_name(inst.stage)} on {inst.name}: {st.detail}")
                 if time.monotonic() > deadline:
                     last = statuses.get(inst.stage)
                     seen = f"{last.state} for {last.seconds} s" if isinstance(last, NodeStatus) else last
-                    what = f"pp-stage-{inst.stage} on {inst.name}"
+                    what = f"{stage_name(inst.stage)} on {inst.name}"
                     raise PhaseError("load", f"{what}: worker not ready within {timeout:.0f} s ({seen})")
                 await asyncio.sleep(min(1.0, self.config.poll_interval))
 
@@ -813,7 +814,7 @@ def load_totals(ready: list[NodeStatus]) -> str:
     line = f"; weights from the cache on {cached} of {len(ready)}; programs {hits} cached, {misses} generated"
     slowest = max(ready, key=lambda st: st.load.wall_s if st.load is not None else 0.0)
     if slowest.load is not None and slowest.load.wall_s:
-        line += f"; the slowest, pp-stage-{slowest.stage}, {slowest.load.parts()}"
+        line += f"; the slowest, {stage_name(slowest.stage)}, {slowest.load.parts()}"
     return line
 
 

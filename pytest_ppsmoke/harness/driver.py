@@ -38,7 +38,7 @@ from ..cloud.emulator.server import NETWORK_PATH, FakeVast
 from ..cloud.lifecycle import Deployment, RunConfig
 from ..cloud.preflight import image_check
 from ..cloud.vast import DEFAULT_URL, VAST_PACE, OfferQuery, VastClient, going_away
-from ..protocol import PhaseError
+from ..protocol import PhaseError, stage_name
 from ..runtime.errors import RemoteError
 from ..runtime.resource import Resource
 from .pipeline import InferenceResult, request_reference, run_inference
@@ -108,14 +108,14 @@ def run_config(s: Settings) -> RunConfig:
 def stage_paths(result: InferenceResult, dep: Deployment) -> dict[str, Any]:
     """How each stage reached its peers during the request, as it said (``StageStats.paths``):
     ``{"pp-stage-0->pp-stage-1": {path, remote_addr, rtt_ms, dialled_by}, ...}``."""
-    names = {i.endpoint_id: f"pp-stage-{i.stage}" for i in dep.instances if i.endpoint_id}
+    names = {i.endpoint_id: stage_name(i.stage) for i in dep.instances if i.endpoint_id}
     if dep.seed is not None:
         names[dep.seed.id] = "orchestrator"
     out: dict[str, Any] = {}
     for st in result.stages:
         for p in st.paths:
             if p.peer in names:
-                out[f"pp-stage-{st.stage}->{names[p.peer]}"] = {
+                out[f"{stage_name(st.stage)}->{names[p.peer]}"] = {
                     "path": p.path, "remote_addr": p.remote_addr, "rtt_ms": p.rtt_ms, "dialled_by": p.dialled_by,
                 }  # fmt: skip
     return dict(sorted(out.items()))

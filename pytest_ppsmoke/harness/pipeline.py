@@ -47,7 +47,7 @@ from ..messages import (
     StageStats,
     StageStatsQuery,
 )
-from ..protocol import ENTRY, ORCHESTRATOR_ACTOR, PhaseError
+from ..protocol import ENTRY, ORCHESTRATOR_ACTOR, PhaseError, stage_name
 from ..runtime.codec import MESSAGE_TYPES
 from ..runtime.errors import RemoteError
 from ..runtime.node import Context, Node
@@ -196,15 +196,15 @@ def stage_at(stage: int, instances: Mapping[int, str], endpoint_id: str = "") ->
     endpoint id where the instance is not known)."""
     where = instances.get(stage)
     if where:
-        return f"pp-stage-{stage} on {where}"
-    return f"pp-stage-{stage} (endpoint {endpoint_id[:10]})" if endpoint_id else f"pp-stage-{stage}"
+        return f"{stage_name(stage)} on {where}"
+    return f"{stage_name(stage)} (endpoint {endpoint_id[:10]})" if endpoint_id else stage_name(stage)
 
 
 def locate_stages(text: str, instances: Mapping[int, str]) -> str:
     """A node's error names stages by name only (it does not know the instances): the first
     mention of each stage gets where that stage runs."""
     for stage in sorted(instances):
-        found = re.search(rf"\bpp-stage-{stage}\b(?!-)(?! on )", text)
+        found = re.search(rf"\b{stage_name(stage)}\b(?!-)(?! on )", text)
         if found and instances[stage]:
             text = text[: found.start()] + stage_at(stage, instances) + text[found.end() :]
     return text
@@ -228,9 +228,9 @@ async def run_inference(
     seed.add_actor(ORCHESTRATOR_ACTOR, orch)
     stage_ids = {}
     for i in range(num_stages):
-        addr = seed.registry.lookup(f"pp-stage-{i}")
+        addr = seed.registry.lookup(stage_name(i))
         if addr is None:
-            raise PhaseError("resolve", f"pp-stage-{i} is not registered")
+            raise PhaseError("resolve", f"{stage_name(i)} is not registered")
         stage_ids[addr.node] = i
 
     def on_member(ev: MemberEvent) -> None:
@@ -276,9 +276,9 @@ async def run_inference(
     stages, kv = [], []
     try:
         for i in range(num_stages):
-            addr = seed.registry.lookup(f"pp-stage-{i}")
+            addr = seed.registry.lookup(stage_name(i))
             if addr is None:
-                raise LookupError(f"pp-stage-{i} is no longer registered")
+                raise LookupError(f"{stage_name(i)} is no longer registered")
             info = await seed.request(addr, KvInfoQuery(), timeout=30)
             assert isinstance(info, KvInfo)
             ends = i in (0, num_stages - 1)  # the stages that mark the request finished
@@ -332,8 +332,7 @@ def _frames(orch: _Orchestrator, stages: list[StageStats]) -> dict[str, Any]:
     return {
         "orchestrator": seed,
         "stages": {
-            f"pp-stage-{st.stage}": frame_window({f.type_code: (f.sent, f.received) for f in st.frames})
-            for st in stages
+            stage_name(st.stage): frame_window({f.type_code: (f.sent, f.received) for f in st.frames}) for st in stages
         },
     }
 
@@ -386,7 +385,7 @@ def _figures(
         for phase, want_prefill in (("prefill", True), ("decode", False)):
             out = [h for h in st.hops_out if (h.position == 0) == want_prefill]
             lat = [received[(h.position, h.seq_len)] - h.at for h in out if (h.position, h.seq_len) in received]
-            hops.setdefault(f"pp-stage-{i}->pp-stage-{i + 1}", {})[phase] = {
+            hops.setdefault(f"{stage_name(i)}->{stage_name(i + 1)}", {})[phase] = {
                 "count": len(out),
                 "bytes_each": sorted({h.bytes for h in out}),
                 "bytes_total": sum(h.bytes for h in out),

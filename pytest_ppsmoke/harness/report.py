@@ -11,6 +11,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..protocol import stage_name
+
 PHASES = ("preflight", "rent", "boot", "converge", "load", "resolve", "prefill", "decode", "reference", "teardown")
 
 # what to do when a phase fails, where the failure's own message does not say
@@ -191,7 +193,7 @@ class Report:
             fill = "; ".join(f"blocks {_ranges(f['blocks'])} at {_ranges(f['positions'])}" for f in k["filled"])
             kept, changed = _ranges(k["prefill_digest_kept"]) or "no block", _ranges(k["prefill_digest_changed"])
             lines.append(
-                f"pp-stage-{k['stage']} KV: owns {_ranges([k['blocks']])}, cached {_ranges(k['cached']) or 'none'}"
+                f"{stage_name(k['stage'])} KV: owns {_ranges([k['blocks']])}, cached {_ranges(k['cached']) or 'none'}"
                 f" ({fill or 'nothing filled'}); prefill of {k['prefill_len']} kept its digest in {kept},"
                 f" changed in {changed or 'none'}"
             )

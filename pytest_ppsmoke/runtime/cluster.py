@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from ..nodeenv import DEFAULTS, NodeEnv, process_env
-from ..protocol import PhaseError, cluster_names, stage_names
+from ..protocol import PhaseError, cluster_names, stage_name, stage_names
 from .codec import ActorAddress, MembersQuery, MemberStatus, MembersView
 from .localproc import ChildProcess, ClusterKeys
 from .node import NODE_ACTOR, Node, NodeConfig
@@ -153,7 +153,7 @@ class LocalCluster(Resource):
                 exit_on_stdin_eof=True,  # the node goes when this process does, however it dies
             )
             env = {**process_env(node), **(self.extra_env or {})}
-            proc = ChildProcess(f"pp-stage-{stage}", [sys.executable, "-m", self.node_module], env)
+            proc = ChildProcess(stage_name(stage), [sys.executable, "-m", self.node_module], env)
             self.members.append(proc)
             await proc.start()
         deadline = t + self.boot_timeout  # one deadline for the phase, not one per node

@@ -18,7 +18,7 @@ from pytest_ppsmoke.harness.report import ReferenceFigures
 from pytest_ppsmoke.harness.session import SmokeSession
 from pytest_ppsmoke.harness.settings import Settings
 from pytest_ppsmoke.messages import DIGEST_SIZE, Hidden, ProbeReport, RelayProbe, Span, StageStats, WireDtype
-from pytest_ppsmoke.protocol import STAGE_ACTOR, reference_method
+from pytest_ppsmoke.protocol import STAGE_ACTOR, reference_method, stage_name
 from pytest_ppsmoke.runtime.codec import ActorAddress, MembersQuery, MemberStatus, MembersView
 from pytest_ppsmoke.runtime.node import NODE_ACTOR
 
@@ -49,7 +49,7 @@ def test_stage_names_resolve_to_their_stages(
     assert ppsmoke_names["pp-entry"] == ActorAddress(ids[0], STAGE_ACTOR)
     assert ppsmoke_names["pp-exit"] == ActorAddress(ids[-1], STAGE_ACTOR)
     for i, node in enumerate(ids):
-        assert ppsmoke_names[f"pp-stage-{i}"] == ActorAddress(node, STAGE_ACTOR)
+        assert ppsmoke_names[stage_name(i)] == ActorAddress(node, STAGE_ACTOR)
 
 
 def _stages(result: InferenceResult, n: int) -> list[StageStats]:
@@ -87,7 +87,7 @@ def test_every_activation_arrives_as_it_was_sent(
     positions, seq_lens = [0, *range(p, p + g - 1)], [p] + [1] * (g - 1)
     rid = ppsmoke_inference.request_id
     for i in range(n - 1):
-        hop = f"pp-stage-{i} -> pp-stage-{i + 1}"
+        hop = f"{stage_name(i)} -> {stage_name(i + 1)}"
         sent = [(h.request_id, h.position, h.seq_len, h.bytes, h.digest) for h in stages[i].hops_out]
         received = [(a.request_id, a.position, a.seq_len, a.bytes, a.digest) for a in stages[i + 1].activations_in]
         assert [s[1] for s in sent] == positions, (
@@ -140,7 +140,7 @@ def test_kv_cache_lives_on_the_stage_that_owns_the_blocks(
     p, g = len(ppsmoke_inference.prompt_token_ids), len(ppsmoke_inference.token_ids)
     filled = (Span(0, p + g - 1),)
     for x in kv:
-        stage = f"pp-stage-{x.stage}"
+        stage = stage_name(x.stage)
         assert [b.block for b in x.blocks] == list(range(total)), (
             f"{stage} reported blocks {[b.block for b in x.blocks]}"
         )
@@ -151,7 +151,7 @@ def test_kv_cache_lives_on_the_stage_that_owns_the_blocks(
         )
         for b in x.blocks:
             owner = next(i for i, (lo, hi) in enumerate(split) if lo <= b.block < hi)
-            where = f"{stage}, block {b.block} (owned by pp-stage-{owner})"
+            where = f"{stage}, block {b.block} (owned by {stage_name(owner)})"
             assert b.owned == (owner == x.stage), f"{where}: reported owned={b.owned}"
             if owner != x.stage:
                 assert not b.cache_shape, f"{where}: holds a KV cache of shape {b.cache_shape}"
@@ -195,11 +195,11 @@ def test_decode_loop_closes_without_the_orchestrator(
     assert not {"NextToken", "StageActivation"} & (set(prefill["received"]) | set(prefill["sent"])), (
         f"orchestrator, prefill: {prefill}"
     )
-    first, last = frames["stages"]["pp-stage-0"], frames["stages"][f"pp-stage-{n - 1}"]
+    first, last = frames["stages"]["pp-stage-0"], frames["stages"][stage_name(n - 1)]
     assert first["received"].get("NextToken") == g, (
         f"pp-stage-0 received {first['received'].get('NextToken', 0)} NextToken frames for {g} generated tokens"
     )
-    assert last["sent"].get("NextToken") == g, f"pp-stage-{n - 1} sent {last['sent'].get('NextToken', 0)} NextToken"
+    assert last["sent"].get("NextToken") == g, f"{stage_name(n - 1)} sent {last['sent'].get('NextToken', 0)} NextToken"
 
 
 def test_output_is_coherent_text(ppsmoke_session: SmokeSession, ppsmoke_inference: InferenceResult) -> None:

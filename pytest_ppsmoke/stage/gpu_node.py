@@ -77,7 +77,7 @@ from ..messages import (
     from_json,
 )
 from ..nodeenv import NodeEnv, inherited
-from ..protocol import STAGE_ACTOR, STATUS_ACTOR, stage_names
+from ..protocol import STAGE_ACTOR, STATUS_ACTOR, stage_name, stage_names
 from ..runtime.codec import ActorAddress, MemberStatus, Message
 from ..runtime.localproc import configure_child_logging, emit, stop_event
 from ..runtime.node import Context, Node, NodeConfig
@@ -202,7 +202,7 @@ class StageActor:
         self.dim: int = bridge.ready["dim"]
         self.end_ids = set(bridge.ready["end_ids"])
         self.max_context: int = bridge.ready["max_context"]
-        self.name = f"pp-stage-{stage}"
+        self.name = stage_name(stage)
         self._ids = itertools.count(int(time.time() * 1000) % 1_000_000 * 1000)
         self.busy: int | None = None
         self.reference_running = False  # stage 0 refuses requests meanwhile: the worker is busy with it
@@ -242,7 +242,7 @@ class StageActor:
         """Send ``act``, whose hidden state the worker's ``reply`` produced; the hop's record
         carries the worker's digest of those bytes."""
         started = time.time()
-        await self._send_to(f"pp-stage-{self.stage + 1}", act)
+        await self._send_to(stage_name(self.stage + 1), act)
         hop = HopRecord(
             act.position,
             act.seq_len,
@@ -332,9 +332,9 @@ class StageActor:
         names vanish from the registry with it), then the registry's."""
         found = {a.node: name for name, a in self._addr_cache.items() if name != self.name}
         for i in range(self.stage + 1, self.num_stages):
-            addr = self.node.registry.lookup(f"pp-stage-{i}")
+            addr = self.node.registry.lookup(stage_name(i))
             if addr is not None:
-                found.setdefault(addr.node, f"pp-stage-{i}")
+                found.setdefault(addr.node, stage_name(i))
         return found
 
     async def _watchdog(self) -> None:
@@ -696,7 +696,7 @@ async def run(settings: Settings) -> None:
     argv = [sys.executable, str(settings.worker)]
     if failpoints.on("node.stall_worker"):  # a worker that never prints its ready line
         argv = [sys.executable, "-c", "import time; time.sleep(3600)"]
-    bridge = WorkerBridge(argv, {**inherited(), **worker_env.to_env()}, f"pp-stage-{stage}")
+    bridge = WorkerBridge(argv, {**inherited(), **worker_env.to_env()}, stage_name(stage))
     beside: ReferenceBeside | None = None
     guard: asyncio.Task[None] | None = None
     try:
