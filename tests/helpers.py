@@ -8,8 +8,8 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from pytest_ppsmoke.cloud.vast import strip_strings
 from pytest_ppsmoke.runtime.node import NodeConfig
 from pytest_ppsmoke.runtime.swimconfig import SwimConfig
 from pytest_ppsmoke.stage.synth import Shape
@@ -53,16 +53,9 @@ TEST_TAG = "PPSMOKE_TEST_TAG"  # not PP_*: the emulator passes everything else t
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]  # an instance that is not a node
 
 
-def stripped(data: Any) -> Any:
-    """``data`` with every string stripped, as vast-cli strips an instance's record (the emulator
-    pads them, as vast.ai does)."""
-    if isinstance(data, str):
-        return data.strip()
-    if isinstance(data, dict):
-        return {k: stripped(v) for k, v in data.items()}
-    if isinstance(data, list):
-        return [stripped(v) for v in data]
-    return data
+# ``data`` with every string stripped, as vast-cli strips an instance's record (the emulator pads
+# them, as vast.ai does): the client's own
+stripped = strip_strings
 
 
 CLI = [sys.executable, "-m", "pytest_ppsmoke.harness.cli"]  # pp-smoke-run, in this Python

@@ -21,7 +21,6 @@ The middleware (``api._gate``) fails the call on a violation where ``PP_EMULATOR
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 import functools
 import hashlib
@@ -75,7 +74,7 @@ class Operation:
     template: str
     pattern: re.Pattern[str]
     op: Mapping[str, Any]
-    doc: Mapping[str, Any]
+    components: Mapping[str, Any]  # the file's components, read as JSON Schema once (its $refs' target)
 
     @property
     def endpoint(self) -> str:
@@ -101,11 +100,14 @@ def operations() -> tuple[Operation, ...]:
     ops = []
     for path in sorted(DOCS.glob("*.yaml")):
         doc = yaml.safe_load(path.read_text())
+        components = _openapi30(doc.get("components") or {})
         for template, item in (doc.get("paths") or {}).items():
             regex = re.sub(r"\\\{[^}]+\\\}", "([^/]+)", re.escape(template))
             for method in METHODS:
                 if method in item:
-                    ops.append(Operation(path.name, method, template, re.compile(regex + "$"), item[method], doc))
+                    ops.append(
+                        Operation(path.name, method, template, re.compile(regex + "$"), item[method], components)
+                    )
     return tuple(sorted(ops, key=lambda o: -len(o.template)))
 
 
@@ -129,9 +131,10 @@ def _field(parts: Iterator[Any] | Any) -> str:
     return out or "(body)"
 
 
-def _schema_errors(schema: Any, doc: Mapping[str, Any], instance: Any) -> list[tuple[str, str, str, Any]]:
-    """(field, rule, message, the value) for each way ``instance`` breaks ``schema`` (refs into ``doc``)."""
-    root = {"allOf": [_openapi30(schema)], "components": _openapi30(copy.deepcopy(doc.get("components") or {}))}
+def _schema_errors(schema: Any, op: Operation, instance: Any) -> list[tuple[str, str, str, Any]]:
+    """(field, rule, message, the value) for each way ``instance`` breaks ``schema`` (refs into
+    ``op``'s file's components)."""
+    root = {"allOf": [_openapi30(schema)], "components": op.components}
     out = []
     for e in jsonschema.Draft4Validator(root).iter_errors(instance):
         for err in e.context or [e]:  # an anyOf (nullable) names the branch that failed
@@ -193,11 +196,11 @@ def validate_request(method: str, path: str, query: Mapping[str, str], body: Any
             if param.get("required") and where in ("path", "query"):
                 out.append(Violation(op.endpoint, "request", f"{where}.{name}", "required", "missing"))
             continue
-        for _, rule, msg, value in _schema_errors(schema, op.doc, _coerce(raw, schema)):
+        for _, rule, msg, value in _schema_errors(schema, op, _coerce(raw, schema)):
             out.append(Violation(op.endpoint, "request", f"{where}.{name}", rule, msg, value))
     content = ((op.op.get("requestBody") or {}).get("content") or {}).get("application/json")
     if content is not None and has_body:
-        for name, rule, msg, value in _schema_errors(content.get("schema") or {}, op.doc, body):
+        for name, rule, msg, value in _schema_errors(content.get("schema") or {}, op, body):
             out.append(Violation(op.endpoint, "request", name, rule, msg, value))
     elif content is not None and (op.op.get("requestBody") or {}).get("required"):
         out.append(Violation(op.endpoint, "request", "(body)", "required", "no JSON body"))
@@ -223,7 +226,7 @@ def validate_response(method: str, path: str, status: int, content_type: str, bo
         data = json.loads(body)
     except ValueError as e:
         return [Violation(op.endpoint, "response", "(body)", "json", f"not JSON: {e}")]
-    errors = _schema_errors(content["schema"], op.doc, data)
+    errors = _schema_errors(content["schema"], op, data)
     return [Violation(op.endpoint, "response", f, r, m, v) for f, r, m, v in errors]
 
 
