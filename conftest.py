@@ -89,6 +89,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(LONGEST_FIRST)))  # stable: files stay whole
 
 
+@pytest.hookimpl(
+    optionalhook=True
+)  # pytest-xdist's hook: the main install has no xdist (pytest --pyargs from elsewhere)
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto``: two workers more than the cores. Many tests mostly wait (a node's boot, a SWIM
     timeout, a rate limit's penalty, an emulated network's delay), and a worker that waits leaves
