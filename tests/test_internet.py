@@ -82,24 +82,13 @@ def assert_direct(report: dict[str, Any], stages: int) -> None:
         assert seen[f"pp-stage-{stage}->pp-stage-{stage + 1}"]["path"] == "direct", seen
 
 
-def test_three_stages_on_uneven_hosts_over_internet_far_pass_on_direct_paths_and_time_swim_to_them(
-    tmp_path: Path,
-) -> None:
-    """vast.ai's hosts as they are: the third boots 8 s after the first two (whose nodes wait for
-    the orchestrator, which dials them only once all run, longer than their 4 s orphan grace), the
-    second misses its heartbeats (``unknown``) for 2 s as it starts, and every record shows its
-    forwarded port 2 s after ``running``. The run passes, every path direct at the port each record
-    showed; with the orphan clock started at the node's start, the first two would have destroyed
-    themselves; with ``unknown`` a dead state, the boot would have failed; without a second look
-    for the ports, the paths would not be direct."""
+def test_three_stages_over_internet_far_pass_on_direct_paths_and_time_swim_to_them(tmp_path: Path) -> None:
     rules = root_rules()
     model = tmp_path / "tiny.gguf"
     write(model, SHAPES["tiny"])  # 4 blocks: room for 3 stages
-    hosts = "vast.boot_delay=0.2,0.2,8;vast.heartbeat_gap=1:2;vast.late_ports=2"
     done, report = run_cli(
-        tmp_path, "--network", "internet-far", "--num-stages", "3", "--model", str(model), "--max-tokens", "6",
-        "--orphan-grace", "4", faults=hosts,
-    )  # fmt: skip
+        tmp_path, "--network", "internet-far", "--num-stages", "3", "--model", str(model), "--max-tokens", "6"
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert report["ok"] and report["reference"]["match"] is True, report["reference"]
     assert report["network"]["spec"] == "internet-far" and report["network"]["home_addr"] == "192.168.1.2"
@@ -117,6 +106,31 @@ def test_three_stages_on_uneven_hosts_over_internet_far_pass_on_direct_paths_and
     assert links["host->0"]["mean_delay_ms"] >= 55 and links["0->1"]["delivered"] > 0, links
     assert all(i["final_state"] == "destroyed" for i in report["instances"])
     assert leftovers(report) == [] and root_rules() == rules
+
+
+def test_uneven_hosts_over_the_internet_pass_on_direct_paths(synth_model: str, tmp_path: Path) -> None:
+    """vast.ai's hosts as they are: the second boots 8 s after the first (whose node waits for the
+    orchestrator, which dials the nodes only once all run, longer than its 4 s orphan grace), the
+    first misses its heartbeats (``unknown``) for 2 s as it starts, and every record shows its
+    forwarded port 2 s after ``running``. The run passes, the orchestrator reaching each node
+    directly at the port its record showed; with the orphan clock started at the node's start, the
+    first would have destroyed itself; with ``unknown`` a dead state, the boot would have failed;
+    without a second look for the ports, the paths would not be direct."""
+    hosts = "vast.boot_delay=0.2,8;vast.heartbeat_gap=0:2;vast.late_ports=2"
+    done, report = run_cli(
+        tmp_path, "--network", "internet", "--model", synth_model, "--max-tokens", "4", "--orphan-grace", "4",
+        "--reference", "off", faults=hosts,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert report["ok"] and report["text"].strip(), report.get("error")
+    paths = report["paths"]
+    assert paths["accepted"] == 0 and len(report["instances"]) == 2, paths
+    for inst in report["instances"]:
+        link = paths["links"][f"pp-stage-{inst['stage']}"]
+        assert link["path"] == "direct" and link["dialled_by"] == "us", link
+        assert inst["public_udp"] and link["remote_addr"] == inst["public_udp"], (link, inst)
+        assert inst["final_state"] == "destroyed", inst
+    assert leftovers(report) == []
 
 
 def test_creates_that_ask_for_no_port_fail_at_converge_naming_the_mapping(synth_model: str, tmp_path: Path) -> None:
