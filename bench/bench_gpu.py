@@ -29,8 +29,8 @@ from benchio import emit  # bench/ is this script's directory: first on sys.path
 
 async def pipeline(model: str, max_tokens: int, gpus: list[str], wire: str) -> dict[str, Any]:
     from pytest_ppsmoke.cloud.emulator.server import FakeVast
-    from pytest_ppsmoke.cloud.lifecycle import Deployment, RunConfig
     from pytest_ppsmoke.cloud.vast import VastClient
+    from pytest_ppsmoke.harness.deployment import Deployment, RunConfig
     from pytest_ppsmoke.harness.pipeline import run_inference
 
     async with FakeVast(gpus=gpus) as fake, VastClient(fake.api_key, fake.url) as vast:

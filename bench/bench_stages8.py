@@ -27,10 +27,10 @@ PROMPT = "Say hello"
 async def run(model: str, stages: int, network: str, max_tokens: int) -> dict[str, Any]:
     from pytest_ppsmoke.cloud.emulator.catalogue import widened
     from pytest_ppsmoke.cloud.emulator.server import FakeVast
-    from pytest_ppsmoke.cloud.lifecycle import Deployment, RunConfig
     from pytest_ppsmoke.cloud.vast import VastClient
-    from pytest_ppsmoke.harness.driver import rtt_of
+    from pytest_ppsmoke.harness.deployment import Deployment, RunConfig
     from pytest_ppsmoke.harness.pipeline import request_reference, run_inference
+    from pytest_ppsmoke.harness.setup import rtt_of
 
     config = RunConfig(model=model, num_stages=stages, poll_interval=0.25)
     async with (

@@ -48,8 +48,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from pytest_ppsmoke.cloud.lifecycle import RunConfig  # noqa: E402
-from pytest_ppsmoke.harness.driver import rtt_of  # noqa: E402
+from pytest_ppsmoke.harness.runconfig import RunConfig  # noqa: E402
+from pytest_ppsmoke.harness.setup import rtt_of  # noqa: E402
 from pytest_ppsmoke.network import EmulatedNetwork, parse_network  # noqa: E402
 from pytest_ppsmoke.runtime.localproc import ChildProcess, ClusterKeys, member_env  # noqa: E402
 from pytest_ppsmoke.runtime.node import Node, NodeConfig  # noqa: E402

@@ -48,7 +48,7 @@ from .harness.settings import OPTIONS, STEPS, SettingError, Settings, read
 from .nodeids import XDIST_SUFFIX, plain_nodeid
 
 if TYPE_CHECKING:
-    from .cloud.lifecycle import Deployment
+    from .harness.deployment import Deployment
     from .harness.pipeline import InferenceResult
     from .harness.report import ReferenceFigures
     from .harness.session import SmokeSession

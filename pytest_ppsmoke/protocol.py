@@ -15,7 +15,7 @@ STAGE_ACTOR = "stage"  # a node's pipeline stage: StageActivation, NextToken, In
 STATUS_ACTOR = "status"  # a node's health: NodeStatusQuery
 ORCHESTRATOR_ACTOR = "orchestrator"  # the seed's collector of FirstToken and InferenceResponse
 
-# the spec's lifecycle deadlines: the settings table's defaults, and cloud.lifecycle.RunConfig's
+# the spec's lifecycle deadlines: the settings table's defaults, and harness.runconfig.RunConfig's
 BOOT_POLLS = 60  # status polls until an instance is running
 BOOT_POLL_INTERVAL = 3.0  # seconds between them, on vast.ai
 CONVERGE_TIMEOUT = 120.0  # SWIM: every member alive in every view

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from pytest_ppsmoke.cloud.emulator.server import FakeVast
-from pytest_ppsmoke.cloud.lifecycle import Deployment, RunConfig
 from pytest_ppsmoke.cloud.vast import VastClient
+from pytest_ppsmoke.harness.deployment import Deployment, RunConfig
 from pytest_ppsmoke.harness.pipeline import request_reference, run_inference
 from pytest_ppsmoke.protocol import reference_method
 from pytest_ppsmoke.stage.synth import SHAPES, write

@@ -20,8 +20,8 @@ import pytest
 
 from pytest_ppsmoke import failpoints
 from pytest_ppsmoke.cloud.emulator.server import FakeVast
-from pytest_ppsmoke.cloud.lifecycle import load_totals
 from pytest_ppsmoke.harness.pipeline import locate_stages
+from pytest_ppsmoke.harness.reach import load_totals
 from pytest_ppsmoke.harness.report import HINTS
 from pytest_ppsmoke.messages import (
     InferenceRequest,

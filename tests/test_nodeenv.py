@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pytest_ppsmoke import nodeenv, protocol
-from pytest_ppsmoke.cloud.lifecycle import RunConfig
+from pytest_ppsmoke.harness.runconfig import RunConfig
 from pytest_ppsmoke.nodeenv import DEFAULTS, NodeEnv
 from pytest_ppsmoke.runtime.cluster import LocalCluster
 
@@ -123,9 +123,9 @@ def test_the_lower_records_are_derived_from_the_settings_not_copied() -> None:
     """RunConfig from the settings by field name, with the same defaults as its own (and
     OfferQuery's); every node's NodeEnv from the RunConfig; RunConfig's defaults for what a node
     also reads are NodeEnv's (a node joins within the run's convergence deadline, not its own)."""
-    from pytest_ppsmoke.cloud.lifecycle import NODE_FIELDS
-    from pytest_ppsmoke.harness.driver import run_config
+    from pytest_ppsmoke.harness.runconfig import NODE_FIELDS
     from pytest_ppsmoke.harness.settings import VASTAI_MODEL, Settings
+    from pytest_ppsmoke.harness.setup import run_config
 
     # on vast.ai's GPUs the reference loads beside stage 0 (auto), on this machine's CPU after
     # and its nodes write no weight cache: every instance is new

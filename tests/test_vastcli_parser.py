@@ -52,7 +52,7 @@ NODE_KEY = "ab" * 32  # PP_NODE_KEY: a node's secret, in the create's env as the
 # vast-cli writes one ("-p" as a key of env), runtype args, cancel_unavail
 ENV = {"STAGE": "0", "NUM_STAGES": "2", "PP_NODE_KEY": NODE_KEY, "-p 7000:7000/udp": "1"}
 
-# the fields our client reads (cloud/vast.py, cloud/lifecycle.py), of offers and of instances
+# the fields our client reads (cloud/vast.py, cloud/rental.py), of offers and of instances
 READ = {
     *("id", "label", "actual_status", "intended_status", "cur_state", "next_state", "status_msg", "start_date"),
     *("public_ipaddr", "ports", "dph_total", "gpu_name", "num_gpus", "gpu_ram", "compute_cap", "inet_down"),

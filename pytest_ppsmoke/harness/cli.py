@@ -97,7 +97,7 @@ class Progress:
 
 
 async def do_reap(settings: Settings, run_id: str | None) -> int:
-    from ..cloud.lifecycle import reap
+    from ..cloud.rental import reap
     from ..cloud.vast import VastClient, VastError
 
     async with VastClient(settings.api_key, settings.vast_url or VAST_URL) as vast:

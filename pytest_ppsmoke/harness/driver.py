@@ -27,26 +27,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..cloud.emulator.catalogue import widened
-from ..cloud.emulator.server import NETWORK_PATH, FakeVast
-from ..cloud.lifecycle import Deployment, RunConfig
-from ..cloud.preflight import image_check
-from ..cloud.vast import DEFAULT_URL, VAST_PACE, OfferQuery, VastClient, going_away
+from ..cloud.emulator.server import FakeVast
+from ..cloud.vast import VastClient, going_away
 from ..protocol import PhaseError, stage_name
 from ..runtime.errors import RemoteError
 from ..runtime.resource import Resource
+from .deployment import Deployment
 from .pipeline import InferenceResult, request_reference, run_inference
 from .report import ReferenceFigures, Report
 from .settings import STEPS, Settings, in_face
-
-if TYPE_CHECKING:
-    from ..network import NetworkSpec
+from .setup import open_place
 
 log = logging.getLogger(__name__)
 
@@ -56,53 +51,6 @@ REFERENCE_MARGIN = 2.0  # seconds of budget the reference step leaves for itself
 OnPhase = Callable[[str, float, str], None]
 
 LATE_TEARDOWN = 0.5  # the share of teardown_timeout a teardown gets even when the budget is spent
-
-
-# RunConfig's fields that the settings give under the same name (Settings.network is the emulated
-# network; RunConfig.network, local or wan, follows from the mode)
-_SAME = ({f.name for f in dataclasses.fields(RunConfig)} & {f.name for f in dataclasses.fields(Settings)}) - {"network"}
-
-
-def reference_load(s: Settings) -> str:
-    """Stage 0's ``PP_REFERENCE``: ``auto`` is beside on GPUs (vast.ai's, or this machine's with
-    ``--gpus``) and after on this machine's CPU, where a reference worker loading beside the
-    stages takes the cores they load on (SmolLM2 on 2 cores: the run no faster, its load 1-2 s
-    slower); a run that asks for no reference has no worker load it beside the stages."""
-    if not s.reference:
-        return "after"
-    if s.reference_load == "auto":
-        return "beside" if not s.local or s.gpus else "after"
-    return s.reference_load
-
-
-def weight_cache(s: Settings) -> str:
-    """The nodes' ``PP_WEIGHT_CACHE``: ``auto`` is their default directory on this machine and off
-    on vast.ai, where every instance is new: a cache written there is never read, and writing it
-    was most of a cold stage's load (the 1B shape on an H200: weights 14.4 s with it, 2.7 s
-    without; the run 33.8 s against 22.1 s)."""
-    if s.weight_cache == "auto":
-        return "" if s.local else "off"
-    return s.weight_cache
-
-
-def run_config(s: Settings) -> RunConfig:
-    """The deployment's config from the settings: each field of the same name, then the rest."""
-    return RunConfig(
-        **{name: getattr(s, name) for name in sorted(_SAME - {"reference_load", "weight_cache"})},
-        weight_cache=weight_cache(s),
-        reference_load=reference_load(s),
-        disk_gb=s.disk,
-        query=OfferQuery(
-            gpu_ram_gb=s.gpu_ram,
-            max_dph=s.max_price,
-            min_reliability=s.min_reliability,
-            min_cuda=s.min_cuda,
-            disk_gb=s.disk,
-        ),
-        # an emulated internet (behind NATs) runs the transport's internet mode, as on vast.ai
-        network="local" if s.local and not internet(s.network) else "wan",
-        check_image=image_check(s.image, vastai=not s.local),
-    )
 
 
 def stage_paths(result: InferenceResult, dep: Deployment) -> dict[str, Any]:
@@ -119,45 +67,6 @@ def stage_paths(result: InferenceResult, dep: Deployment) -> dict[str, Any]:
                     "path": p.path, "remote_addr": p.remote_addr, "rtt_ms": p.rtt_ms, "dialled_by": p.dialled_by,
                 }  # fmt: skip
     return dict(sorted(out.items()))
-
-
-def internet(network: str) -> bool:
-    """Whether an emulated network is an internet profile (NATs, the transport's internet mode)."""
-    from ..network.profiles import NAT_PROFILES
-
-    return network.split(";", 1)[0].strip() in NAT_PROFILES
-
-
-def rtt_of(spec: NetworkSpec) -> float:
-    """The worst round trip of a network's links, in seconds."""
-    links = [p for p in (spec.default, *spec.overrides.values()) if p is not None]
-    return max((2 * (p.delay_ms + p.jitter_ms) for p in links), default=0.0) / 1000
-
-
-async def emulated_network(url: str, key: str, spec: str) -> dict[str, str]:
-    """The emulated network of the emulator at ``url`` (its own ``/ppsmoke/network``), which
-    must be the one asked for: its description and the host address the orchestrator binds."""
-    import aiohttp
-
-    headers = {"Authorization": f"Bearer {key}"}
-    try:
-        async with (
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http,
-            http.get(url.rstrip("/") + NETWORK_PATH, headers=headers) as resp,
-        ):
-            status, body = resp.status, await resp.text()
-    except (aiohttp.ClientError, TimeoutError) as e:
-        raise PhaseError("rent", f"could not ask the emulator at {url} for its network: {e}") from None
-    if status != 200:
-        raise PhaseError(
-            "rent",
-            f"--network {spec!r}: the emulator at {url} has no emulated network (HTTP {status}); "
-            f"start it with pp-fake-vast --network {spec}",
-        )
-    found = json.loads(body)
-    if found.get("spec") != spec:
-        raise PhaseError("rent", f"--network {spec!r}: the emulator at {url} emulates {found.get('spec')!r}")
-    return {k: str(found[k]) for k in ("spec", "host_addr", "subnet")}
 
 
 async def _unless_lost(step: Awaitable[None], dep: Deployment) -> None:
@@ -216,12 +125,6 @@ class SmokeRun(Resource):
         """Seconds left to the steps: the budget less the teardown's deadline, less the time spent."""
         return self.settings.phases_budget - self.elapsed()
 
-    def _emulator_pace(self) -> dict[str, float]:
-        """The embedded emulator's thresholds (endpoint -> seconds) of the endpoints vast.ai
-        documents one for (``VAST_PACE``), where it was given rate limits."""
-        limits = self.fake.limiter.limits if self.fake else {}
-        return {k: threshold for k, (threshold, _) in limits.items() if k in VAST_PACE}
-
     def teardown_seconds(self) -> float:
         """The teardown's deadline, were it to start now: what is left of the budget, at most
         ``teardown_timeout``, at least its :data:`LATE_TEARDOWN` share."""
@@ -235,53 +138,15 @@ class SmokeRun(Resource):
     # --- start -----------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Start the clock, the embedded emulator (local mode with no URL) and the vast.ai client."""
+        """Start the clock and the place the run rents out (``setup.open_place``: the embedded
+        emulator, or a vast.ai API), and make the deployment on it."""
         s = self.settings
         self.started = time.monotonic()
-        config = run_config(s)
-        if s.embedded_emulator:
-            gpus = [g for g in s.gpus.split(",") if g] or None
-            # the catalogue widened to the stage count where the query takes fewer (catalogue.widened)
-            offers = widened(s.num_stages, config.query.body())
-            self.fake = FakeVast(gpus=gpus, runtime=s.runtime, network=s.network, catalogue=offers)
-            await self.fake.start()
-            url, key = self.fake.url, self.fake.api_key
-            net = self.fake.network
-            if net is not None and net.home_netns is not None:
-                # the internet: this process goes behind the home NAT, before its endpoint binds, and
-                # reaches the API as it reaches anything, through it; SWIM timed for the worst link
-                net.enter_home()
-                url, config.rtt = self.fake.node_url, rtt_of(net.spec)
-                self.report.network = {
-                    "spec": net.spec.name, "public_addr": net.host_addr, "home_addr": net.home_addr,
-                    "subnet": net.subnet, "prefix": net.prefix,
-                }  # fmt: skip
-            elif net is not None:  # the seed on the network's host address, SWIM timed for its worst link
-                config.bind, config.rtt = f"{net.host_addr}:0", rtt_of(net.spec)
-                self.report.network = {
-                    "spec": net.spec.name, "host_addr": net.host_addr, "subnet": net.subnet, "prefix": net.prefix,
-                }  # fmt: skip
-        else:
-            url, key = s.vast_url or DEFAULT_URL, s.api_key
-            if s.local and internet(s.network):
-                raise PhaseError(
-                    "rent",
-                    f"--network {s.network!r} puts this process behind the emulated home NAT, which only the "
-                    "embedded emulator can do: run pp-smoke-run --local --network ... without --vast-url",
-                )
-            if s.local and s.network != "loopback":  # an emulator started apart, with its network
-                found = await emulated_network(url, key, s.network)
-                from ..network import parse_network  # the network package loads only for a network
-
-                config.bind, config.rtt = f"{found['host_addr']}:0", rtt_of(parse_network(found["spec"]))
-                self.report.network = found
-        self.report.vast_url = url
-        # vast.ai's create threshold is known: its creates are paced from the first. The embedded
-        # emulator's, where it was given vast.ai's limits (the projection's replay), likewise
-        pace = VAST_PACE if not s.local else self._emulator_pace()
-        self.vast = VastClient(key, url, pace=pace)
-        self.vast.deadline = self.started + s.phases_budget  # no retry waits past the steps' deadline
-        self.deployment = Deployment(self.vast, config, on_phase=self.on_phase)
+        # no retry of the client's waits past the steps' deadline
+        place = await open_place(s, deadline=self.started + s.phases_budget)
+        self.vast, self.fake = place.vast, place.fake
+        self.report.vast_url, self.report.network = place.url, place.network
+        self.deployment = place.deployment(on_phase=self.on_phase)
         self.report.run_id = self.deployment.run_id
 
     # --- the steps -------------------------------------------------------------------------

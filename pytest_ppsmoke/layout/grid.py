@@ -34,9 +34,8 @@ from ..protocol import layer_range
 from .points import Grid, HopSample, Point, StageSample
 
 if TYPE_CHECKING:
-    from ..cloud.lifecycle import RunConfig
-    from ..cloud.vast import VastClient
     from ..harness.settings import Settings
+    from ..harness.setup import Place
 
 Log = Callable[[str], None]
 
@@ -86,65 +85,34 @@ def samples(r: Any, num_blocks: int, num_stages: int) -> tuple[list[HopSample], 
     return hops, compute, stamps
 
 
-async def _emulated_points(spec: GridSpec, network: str, grid: Grid, log: Log, settings: Settings | None) -> None:
-    """Every split layout on ``network``, emulated here: one emulator, its instances on this
-    machine, its catalogue widened to the grid's largest stage count (``catalogue.widened``)."""
-    from ..cloud.emulator.catalogue import widened
-    from ..cloud.emulator.server import FakeVast
-    from ..cloud.lifecycle import RunConfig
-    from ..cloud.vast import VastClient
-    from ..harness.driver import rtt_of, run_config
+async def _points_on(spec: GridSpec, settings: Settings, grid: Grid, log: Log, network: str | None = None) -> None:
+    """Every split layout on one place (``setup.open_place``): on the embedded emulator, one per
+    network of the grid, its catalogue widened to the grid's largest stage count; on a vast.ai
+    API (the settings' key and URL: vast.ai itself, or an emulator started apart) the one network
+    between the instances it rents (``vastai``; an emulator's its own), whose round trip the
+    points record as measured (twice the median decode hop)."""
+    from ..harness.setup import open_place
 
-    gpus = _gpus(spec, settings) or None
-    runtime = settings.runtime if settings else "processes"
-    config = run_config(settings) if settings else RunConfig(model=spec.model, poll_interval=0.25)
-    offers = widened(max(spec.stages), config.query.body())
-    async with (
-        FakeVast(network=network, gpus=gpus, runtime=runtime, catalogue=offers) as fake,
-        VastClient(fake.api_key, fake.url) as vast,
-    ):
-        net = fake.network
-        if net is not None:  # the seed on the network's host address, SWIM timed for its worst link
-            config.bind, config.rtt = f"{net.host_addr}:0", rtt_of(net.spec)
-        await _layouts(spec, vast, config, network, config.rtt, grid, log)
-
-
-async def _rented_points(spec: GridSpec, settings: Settings, grid: Grid, log: Log) -> None:
-    """Every split layout on the instances a vast.ai API rents (``settings``' key and URL: vast.ai
-    itself, or an emulator started apart): one network, what links them (``vastai``; an emulator's
-    its own), whose round trip the points record as measured (twice the median decode hop)."""
-    from ..cloud.vast import DEFAULT_URL, VastClient
-    from ..harness.driver import emulated_network, rtt_of, run_config
-
-    url, config = settings.vast_url or DEFAULT_URL, run_config(settings)
-    network = "vastai" if not settings.local else settings.network
-    if settings.local and settings.network != "loopback":  # an emulator started apart, with its network
-        from ..network import parse_network
-
-        found = await emulated_network(url, settings.api_key, settings.network)
-        config.bind, config.rtt = f"{found['host_addr']}:0", rtt_of(parse_network(found["spec"]))
-    async with VastClient(settings.api_key, url) as vast:
-        await _layouts(spec, vast, config, network, config.rtt, grid, log)
-    if network == "vastai":
+    name = network or ("vastai" if not settings.local else settings.network)
+    async with await open_place(settings, network=network, stages=max(spec.stages)) as place:
+        await _layouts(spec, place, name, grid, log)
+    if name == "vastai":
         for p in grid.points:
             decode = sorted(h.seconds for h in p.hops if h.phase == "decode")
             if decode:
                 p.rtt_ms = 2e3 * decode[len(decode) // 2]
 
 
-async def _layouts(
-    spec: GridSpec, vast: VastClient, base: RunConfig, network: str, rtt: float, grid: Grid, log: Log
-) -> None:
-    """One deployment per split stage count and wire (``base`` for the rest), serving every prompt
-    length: a warm-up, then the repeats."""
-    from ..cloud.lifecycle import Deployment
+async def _layouts(spec: GridSpec, place: Place, network: str, grid: Grid, log: Log) -> None:
+    """One deployment per split stage count and wire (the place's config for the rest), serving
+    every prompt length: a warm-up, then the repeats."""
     from ..harness.pipeline import run_inference
 
+    base, rtt = place.config, place.config.rtt
     for n in (s for s in spec.stages if s >= 2):
         for wire in spec.wires:
             env = {**base.extra_env, "HALF": WEIGHTS[spec.weights]}  # the nodes hand it to their workers
-            config = dataclasses.replace(base, model=spec.model, num_stages=n, wire_dtype=wire, extra_env=env)
-            async with Deployment(vast, config) as dep:
+            async with place.deployment(model=spec.model, num_stages=n, wire_dtype=wire, extra_env=env) as dep:
                 assert dep.seed is not None
                 dph = [i.offer.dph_total for i in dep.instances]
                 # a failure names each stage with its instance, as the run does
@@ -200,7 +168,7 @@ def _check_weights(spec: GridSpec, loads: list[WeightLoad | None]) -> str:
 
 def _unsplit_points(spec: GridSpec, grid: Grid, log: Log) -> None:
     """Stage count 1 on this machine, once, copied to every network (no hop depends on it)."""
-    from ..harness.driver import rtt_of
+    from ..harness.setup import rtt_of
     from ..network import parse_network
 
     cheapest = min((min(p.dph) for p in grid.points if p.dph), default=0.0)
@@ -301,13 +269,19 @@ async def run_grid(
     point: a caller that passes its own keeps what was measured when a deployment fails."""
     spec.check()
     grid = new_grid(spec, settings) if grid is None else grid
-    if settings is not None and not settings.embedded_emulator:
-        await _rented_points(spec, settings, grid, log)
+    if settings is None:  # a local run's settings, on this machine's GPUs where the grid names them
+        from ..harness.settings import Settings
+
+        settings = Settings.resolve({"mode": "local", "model": spec.model, "gpus": ",".join(spec.gpus)})
+    elif spec.gpus:
+        settings = dataclasses.replace(settings, gpus=",".join(spec.gpus))
+    if not settings.embedded_emulator:
+        await _points_on(spec, settings, grid, log)
         if 1 in spec.stages:
             log("stage count 1 (the model unsplit) runs on this machine: left out of a grid on rented instances")
     else:
         for network in spec.networks:
-            await _emulated_points(spec, network, grid, log, settings)
+            await _points_on(spec, settings, grid, log, network)
         if 1 in spec.stages:
             await asyncio.to_thread(_unsplit_points, spec, grid, log)
     grid.held_out = hold_out(grid.points)

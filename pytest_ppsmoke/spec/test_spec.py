@@ -12,7 +12,7 @@ import re
 import numpy as np
 import pytest
 
-from pytest_ppsmoke.cloud.lifecycle import Deployment
+from pytest_ppsmoke.harness.deployment import Deployment
 from pytest_ppsmoke.harness.pipeline import InferenceResult
 from pytest_ppsmoke.harness.report import ReferenceFigures
 from pytest_ppsmoke.harness.session import SmokeSession

@@ -1,0 +1,464 @@
+"""Renting, apart from the cluster: the provider's few steps for one run on vast.ai (or anything
+behind its REST API, the emulator included).
+
+    rental = Rental(vast, config, run_id)
+    offers = await rental.check()                       # the pre-flight: the matching offers
+    inst = await rental.rent(stage, env, offers)        # a create, moving past offers raced away
+    await rental.wait_running(inst)                     # running within its boot window, its port
+    lost = rental.watch()                               # a host lost mid-run, from vast.ai's list
+    await rental.close()                                # destroy all, sweep, on every path
+
+Each instance is labelled ``ppsmoke-<run id>-stage<i>``, so that one whose create answer was lost
+is found again and destroyed (:meth:`Rental.close`'s sweep); the reap (:func:`reap`) destroys
+every labelled instance, of one run or all. What runs on the instances (the cluster, the model)
+is the harness's: this module knows the environment each create carries only as strings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import DEFAULT_IMAGE
+from ..nodeenv import DEFAULTS
+from ..protocol import BOOT_POLL_INTERVAL, BOOT_POLLS, PhaseError, reap_advice, setting, stage_name
+from .preflight import Preflight, find_offers, image_check, preflight
+from .vast import Instance, Label, NeverRuns, Offer, OfferGone, OfferQuery, VastClient, VastError, going_away
+
+log = logging.getLogger(__name__)
+
+# vast.ai's states a running instance never comes back from. ``unknown`` ("no recent heartbeat
+# from the host") is a gap in the host's reports, not in its node: the cluster's own failure
+# detection judges the node, and a watched instance that shows it is only logged
+LOST_STATES = ("offline", "exited")
+PORTS_WAIT = 10.0  # seconds a running instance's record may take to show its forwarded port
+DEFAULT_PORT = 7000  # the UDP port each create asks vast.ai to forward (wan), and its node binds
+# an instance's own steps, in order: each is stamped in its timeline as it is reached
+STEPS = ("rented", "running", "reached", "joined", "loaded")
+
+
+@dataclass
+class RentalConfig:
+    """What renting needs. ``RunConfig`` (the harness's) extends it with the cluster's settings."""
+
+    num_stages: int = DEFAULTS.num_stages
+    model: str = DEFAULTS.model  # the pre-flight checks a GGUF's blocks against the stage count
+    image: str = DEFAULT_IMAGE
+    disk_gb: float = OfferQuery.disk_gb
+    query: OfferQuery = field(default_factory=OfferQuery)
+    network: str = DEFAULTS.network  # local: loopback; wan: the internet (a forwarded UDP port per create)
+    polls: int = BOOT_POLLS  # the spec's boot polls, at vast.ai's pace: the boot window (boot_window)
+    poll_interval: float = BOOT_POLL_INTERVAL  # how often the boot looks (a local run: faster)
+    port: int = DEFAULT_PORT  # wan: the UDP port each create asks vast.ai to forward (0: none, relays only)
+    offer_races: int = 4  # offers raced away between search and create that the run moves past
+    redestroys: int = 2  # destroys sent again when vast.ai accepted one but still shows the instance running
+    preflight: bool = True  # the checks before the first create (.preflight)
+    check_image: bool | str | None = None  # ask the image's registry; a str: why not; None: image_check decides
+    budget: float = 300.0  # the run's seconds: the credit must cover the offers' $/h for this long
+
+    def __post_init__(self) -> None:
+        if self.num_stages < 2:
+            raise ValueError(f"num_stages must be at least 2, got {self.num_stages}")
+        if self.network not in ("local", "wan"):
+            raise ValueError(f"network must be 'local' or 'wan', got {self.network!r}")
+        if self.polls < 1:
+            raise ValueError(f"polls must be at least 1, got {self.polls}")
+        if self.offer_races < 0:
+            raise ValueError(f"offer_races must be at least 0, got {self.offer_races}")
+        if self.check_image is None:
+            self.check_image = image_check(self.image, vastai=self.network != "local")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be a UDP port (1..65535), or 0 for none, got {self.port}")
+        if self.direct and not self.query.direct_ports:
+            self.query = dataclasses.replace(self.query, direct_ports=1)
+
+    @property
+    def boot_window(self) -> float:
+        """Seconds an instance has to run: the spec's polls at vast.ai's pace (60 x 3 s = 180 s),
+        however often the run looks (``poll_interval``). vast.ai's docs put a boot at 1-5 minutes
+        (the image's size decides); the search skips hosts whose download would eat the window
+        (``OfferQuery.min_inet_down``). Each node knows it: until the orchestrator first reaches
+        it, a node waits this long plus its grace before it removes itself."""
+        return self.polls * BOOT_POLL_INTERVAL
+
+    @property
+    def direct(self) -> bool:
+        """Whether each create asks vast.ai to forward a UDP port, for a direct path to its node."""
+        return self.network == "wan" and self.port > 0
+
+
+@dataclass
+class RentedInstance:
+    stage: int
+    offer: Offer
+    label: str
+    id: int | None = None
+    created_at: float | None = None  # wall clock, for the cost
+    ended_at: float | None = None
+    state: str | None = None  # last actual_status seen; then "destroyed" (gone) or "destroying" (still listed)
+    status_msg: str = ""
+    endpoint_id: str = ""
+    destroy_error: str | None = None
+    public_udp: str | None = None  # where vast.ai forwards its node's UDP port from (its record's ports)
+    timeline: dict[str, float] = field(default_factory=dict)  # STEPS reached: seconds since the run began
+
+    @property
+    def name(self) -> str:
+        return f"instance {self.id} (stage {self.stage})"
+
+    @property
+    def where(self) -> str:
+        """How a failure names it: ``pp-stage-1 on instance N (label)``."""
+        return f"{stage_name(self.stage)} on instance {self.id} ({self.label})"
+
+    def reached(self, step: str, since: float) -> None:
+        """Stamp ``step`` (one of :data:`STEPS`) at the seconds since ``since`` (a monotonic time)."""
+        if step not in STEPS:
+            raise ValueError(f"unknown instance step {step!r}; expected one of {', '.join(STEPS)}")
+        self.timeline.setdefault(step, round(time.monotonic() - since, 3))
+
+    def seconds(self) -> float:
+        if self.created_at is None:
+            return 0.0
+        return (self.ended_at or time.time()) - self.created_at
+
+    def cost_usd(self) -> float:
+        return self.offer.dph_total * self.seconds() / 3600
+
+    def seen(self, record: Instance) -> None:
+        """What vast.ai last showed of it."""
+        self.state, self.status_msg = record.actual_status, record.status_msg
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "stage": self.stage,
+            "label": self.label,
+            "endpoint_id": self.endpoint_id,
+            "offer": self.offer.summary(),
+            "dph_total": self.offer.dph_total,
+            "seconds": round(self.seconds(), 3),
+            "cost_usd": round(self.cost_usd(), 6),
+            "final_state": self.state,
+            "status_msg": self.status_msg,
+            "destroy_error": self.destroy_error,
+            "public_udp": self.public_udp,
+            "timeline": {step: self.timeline[step] for step in STEPS if step in self.timeline},
+        }
+
+
+class Rental:
+    """One run's instances on a vast.ai API: rent, wait for running, watch, destroy, list."""
+
+    def __init__(self, vast: VastClient, config: RentalConfig, run_id: str) -> None:
+        self.vast, self.config, self.run_id = vast, config, run_id
+        self.instances: list[RentedInstance] = []
+        self.creates_sent = 0  # create calls sent: with none, nothing of this run can be billing
+        self._uncertain_creates = False
+        self.offers_skipped: list[dict[str, Any]] = []  # offers raced away between search and create
+        self.preflight: Preflight | None = None  # what the pre-flight found, once it ran
+        self.teardown_timeout = 120.0
+        self.teardown_errors: list[str] = []
+        self._tried: set[int] = set()
+
+    @property
+    def label_prefix(self) -> str:
+        return Label.prefix(self.run_id)
+
+    async def check(self) -> list[Offer]:
+        """The pre-flight (:mod:`.preflight`): the matching offers, or PhaseError with nothing
+        rented. Off (``config.preflight``): the offer search alone, in the rent."""
+        c = self.config
+        if not c.preflight:
+            return await find_offers(self.vast, c.query, c.num_stages, phase="rent")
+        self.preflight = await preflight(
+            self.vast, query=c.query, num_stages=c.num_stages, image=c.image, check_image=c.check_image or "",
+            model=c.model, budget_s=c.budget,
+        )  # fmt: skip
+        return self.preflight.offers
+
+    def preflight_line(self) -> str:
+        found = self.preflight
+        if found is None:
+            return ""
+        credit = "no credit shown" if found.credit is None else f"credit ${found.credit:.2f}"
+        image = (
+            f"image {found.image.ref} ({found.image.compressed_bytes / 1e6:.0f} MB compressed)"
+            if found.image else f"image not checked: {found.image_checked}"
+        )  # fmt: skip
+        return f"key ok, {credit} for a worst case of ${found.worst_case_usd:.2f}; {image}; {len(found.offers)} offers"
+
+    async def rent(self, stage: int, env: Mapping[str, str], offers: list[Offer], endpoint_id: str) -> RentedInstance:
+        """Create stage ``stage``'s instance on the cheapest matching offer not tried yet. An offer
+        taken by someone else between search and create (404/410 ``no_such_ask``) is reported and
+        the next one is tried, up to ``offer_races`` in the run; any other refusal ends the run."""
+        c = self.config
+        ports = {f"-p {c.port}:{c.port}/udp": "1"} if c.direct else {}  # vast-cli's form of docker's -p
+        while True:
+            offer = next((o for o in offers if o.id not in self._tried), None)
+            if offer is None:
+                taken = ", ".join(str(o["offer"]) for o in self.offers_skipped)
+                raise PhaseError(
+                    "rent",
+                    f"no matching offer left for stage {stage}: {len(offers)} matched, and {taken} were taken "
+                    f"between search and create. Relax {setting('gpu_ram')}, {setting('max_price')} or "
+                    f"{setting('min_reliability')}, or try again",
+                )
+            self._tried.add(offer.id)
+            inst = RentedInstance(stage, offer, Label(self.run_id, stage).format(), endpoint_id=endpoint_id)
+            self.creates_sent += 1
+            self._uncertain_creates = True  # until its answer is in: cancelled now, it may still rent
+            try:
+                inst.id = await self.vast.create_instance(
+                    offer.id, image=c.image, env={**env, **ports}, label=inst.label, disk_gb=c.disk_gb
+                )
+            except OfferGone as e:
+                self._uncertain_creates = False  # refused: nothing was rented
+                self._skipped(stage, offer, e)
+                continue
+            except VastError as e:
+                self._uncertain_creates = e.status == 0  # a definite refusal rented nothing
+                raise PhaseError("rent", f"creating stage {stage} on offer {offer.id} was rejected: {e}") from None
+            self._uncertain_creates = False
+            inst.created_at = time.time()
+            self.instances.append(inst)  # one cancelled while its create was in flight is found by the sweep
+            return inst
+
+    def _skipped(self, stage: int, offer: Offer, e: OfferGone) -> None:
+        self.offers_skipped.append(
+            {"stage": stage, "offer": offer.id, "dph_total": offer.dph_total, "status": e.status, "error": str(e)}
+        )
+        log.warning("stage %d: offer %d was taken first (%s); trying the next", stage, offer.id, e)
+        if len(self.offers_skipped) > self.config.offer_races:
+            taken = ", ".join(str(o["offer"]) for o in self.offers_skipped)
+            raise PhaseError(
+                "rent",
+                f"{len(self.offers_skipped)} offers were taken by someone else between search and create "
+                f"({taken}); the market is moving too fast: try again",
+            ) from None
+
+    def rent_line(self) -> str:
+        detail = ", ".join(f"{i.id} ({i.offer.gpu_name}, ${i.offer.dph_total:.4f}/h)" for i in self.instances)
+        if self.offers_skipped:
+            gone = ", ".join(f"{o['offer']} (HTTP {o['status']})" for o in self.offers_skipped)
+            detail += f"; {len(self.offers_skipped)} offer(s) taken by someone else first: {gone}"
+        return detail
+
+    async def wait_running(self, inst: RentedInstance) -> None:
+        """``inst`` running within its boot window (PhaseError("boot") naming its stage and why
+        not), and, where its create asked for one, the port vast.ai forwards to it."""
+        c = self.config
+        assert inst.id is not None
+
+        def seen(poll: int, record: Instance | None) -> None:
+            if record is not None:
+                inst.seen(record)
+
+        looks = max(1, math.ceil(c.boot_window / c.poll_interval))
+        try:
+            record = await self.vast.wait_running(inst.id, looks, c.poll_interval, seen)
+        except NeverRuns as e:
+            fix = ""
+            if e.failure == "image pull":
+                fix = f"; check that image {c.image} exists and is public, or pass {setting('image')}"
+            raise PhaseError("boot", f"stage {inst.stage}: {e}{fix}") from None
+        except TimeoutError as e:
+            window = f"its {c.boot_window:g} s boot window ({c.polls} polls at vast.ai's {BOOT_POLL_INTERVAL:g} s)"
+            raise PhaseError("boot", f"stage {inst.stage}: not running within {window}: {e}") from None
+        except VastError as e:
+            raise PhaseError("boot", f"stage {inst.stage}: {e}") from None
+        if c.direct:
+            inst.public_udp = await self._forwarded(inst, record)
+
+    async def _forwarded(self, inst: RentedInstance, record: Instance) -> str | None:
+        """Where vast.ai forwards the node's UDP port from: the running record's ``ports``, or a
+        later record's (a host may show them a poll after ``running``), for up to
+        :data:`PORTS_WAIT` seconds; then None, and the orchestrator reaches the node by its id
+        alone (discovery and relays)."""
+        c = self.config
+        assert inst.id is not None
+        deadline = time.monotonic() + PORTS_WAIT
+        while (public := record.public_udp(c.port)) is None and time.monotonic() < deadline:
+            await asyncio.sleep(c.poll_interval)
+            try:
+                later = await self.vast.show_instance(inst.id)
+            except VastError as e:
+                log.info("%s: looking for its forwarded port: %s", inst.name, e)
+                continue
+            if later is not None:
+                record = later
+        if public is None:
+            log.warning(
+                "%s runs, but its record shows no forwarded UDP port %d after %g s: reaching it by its id",
+                inst.name, c.port, PORTS_WAIT,
+            )  # fmt: skip
+        return public
+
+    async def watch(self, lost: asyncio.Future[str]) -> None:
+        """Until cancelled: vast.ai's list of the run's instances, every poll interval. An instance
+        seen running that vast.ai then shows ``offline`` or ``exited`` (its host died; ``unknown``,
+        a gap in its host's heartbeats, is logged and left to the cluster's failure detection), or
+        no longer lists twice running, ends the run at once: ``lost`` gets what happened, naming
+        the stage and the instance. A list that fails is retried next time."""
+        missing: dict[int, int] = {}
+        while not lost.done():
+            await asyncio.sleep(self.config.poll_interval)
+            try:
+                listed = {r.id: r for r in await self.vast.list_instances(self.label_prefix)}
+            except VastError as e:
+                log.info("watching the run's instances: %s", e)
+                continue
+            for inst in self.instances:
+                if inst.id is None or "running" not in inst.timeline or inst.state in ("destroyed", "destroying"):
+                    continue
+                record = listed.get(inst.id)
+                if record is None:
+                    missing[inst.id] = missing.get(inst.id, 0) + 1
+                    if missing[inst.id] < 2:
+                        continue
+                    what = "vast.ai no longer lists the instance (destroyed from elsewhere, or its node's time-to-live)"
+                else:
+                    missing.pop(inst.id, None)
+                    if record.actual_status == "unknown" and inst.state != "unknown":
+                        log.warning("%s: vast.ai has no recent heartbeat from its host (unknown)", inst.where)
+                    if record.actual_status not in LOST_STATES:
+                        if record.actual_status is not None:
+                            inst.seen(record)
+                        continue
+                    inst.seen(record)
+                    what = f"vast.ai reports the instance {inst.state} ({inst.status_msg or 'no status message'})"
+                lost.set_result(f"{inst.where}: {what}; its host was lost mid-run")
+                return
+
+    # --- teardown ----------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Destroy every instance of this run. Raises PhaseError("teardown") naming every instance
+        that could not be destroyed; never stops at the first failure, and ends within
+        ``teardown_timeout`` even when vast.ai does not answer."""
+        try:
+            async with asyncio.timeout(self.teardown_timeout):
+                await asyncio.gather(*(self._destroy(i) for i in self.instances if i.id is not None))
+                await self._sweep()
+        except TimeoutError:
+            for i in self.instances:
+                if i.state not in ("destroyed", "destroying") and not i.destroy_error:
+                    i.destroy_error = f"no answer within the teardown's {self.teardown_timeout:.0f} s"
+            self.teardown_errors.append(f"the teardown did not finish within {self.teardown_timeout:.0f} s")
+        failed = [i for i in self.instances if i.destroy_error]
+        problems = [f"{i.name} was NOT destroyed: {i.destroy_error}" for i in failed] + self.teardown_errors
+        if problems:
+            advice = (
+                f". Something may still be billing: run {reap_advice(self.run_id)}, or check the vast.ai console"
+                if self.creates_sent
+                else " (no instance was ever created)"
+            )
+            raise PhaseError("teardown", "; ".join(problems) + advice)
+
+    def close_line(self) -> str:
+        failed = sum(1 for i in self.instances if i.destroy_error)
+        return f"{len(self.instances) - failed} of {len(self.instances)} destroyed"
+
+    async def _destroy(self, inst: RentedInstance) -> None:
+        """Destroy it, then ask vast.ai: gone (``destroyed``), still listed on its way out
+        (``destroying``: its state fields no longer intend it to run), or still intended running
+        although the destroy was accepted: then the destroy is sent again, ``redestroys`` times,
+        before it is reported as not destroyed."""
+        assert inst.id is not None
+        if inst.state in ("destroyed", "destroying"):
+            return
+        for attempt in range(1 + self.config.redestroys):
+            try:
+                await self.vast.destroy_instance(inst.id)
+            except Exception as e:  # any failure is reported against this instance; the others go on
+                inst.destroy_error = str(e) or type(e).__name__
+                log.warning("could not destroy %s: %s", inst.name, inst.destroy_error)
+                return
+            inst.ended_at = inst.ended_at or time.time()  # billing stops with the accepted destroy
+            inst.destroy_error = None
+            try:
+                record = await self.vast.show_instance(inst.id)
+            except Exception as e:
+                log.info("destroy of %s accepted; the check afterwards failed: %s", inst.name, e)
+                inst.state = "destroying"
+                return
+            if record is None or going_away(record):
+                inst.state = "destroyed" if record is None else "destroying"
+                return
+            inst.seen(record)
+            log.warning("%s: destroy accepted, but vast.ai still shows it intended running", inst.name)
+            if attempt < self.config.redestroys:
+                await asyncio.sleep(min(2.0, self.config.poll_interval))
+        inst.ended_at = None  # still billing
+        inst.destroy_error = (
+            f"vast.ai accepted {1 + self.config.redestroys} destroys but still shows it intended running "
+            f"(actual_status {inst.state!r})"
+        )
+
+    async def _sweep(self) -> None:
+        """Destroy instances with this run's label that the run holds no id for: a create that
+        was cancelled in flight, or whose answer was lost. Such an instance may be listed only a
+        moment later, so after an uncertain create the list is read a few times."""
+        if not self.creates_sent:
+            return  # nothing was ever asked of vast.ai: nothing can carry this run's label
+        looks = 4 if self._uncertain_creates else 1
+        for look in range(looks):
+            try:
+                listed = await self.vast.list_instances(self.label_prefix)
+            except Exception as e:
+                self.teardown_errors.append(f"could not list this run's instances to sweep them: {e}")
+                return
+            known = {i.id for i in self.instances}
+            for record in listed:
+                if record.id not in known:
+                    await self._destroy(self._adopt(record))
+            if look < looks - 1:
+                await asyncio.sleep(min(2.0, self.config.poll_interval))
+
+    def _adopt(self, record: Instance) -> RentedInstance:
+        label = str(record.label)
+        log.warning("destroying instance %s (%s): created by this run, its answer lost", record.id, label)
+        stage = record.run_label.stage if record.run_label is not None else -1
+        if record.id is None:
+            raise VastError("GET", "/api/v1/instances/", 200, f"a record labelled {label} without an id")
+        orphan = RentedInstance(stage, record.machine(), label, record.id, record.start_date)
+        orphan.state = record.actual_status
+        self.instances.append(orphan)
+        return orphan
+
+    def cost_usd(self) -> float:
+        return sum(i.cost_usd() for i in self.instances)
+
+
+async def watched(lost: asyncio.Future[str], rental: Rental) -> None:
+    """:meth:`Rental.watch` until cancelled, its cancellation swallowed."""
+    with contextlib.suppress(asyncio.CancelledError):
+        await rental.watch(lost)
+
+
+async def reap(vast: VastClient, run_id: str | None = None) -> list[dict[str, Any]]:
+    """Destroy every instance labelled by this tool (of one run, if ``run_id`` is given)."""
+    out = []
+    for record in await vast.list_instances(Label.prefix(run_id)):
+        entry: dict[str, Any] = {
+            "id": record.id,
+            "label": record.label,
+            "status": record.actual_status,
+            "destroyed": False,
+        }
+        try:
+            if record.id is None:
+                raise VastError("GET", "/api/v1/instances/", 200, f"a record labelled {record.label} without an id")
+            await vast.destroy_instance(record.id)
+            entry["destroyed"] = True
+        except VastError as e:
+            entry["error"] = str(e)
+        out.append(entry)
+    return out

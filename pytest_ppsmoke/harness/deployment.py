@@ -1,0 +1,336 @@
+"""The spec's lifecycle on rented instances: the cluster phase over the rental.
+
+    async with VastClient(key, url) as vast:
+        async with Deployment(vast, RunConfig(num_stages=2)) as dep:
+            result = await run_inference(dep.seed, 2, "Say hello", 64, timeout=...)
+
+Renting is :mod:`..cloud.rental`'s (create, running, watch, destroy); this module is what runs on
+the instances: the orchestrator (this process) is the seed member. It generates every member's
+secret key, so it knows each endpoint id before an instance boots and the allowlist admits nobody
+else. Each instance gets its ``NodeEnv`` (stage, stage count, seed, model, key, the cluster
+settings) in its create call's ``env``.
+
+Each instance moves through its own steps as soon as it can, one task each (:data:`STEPS`):
+*rented* (its create answered), *running* (within its boot window: 60 polls at vast.ai's 3 s),
+*reached* (the orchestrator has heard from its node), *joined* (alive in the orchestrator's
+view, within the spec's 2 minutes of running), *loaded* (its worker ready). A node that boots
+first is reached, joined and loaded while a slower host still boots. The phases are where the
+run waits for every instance: *rent*, *boot*, *converge* (also every member's own view holding
+all 1 + N alive), *load*, *resolve* (every stage name within 1 minute). The first failure of any
+instance, or a host lost mid-run (vast.ai's list), ends the phase under way at once.
+
+Teardown destroys every instance this run created on every path (the rental's close): success, a
+failed phase, a cancellation (Ctrl-C, a budget) and a create whose answer was lost (found by its
+label). A destroy that fails is reported, not hidden; the nodes' own time-to-live and the reap
+are the next lines of defence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..cloud.rental import STEPS, Rental, RentedInstance
+from ..cloud.vast import Offer, VastClient
+from ..messages import NodeStatus
+from ..protocol import PhaseError, stage_name
+from ..runtime.cluster import converge, resolve_names
+from ..runtime.localproc import ClusterKeys
+from ..runtime.node import Node, NodeConfig
+from ..runtime.resource import Resource
+from . import reach
+from .runconfig import NODE_FIELDS, RunConfig
+
+log = logging.getLogger(__name__)
+
+NEXT_PHASE = {
+    "preflight": "rent",
+    "rent": "boot",
+    "boot": "converge",
+    "converge": "load",
+    "load": "resolve",
+    "resolve": "prefill",
+}
+# the instance step each phase waits for on every instance
+PHASE_STEP = {"rent": "rented", "boot": "running", "converge": "joined", "load": "loaded"}
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
+
+
+class Deployment(Resource):
+    def __init__(
+        self,
+        vast: VastClient,
+        config: RunConfig,
+        *,
+        run_id: str | None = None,
+        on_phase: Callable[[str, float, str], None] | None = None,
+    ) -> None:
+        self.vast, self.config = vast, config
+        self.run_id = run_id or new_run_id()
+        self.rental = Rental(vast, config, self.run_id)
+        self.on_phase = on_phase
+        self.seed: Node | None = None
+        self.keys = ClusterKeys(1 + config.num_stages)
+        self.names: dict[str, Any] = {}
+        self.ready: dict[int, NodeStatus] = {}  # each stage's ready status: dim, blocks, context
+        self.timings: dict[str, float] = {}
+        self.phase = "rent"  # the phase under way: named when something interrupts it
+        self.lost: asyncio.Future[PhaseError] | None = None  # the first failure: an instance's, or a host lost
+        self.swim_timing: dict[str, Any] = {}  # the round trips measured after converge, and SWIM's timing
+        self._began = time.monotonic()  # the instances' timelines count from here
+        self._tasks: list[asyncio.Task[None]] = []
+        self._changed = asyncio.Event()  # an instance reached a step, or failed
+
+    def __repr__(self) -> str:
+        return f"Deployment({self.run_id}, {len(self.instances)} instances)"
+
+    # the rental's, as the driver and the tests read them
+    @property
+    def instances(self) -> list[RentedInstance]:
+        return self.rental.instances
+
+    @property
+    def label_prefix(self) -> str:
+        return self.rental.label_prefix
+
+    @property
+    def creates_sent(self) -> int:
+        return self.rental.creates_sent
+
+    @property
+    def offers_skipped(self) -> list[dict[str, Any]]:
+        return self.rental.offers_skipped
+
+    @property
+    def preflight(self) -> Any:
+        return self.rental.preflight
+
+    @property
+    def teardown_timeout(self) -> float:
+        return self.rental.teardown_timeout
+
+    @teardown_timeout.setter
+    def teardown_timeout(self, seconds: float) -> None:
+        self.rental.teardown_timeout = seconds
+
+    def cost_usd(self) -> float:
+        return self.rental.cost_usd()
+
+    def _begin(self, phase: str) -> float:
+        self.phase = phase
+        return time.monotonic()
+
+    def _done(self, phase: str, started: float, detail: str = "") -> None:
+        """The phase's time, and its line; from the line on, an interruption is the next phase's
+        (the user has seen this one end)."""
+        self.timings[phase] = round(time.monotonic() - started, 4)
+        self.phase = NEXT_PHASE.get(phase, self.phase)
+        if self.on_phase is not None:
+            self.on_phase(phase, self.timings[phase], detail)
+
+    async def start(self) -> None:
+        await self.rent()
+        await self.boot()
+        await self.converge()
+        await self.load()
+        await self.resolve()
+
+    # --- the instances' own steps --------------------------------------------------------------
+
+    def _failed(self, e: PhaseError) -> None:
+        """The first failure ends the run: every phase waiting sees it."""
+        assert self.lost is not None
+        if not self.lost.done():
+            self.lost.set_result(e)
+        self._changed.set()
+
+    async def _steps(self, inst: RentedInstance) -> None:
+        """One instance from created to loaded, as soon as it can, apart from the others."""
+        assert self.seed is not None
+        c, seed = self.config, self.seed
+        try:
+            await self.rental.wait_running(inst)
+            self._stamp(inst, "running")
+            await reach.join(seed, inst, c, self._stamp, self.instances)
+            await self._loaded(inst)
+        except PhaseError as e:
+            self._failed(e)
+        except Exception as e:  # a defect: it still ends the run, naming the instance
+            log.exception("%s: its steps failed", inst.where)
+            self._failed(PhaseError(self.phase, f"{inst.where}: {type(e).__name__}: {e}"))
+
+    def _stamp(self, inst: RentedInstance, step: str) -> None:
+        inst.reached(step, self._began)
+        self._changed.set()
+
+    async def _loaded(self, inst: RentedInstance) -> None:
+        assert self.seed is not None
+        self.ready[inst.stage] = await reach.loaded(self.seed, inst, self.config)
+        self._stamp(inst, "loaded")
+
+    async def _every(self, step: str) -> None:
+        """Until every instance has reached ``step``; the run's first failure is raised at once."""
+        while True:
+            if self.lost is not None and self.lost.done():
+                raise self.lost.result()
+            if all(step in i.timeline for i in self.instances):
+                return
+            self._changed.clear()
+            await self._changed.wait()
+
+    async def _watch_hosts(self) -> None:
+        lost: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.rental.watch(lost)
+        if lost.done():
+            self._failed(PhaseError(self.phase, lost.result()))
+
+    # --- phases: where the run waits for every instance ----------------------------------------
+
+    async def rent(self) -> None:
+        c = self.config
+        if c.preflight:
+            t = self._begin("preflight")
+            offers = await self.rental.check()
+            self._done("preflight", t, self.rental.preflight_line())
+        else:
+            offers = await self.rental.check()
+        t = self._begin("rent")
+        self._began = t
+        self.lost = asyncio.get_running_loop().create_future()
+        self.seed = Node(
+            NodeConfig(
+                secret_key=self.keys.keys[0],
+                allowed=frozenset(self.keys.ids),
+                local=c.network == "local",
+                bind_addr=c.bind,
+                relay=c.relay or None,
+                swim=c.swim,
+            )
+        )
+        if c.network == "local":  # the creates carry the seed's ticket: its address, once bound
+            await self.seed.start()
+            await self._rent_all(offers)
+        else:  # the creates carry its id alone: it binds, and waits for a relay, while they go out
+            starting = asyncio.ensure_future(self.seed.start())
+            try:
+                await self._rent_all(offers)
+            finally:
+                if not starting.done():
+                    await asyncio.wait([starting])
+            starting.result()
+        self._tasks.append(asyncio.ensure_future(self._watch_hosts()))
+        self._done("rent", t, self.rental.rent_line())
+
+    async def _rent_all(self, offers: list[Offer]) -> None:
+        """Each stage's create in turn; each instance starts its own steps once its create is in."""
+        for stage in range(self.config.num_stages):
+            inst = await self.rental.rent(stage, self._env(stage), offers, self.keys.ids[1 + stage])
+            self._stamp(inst, "rented")
+            self._tasks.append(asyncio.ensure_future(self._steps(inst)))
+
+    def _env(self, stage: int) -> dict[str, str]:
+        c = self.config
+        assert self.seed is not None
+        node = c.node_env().replace(
+            stage=stage,
+            seed=self.seed.ticket() if c.network == "local" else self.seed.id,
+            node_key=self.keys.keys[1 + stage],
+            allowed_ids=tuple(self.keys.ids),
+            swim=c.swim.to_env(),
+        )
+        return {**node.to_env(), **c.extra_env}
+
+    async def boot(self) -> None:
+        t = self._begin("boot")
+        await self._every("running")
+        self._done("boot", t, f"{len(self.instances)} running")
+
+    async def converge(self) -> None:
+        """Every node joined (each within its deadline, from its running), then every member's own
+        view holding all 1 + N alive, and SWIM timed to the round trips measured."""
+        t = self._begin("converge")
+        assert self.seed is not None
+        c = self.config
+        await self._every("joined")
+        await converge(
+            self.seed, self.keys.ids, c.converge_timeout, lambda missing: reach.explain(self.instances, c, missing)
+        )
+        self.swim_timing = await reach.time_swim(self.seed, self.instances, c)
+        self._done("converge", t, f"{len(self.keys.ids)} members" + self._paths_line() + self._swim_line())
+
+    def _swim_line(self) -> str:
+        t = self.swim_timing
+        if not t or t["worst_rtt_ms"] < 10:
+            return ""
+        return (
+            f"; SWIM probe timeout {t['ping_timeout']:.3g} s, period {t['protocol_period']:.3g} s "
+            f"(worst round trip {t['worst_rtt_ms']:.0f} ms; set by {t['set_by']})"
+        )
+
+    def places(self) -> dict[int, str]:
+        """Where each stage runs, as a failure names it: ``{stage: "instance N (label)"}``."""
+        return {i.stage: f"instance {i.id} ({i.label})" for i in self.instances}
+
+    def paths(self) -> dict[str, Any]:
+        """How the orchestrator reaches each stage now (:meth:`Transport.path`), and how many
+        connections it accepted (behind a NAT: none can come in)."""
+        if self.seed is None:
+            return {}
+        out: dict[str, Any] = {
+            stage_name(i.stage): self.seed.transport.path(i.endpoint_id) for i in self.instances if i.endpoint_id
+        }
+        stats = self.seed.transport.stats
+        return {"links": out, "dialled": stats.connects, "accepted": stats.accepted}
+
+    def _paths_line(self) -> str:
+        if self.config.network != "wan":
+            return ""
+        seen = []
+        for name, p in self.paths().get("links", {}).items():
+            if p is not None and p["path"] is not None:
+                rtt = f", {p['rtt_ms']} ms" if p["rtt_ms"] is not None else ""
+                seen.append(f"{name} {p['path']} {p['remote_addr']}{rtt}")
+        return "; " + ", ".join(seen) if seen else ""
+
+    async def load(self) -> None:
+        """Every node's worker has loaded its layers (``NodeStatus`` ready), each within its deadline."""
+        t = self._begin("load")
+        await self._every("loaded")
+        self._done("load", t, "workers ready" + reach.load_totals(list(self.ready.values())))
+
+    async def resolve(self) -> None:
+        t = self._begin("resolve")
+        assert self.seed is not None
+        self.names = await resolve_names(self.seed, self.config.num_stages, self.config.resolve_timeout)
+        self._done("resolve", t, ", ".join(self.names))  # next: prefill, which the pipeline splits from decode
+
+    # --- teardown ----------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Stop the instances' steps, destroy every instance of this run (the rental's close), then
+        leave the cluster. Raises the rental's PhaseError("teardown") naming every instance that
+        could not be destroyed."""
+        t = self._begin("teardown")
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        try:
+            await self.rental.close()
+        finally:
+            if self.seed is not None:
+                with contextlib.suppress(Exception):
+                    await self.seed.close()
+                self.seed = None
+            self._done("teardown", t, self.rental.close_line())
+
+
+__all__ = ["NODE_FIELDS", "STEPS", "Deployment", "RunConfig", "new_run_id"]

@@ -1,0 +1,217 @@
+"""The one way to set up a run: settings in, a place to rent out, and its deployments.
+
+    async with await open_place(settings) as place:            # the emulator or vast.ai, the network
+        async with place.deployment(on_phase=print_line) as dep:  # rent ... resolve, teardown
+            ...
+
+``pp-smoke-run`` and the pytest plugin (both through the driver, ``SmokeRun``) and the layout
+grid (``layout/grid.py``, one place per network and a deployment per layout on it) all get their
+deployments here, so a grid measures what a run would rent.
+
+A place is one of three:
+- the embedded emulator (local mode with no URL): started here, with its catalogue widened to
+  the stage count, its runtime, its GPUs and its emulated network; behind an internet profile's
+  home NAT, this process enters the home namespace before its endpoint binds;
+- an emulator started apart (local mode with a URL), whose network (``--network``) must be the
+  one asked for: the seed binds on its host address;
+- vast.ai itself (``vastai`` mode), its creates paced at vast.ai's documented threshold.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..cloud.emulator.catalogue import widened
+from ..cloud.emulator.server import NETWORK_PATH, FakeVast
+from ..cloud.preflight import image_check
+from ..cloud.vast import DEFAULT_URL, VAST_PACE, OfferQuery, VastClient
+from ..protocol import PhaseError
+from ..runtime.resource import Resource
+from .deployment import Deployment
+from .runconfig import RunConfig
+from .settings import Settings
+
+if TYPE_CHECKING:
+    from ..network import NetworkSpec
+
+OnPhase = Callable[[str, float, str], None]
+
+# RunConfig's fields that the settings give under the same name (Settings.network is the emulated
+# network; RunConfig.network, local or wan, follows from the mode)
+_SAME = ({f.name for f in dataclasses.fields(RunConfig)} & {f.name for f in dataclasses.fields(Settings)}) - {"network"}
+
+
+def reference_load(s: Settings) -> str:
+    """Stage 0's ``PP_REFERENCE``: ``auto`` is beside on GPUs (vast.ai's, or this machine's with
+    ``--gpus``) and after on this machine's CPU, where a reference worker loading beside the
+    stages takes the cores they load on; a run that asks for no reference has no worker load it
+    beside the stages."""
+    if not s.reference:
+        return "after"
+    if s.reference_load == "auto":
+        return "beside" if not s.local or s.gpus else "after"
+    return s.reference_load
+
+
+def weight_cache(s: Settings) -> str:
+    """The nodes' ``PP_WEIGHT_CACHE``: ``auto`` is their default directory on this machine and off
+    on vast.ai, where every instance is new: a cache written there is never read, and writing it
+    was most of a cold stage's load (docs/benchmarks.md)."""
+    if s.weight_cache == "auto":
+        return "" if s.local else "off"
+    return s.weight_cache
+
+
+def run_config(s: Settings) -> RunConfig:
+    """The deployment's config from the settings: each field of the same name, then the rest."""
+    return RunConfig(
+        **{name: getattr(s, name) for name in sorted(_SAME - {"reference_load", "weight_cache"})},
+        weight_cache=weight_cache(s),
+        reference_load=reference_load(s),
+        disk_gb=s.disk,
+        query=OfferQuery(
+            gpu_ram_gb=s.gpu_ram,
+            max_dph=s.max_price,
+            min_reliability=s.min_reliability,
+            min_cuda=s.min_cuda,
+            disk_gb=s.disk,
+        ),
+        # an emulated internet (behind NATs) runs the transport's internet mode, as on vast.ai
+        network="local" if s.local and not internet(s.network) else "wan",
+        check_image=image_check(s.image, vastai=not s.local),
+    )
+
+
+def internet(network: str) -> bool:
+    """Whether an emulated network is an internet profile (NATs, the transport's internet mode)."""
+    from ..network.profiles import NAT_PROFILES
+
+    return network.split(";", 1)[0].strip() in NAT_PROFILES
+
+
+def rtt_of(spec: NetworkSpec) -> float:
+    """The worst round trip of a network's links, in seconds."""
+    links = [p for p in (spec.default, *spec.overrides.values()) if p is not None]
+    return max((2 * (p.delay_ms + p.jitter_ms) for p in links), default=0.0) / 1000
+
+
+async def emulated_network(url: str, key: str, spec: str) -> dict[str, str]:
+    """The emulated network of the emulator at ``url`` (its own ``/ppsmoke/network``), which
+    must be the one asked for: its description and the host address the orchestrator binds."""
+    import aiohttp
+
+    headers = {"Authorization": f"Bearer {key}"}
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http,
+            http.get(url.rstrip("/") + NETWORK_PATH, headers=headers) as resp,
+        ):
+            status, body = resp.status, await resp.text()
+    except (aiohttp.ClientError, TimeoutError) as e:
+        raise PhaseError("rent", f"could not ask the emulator at {url} for its network: {e}") from None
+    if status != 200:
+        raise PhaseError(
+            "rent",
+            f"--network {spec!r}: the emulator at {url} has no emulated network (HTTP {status}); "
+            f"start it with pp-fake-vast --network {spec}",
+        )
+    found = json.loads(body)
+    if found.get("spec") != spec:
+        raise PhaseError("rent", f"--network {spec!r}: the emulator at {url} emulates {found.get('spec')!r}")
+    return {k: str(found[k]) for k in ("spec", "host_addr", "subnet")}
+
+
+@dataclass
+class Place(Resource):
+    """Where a run rents: a vast.ai API (vast.ai, or an emulator) and the network between its
+    instances. ``config`` is the run's config bound to that network (the seed's address, SWIM's
+    round trip); :meth:`deployment` makes one on it. Closing it closes the client, then the
+    embedded emulator, if any."""
+
+    vast: VastClient
+    config: RunConfig
+    url: str
+    fake: FakeVast | None = None
+    network: dict[str, Any] | None = None  # the emulated network, as the report gives it
+
+    def deployment(self, on_phase: OnPhase | None = None, **changes: Any) -> Deployment:
+        """A deployment on this place, of its config with ``changes`` (a grid's layout)."""
+        config = dataclasses.replace(self.config, **changes) if changes else self.config
+        return Deployment(self.vast, config, on_phase=on_phase)
+
+    async def start(self) -> None:
+        """Made started by :func:`open_place`."""
+
+    async def close(self) -> None:
+        try:
+            await self.vast.close()
+        finally:
+            if self.fake is not None:
+                await self.fake.close()
+
+
+async def open_place(
+    s: Settings, *, network: str | None = None, stages: int | None = None, deadline: float | None = None
+) -> Place:
+    """The place ``s`` rents out, started: on the embedded emulator ``network`` (default: the
+    settings') is the one it emulates and ``stages`` (default: the settings') the most stages
+    its catalogue must offer; ``deadline`` (monotonic) is the client's: no retry waits past it."""
+    config = run_config(s)
+    network = s.network if network is None else network
+    if s.embedded_emulator:
+        return await _embedded(s, config, network, stages or s.num_stages, deadline)
+    url, key = s.vast_url or DEFAULT_URL, s.api_key
+    found: dict[str, Any] | None = None
+    if s.local and internet(network):
+        raise PhaseError(
+            "rent",
+            f"--network {network!r} puts this process behind the emulated home NAT, which only the "
+            "embedded emulator can do: run pp-smoke-run --local --network ... without --vast-url",
+        )
+    if s.local and network != "loopback":  # an emulator started apart, with its network
+        found = await emulated_network(url, key, network)
+        from ..network import parse_network  # the network package loads only for a network
+
+        config.bind, config.rtt = f"{found['host_addr']}:0", rtt_of(parse_network(found["spec"]))
+    # vast.ai's create threshold is known: its creates are paced from the first
+    vast = VastClient(key, url, pace=VAST_PACE if not s.local else {})
+    vast.deadline = deadline
+    return Place(vast, config, url, network=found)
+
+
+async def _embedded(s: Settings, config: RunConfig, network: str, stages: int, deadline: float | None) -> Place:
+    gpus = [g for g in s.gpus.split(",") if g] or None
+    # the catalogue widened to the stage count where the query takes fewer (catalogue.widened)
+    offers = widened(stages, config.query.body())
+    fake = FakeVast(gpus=gpus, runtime=s.runtime, network=network, catalogue=offers)
+    await fake.start()
+    try:
+        url, report = fake.url, None
+        net = fake.network
+        if net is not None and net.home_netns is not None:
+            # the internet: this process goes behind the home NAT, before its endpoint binds, and
+            # reaches the API as it reaches anything, through it; SWIM timed for the worst link
+            net.enter_home()
+            url, config.rtt = fake.node_url, rtt_of(net.spec)
+            report = {
+                "spec": net.spec.name, "public_addr": net.host_addr, "home_addr": net.home_addr,
+                "subnet": net.subnet, "prefix": net.prefix,
+            }  # fmt: skip
+        elif net is not None:  # the seed on the network's host address, SWIM timed for its worst link
+            config.bind, config.rtt = f"{net.host_addr}:0", rtt_of(net.spec)
+            report = {
+                "spec": net.spec.name, "host_addr": net.host_addr, "subnet": net.subnet, "prefix": net.prefix,
+            }  # fmt: skip
+        # the emulator's thresholds of the endpoints vast.ai documents one for, where it was given
+        # rate limits (the projection's replay): its creates are paced as vast.ai's would be
+        pace = {k: threshold for k, (threshold, _) in fake.limiter.limits.items() if k in VAST_PACE}
+        vast = VastClient(fake.api_key, url, pace=pace)
+        vast.deadline = deadline
+    except BaseException:
+        await fake.close()
+        raise
+    return Place(vast, config, url, fake=fake, network=report)
