@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from pytest_ppsmoke import protocol
+from pytest_ppsmoke.cloud.rental import STEPS
 from pytest_ppsmoke.harness import cli, driver
 from pytest_ppsmoke.harness.report import Report
 from pytest_ppsmoke.harness.settings import OPTIONS, WIRE_DTYPES, Settings
@@ -87,6 +88,9 @@ def test_the_cli_and_the_plugin_write_the_same_report(
         assert (r["mode"], r["model"], r["prompt"], r["max_tokens"]) == ("local", synth_model, "hi", 4)
         assert r["creates_sent"] == 2 and r["left_after_teardown"] == [] and r["emulator"]["live_instances"] == []
         assert [i["final_state"] for i in r["instances"]] == ["destroyed", "destroyed"]
+        for inst in r["instances"]:  # each instance's own steps, stamped in order
+            assert list(inst["timeline"]) == list(STEPS), inst["timeline"]
+            assert sorted(inst["timeline"].values()) == list(inst["timeline"].values()), inst["timeline"]
         assert 1 <= len(r["token_ids"]) <= 4
         ref = r["reference"]  # on stage 0's node, after the request: the same tokens
         assert (ref["state"], ref["stage"], ref["match"], ref["method"]) == (

@@ -10,6 +10,7 @@ nodes' logs (``tests/smoke.py``). The signals during each phase: ``test_signals.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -20,9 +21,13 @@ import pytest
 
 from pytest_ppsmoke import failpoints
 from pytest_ppsmoke.cloud.emulator.server import FakeVast
+from pytest_ppsmoke.cloud.rental import STEPS
+from pytest_ppsmoke.cloud.vast import VastClient
+from pytest_ppsmoke.harness.deployment import Deployment
 from pytest_ppsmoke.harness.pipeline import locate_stages
 from pytest_ppsmoke.harness.reach import load_totals
 from pytest_ppsmoke.harness.report import HINTS
+from pytest_ppsmoke.harness.runconfig import RunConfig
 from pytest_ppsmoke.messages import (
     InferenceRequest,
     InferenceResponse,
@@ -39,7 +44,7 @@ from pytest_ppsmoke.runtime.swim import MemberEvent
 from pytest_ppsmoke.runtime.transport import TransportError
 from pytest_ppsmoke.stage.gpu_node import StageActor
 
-from .smoke import Smoke, assert_nothing_left
+from .smoke import KEY, Smoke, assert_nothing_left
 
 pytestmark = pytest.mark.local
 
@@ -403,3 +408,30 @@ def test_the_load_line_sums_the_nodes_load_figures_as_fields() -> None:
         "the rest 0.75"
     )
     assert load_totals([NodeStatus(0, "ready", "", 1), NodeStatus(1, "ready", "", 1, load=LoadFigures())]) == ""
+
+
+# --- each instance on its own --------------------------------------------------------------------
+
+
+async def test_an_instance_is_reached_joined_and_loaded_while_another_host_still_boots(
+    emulator: Callable[[str], Any], synth_model: str
+) -> None:
+    """Stage 1's host never runs (its boot window is the spec's 3 minutes): stage 0 goes through
+    its own steps alone, with no barrier holding it back for the slower host."""
+    fake = await emulator("vast.never_running=1")
+    async with VastClient(KEY, fake.url) as vast:
+        dep = Deployment(vast, RunConfig(model=synth_model, poll_interval=0.1))
+        try:
+            await dep.rent()
+            first, second = dep.instances
+            async with asyncio.timeout(120):  # the test's own bound, not a claim about speed
+                while "loaded" not in first.timeline:
+                    assert dep.lost is not None and not dep.lost.done(), dep.lost.result()
+                    await asyncio.sleep(0.1)
+            assert "running" not in second.timeline and second.state == "loading"
+            assert list(first.timeline) == list(STEPS)
+            assert sorted(first.timeline.values()) == list(first.timeline.values())  # in order
+            assert dep.phase == "boot"  # the run itself still waits for every instance to run
+        finally:
+            await dep.close()
+    assert [i.state for i in dep.instances] == ["destroyed", "destroyed"]

@@ -195,14 +195,19 @@ class Deployment(Resource):
 
     # --- phases: where the run waits for every instance ----------------------------------------
 
+    async def check(self) -> list[Offer]:
+        """The pre-flight, its own phase: the matching offers, or PhaseError with nothing rented.
+        Off (``config.preflight``): the offer search alone, in the rent."""
+        if not self.config.preflight:
+            return await self.rental.check()
+        t = self._begin("preflight")
+        offers = await self.rental.check()
+        self._done("preflight", t, self.rental.preflight_line())
+        return offers
+
     async def rent(self) -> None:
         c = self.config
-        if c.preflight:
-            t = self._begin("preflight")
-            offers = await self.rental.check()
-            self._done("preflight", t, self.rental.preflight_line())
-        else:
-            offers = await self.rental.check()
+        offers = await self.check()
         t = self._begin("rent")
         self._began = t
         self.lost = asyncio.get_running_loop().create_future()
