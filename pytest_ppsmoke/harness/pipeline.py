@@ -314,7 +314,9 @@ async def _stage_stats(seed: Node, addr: Any, request_id: int, wait_finished: bo
         if not wait_finished or st.finished_at is not None or st.request_id != request_id:
             return st
         if time.monotonic() > deadline:
-            log.warning("pp-stage-%d did not mark request %d finished within %.0f s", st.stage, request_id, FINISH_WAIT)
+            log.warning(
+                "%s did not mark request %d finished within %.0f s", stage_name(st.stage), request_id, FINISH_WAIT
+            )
             return st
         await asyncio.sleep(0.02)
 
