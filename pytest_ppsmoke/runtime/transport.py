@@ -439,8 +439,8 @@ class Transport:
                         continue
                     self.on_message(peer_id, env, msg)
                 # Let what these frames started (a reply's write, a request waiting for this
-                # reply) run before this task's next read call into the binding: measured
-                # 60-90 us off a 4 KiB round trip (bench/trace_roundtrip.py).
+                # reply) run before this task's next read call into the binding: a shorter
+                # round trip (docs/benchmarks.md, bench/trace_roundtrip.py).
                 await asyncio.sleep(0)
         except FrameError as e:
             self.stats.frames_rejected += 1
