@@ -14,7 +14,8 @@ import pytest
 
 from pytest_ppsmoke.cloud.emulator import apidoc
 from pytest_ppsmoke.cloud.emulator.server import FakeVast
-from pytest_ppsmoke.cloud.vast import OfferQuery, VastClient
+from pytest_ppsmoke.cloud.vast import VastClient
+from pytest_ppsmoke.cloud.vastrecords import OfferQuery
 
 from .helpers import SLEEPER
 

@@ -17,7 +17,8 @@ import pytest_asyncio
 
 from pytest_ppsmoke.cloud.emulator.catalogue import default_catalogue, search
 from pytest_ppsmoke.cloud.emulator.server import FakeVast
-from pytest_ppsmoke.cloud.vast import OfferQuery, VastClient, going_away
+from pytest_ppsmoke.cloud.vast import VastClient
+from pytest_ppsmoke.cloud.vastrecords import OfferQuery, going_away
 from pytest_ppsmoke.protocol import COMPUTE_CAPS
 
 from .helpers import SLEEPER, stripped

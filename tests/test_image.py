@@ -23,7 +23,7 @@ from pytest_ppsmoke.cloud.emulator.catalogue import default_catalogue
 from pytest_ppsmoke.cloud.emulator.instances import Instance
 from pytest_ppsmoke.cloud.emulator.runtimes import Image, NetworkMembers, Runtime
 from pytest_ppsmoke.cloud.emulator.server import FakeVast
-from pytest_ppsmoke.cloud.vast import OfferQuery
+from pytest_ppsmoke.cloud.vastrecords import OfferQuery
 from pytest_ppsmoke.harness import settings
 from pytest_ppsmoke.protocol import COMPUTE_CAPS
 from pytest_ppsmoke.stage.cudacheck import ARCHES

@@ -1,6 +1,7 @@
-"""The package's layers (docs/code.md): every import, at module level or inside a function, points
-down the list or within its layer, and no two modules import each other, directly or round a loop.
-Loading the plugin imports only the standard library, pytest and the settings table."""
+"""The package's layers (docs/code.md): every import, at module level, inside a function or under
+``if TYPE_CHECKING:``, points down the list or within its layer, and no two modules import each
+other, directly or round a loop. ``cloud/`` reaches none of the cluster's modules. Loading the
+plugin imports only the standard library, pytest and the settings table."""
 
 from __future__ import annotations
 
@@ -85,24 +86,11 @@ def imports(module: str, path: Path, known: dict[str, Path]) -> list[tuple[int, 
     return [(line, t) for line, t in found if t != module]
 
 
-def typing_only_lines(path: Path) -> set[int]:
-    """The lines of the imports under ``if TYPE_CHECKING:``: names for the type checker, never run."""
-    lines = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
-            inside = (n for b in node.body for n in ast.walk(b))
-            lines |= {n.lineno for n in inside if isinstance(n, ast.Import | ast.ImportFrom)}
-    return lines
-
-
-def graph(run_only: bool = False) -> dict[str, list[tuple[int, str]]]:
-    """Every module's imports; ``run_only``: without those under ``if TYPE_CHECKING:``."""
+def graph() -> dict[str, list[tuple[int, str]]]:
+    """Every module's imports, those under ``if TYPE_CHECKING:`` included: a type named is a
+    dependency as much as a function called."""
     known = modules()
-    edges = {m: imports(m, p, known) for m, p in known.items()}
-    if run_only:
-        typing = {m: typing_only_lines(p) for m, p in known.items()}
-        edges = {m: [(n, t) for n, t in ts if n not in typing[m]] for m, ts in edges.items()}
-    return edges
+    return {m: imports(m, p, known) for m, p in known.items()}
 
 
 def where(module: str) -> str:
@@ -164,6 +152,38 @@ def cycles(edges: dict[str, list[tuple[int, str]]]) -> list[str]:
     return out
 
 
+# cloud/ rents machines and serves vast.ai's API; the cluster that runs on them sits above it (the
+# membership, the codec and the messages): no cloud module reaches these, directly or through another
+CLOUD_FORBIDDEN = ("runtime.node", "runtime.cluster", "runtime.swim*", "runtime.codec", "messages")
+
+
+def forbidden_in_cloud(module: str) -> bool:
+    return any(module.startswith(f[:-1]) if f.endswith("*") else module == f for f in CLOUD_FORBIDDEN)
+
+
+def reached(edges: dict[str, list[tuple[int, str]]], start: str) -> dict[str, list[str]]:
+    """Every module ``start`` imports, directly or through others, with one shortest chain of
+    imports to it (``file:line`` of each)."""
+    chains: dict[str, list[str]] = {start: []}
+    queue = [start]
+    for m in queue:
+        for line, t in edges.get(m, []):
+            if t not in chains:
+                chains[t] = [*chains[m], f"{where(m)}:{line}"]
+                queue.append(t)
+    return {t: [*chain, where(t)] for t, chain in chains.items() if t != start}
+
+
+def cloud_crossings(edges: dict[str, list[tuple[int, str]]]) -> list[str]:
+    out = []
+    for m in sorted(edges):
+        if m == "cloud" or m.startswith("cloud."):
+            for t, chain in sorted(reached(edges, m).items()):
+                if forbidden_in_cloud(t):
+                    out.append(f"pytest_ppsmoke.{m} reaches pytest_ppsmoke.{t}: " + " -> ".join(chain))
+    return out
+
+
 def test_every_module_is_in_a_layer() -> None:
     for m in modules():
         layer_of(m)
@@ -175,11 +195,16 @@ def test_no_import_points_up() -> None:
 
 
 def test_no_import_cycle() -> None:
-    """Among the imports that run: a module may name a type of a module that imports it under ``if
-    TYPE_CHECKING:`` (the emulator's API handlers name ``FakeVast``, which builds their routes), as
-    long as that import points down or within its layer (the test above)."""
-    problems = cycles(graph(run_only=True))
+    """Those under ``if TYPE_CHECKING:`` counted: a module that needs a type of one that imports it
+    names a ``Protocol`` of its own instead (the emulator's handlers name ``protocols.Emulator``,
+    not ``FakeVast``, which builds their routes)."""
+    problems = cycles(graph())
     assert not problems, "import cycles:\n" + "\n".join(problems)
+
+
+def test_cloud_reaches_none_of_the_clusters_modules() -> None:
+    problems = cloud_crossings(graph())
+    assert not problems, f"cloud/ imports what runs the cluster ({', '.join(CLOUD_FORBIDDEN)}):\n" + "\n".join(problems)
 
 
 def test_the_checks_see_a_deliberate_break() -> None:
@@ -189,6 +214,24 @@ def test_the_checks_see_a_deliberate_break() -> None:
     up = [p for p in up_arrows(edges) if "runtime/node.py:1 imports pytest_ppsmoke.harness.driver" in p]
     assert len(up) == 1, up_arrows(edges)
     assert any("runtime/node.py:1" in c for c in cycles(edges)), cycles(edges)
+
+
+def test_the_cloud_check_names_the_chain_to_a_forbidden_module() -> None:
+    """An arrow from the emulator's catalogue to the swim settings, and one from the vast.ai
+    client to a module of the emulator's that reaches the codec: each crossing found, its chain
+    named import by import; the exempt module's own imports are not checked."""
+    edges = graph()
+    edges["cloud.emulator.catalogue"] = [*edges["cloud.emulator.catalogue"], (1, "runtime.swimconfig")]
+    edges["cloud.emulator.answers"] = [*edges["cloud.emulator.answers"], (2, "runtime.transport")]
+    found = cloud_crossings(edges)
+    assert any(
+        p.startswith("pytest_ppsmoke.cloud.emulator.catalogue reaches pytest_ppsmoke.runtime.swimconfig: ")
+        and p.endswith("cloud/emulator/catalogue.py:1 -> pytest_ppsmoke/runtime/swimconfig.py")
+        for p in found
+    ), found
+    chain = "cloud/emulator/answers.py:2 -> pytest_ppsmoke/runtime/transport.py:"
+    assert any("reaches pytest_ppsmoke.runtime.codec: " in p and chain in p for p in found), found
+    assert not any(p.startswith("pytest_ppsmoke.cloud.lifecycle ") for p in found)
 
 
 def test_the_layers_are_written_down_once() -> None:

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from pytest_ppsmoke.cloud.emulator.server import FakeVast
-from pytest_ppsmoke.cloud.vast import OfferQuery, VastClient
+from pytest_ppsmoke.cloud.vast import VastClient
+from pytest_ppsmoke.cloud.vastrecords import OfferQuery
 from pytest_ppsmoke.nodeenv import NodeEnv
 from pytest_ppsmoke.runtime.codec import MemberStatus
 from pytest_ppsmoke.runtime.node import Node, NodeConfig

@@ -21,7 +21,8 @@ import pytest
 from pytest_ppsmoke.cloud import oci
 from pytest_ppsmoke.cloud.emulator.server import FakeVast
 from pytest_ppsmoke.cloud.preflight import image_check
-from pytest_ppsmoke.cloud.vast import NeverRuns, VastClient, start_failure
+from pytest_ppsmoke.cloud.vast import VastClient, start_failure
+from pytest_ppsmoke.cloud.vastrecords import NeverRuns
 from pytest_ppsmoke.ggufinfo import block_count, metadata
 from pytest_ppsmoke.harness.deployment import Deployment, RunConfig
 from pytest_ppsmoke.protocol import PhaseError

@@ -24,8 +24,9 @@ from pytest_ppsmoke.runtime.codec import (
     Ping,
 )
 from pytest_ppsmoke.runtime.node import Node, NodeConfig
-from pytest_ppsmoke.runtime.swim import SWIM_ACTOR, Broadcasts, MemberEvent, Membership
+from pytest_ppsmoke.runtime.swim import SWIM_ACTOR, MemberEvent, Membership
 from pytest_ppsmoke.runtime.swimconfig import SwimConfig
+from pytest_ppsmoke.runtime.swimqueue import Broadcasts
 
 from .helpers import cluster_configs
 

@@ -23,7 +23,8 @@ from aiohttp import web
 from pytest_ppsmoke import failpoints
 from pytest_ppsmoke.cloud.emulator.catalogue import default_catalogue, match_offer, search, widened
 from pytest_ppsmoke.cloud.emulator.server import FakeVast
-from pytest_ppsmoke.cloud.vast import Instance, Label, Offer, OfferQuery, VastClient, VastError
+from pytest_ppsmoke.cloud.vast import VastClient
+from pytest_ppsmoke.cloud.vastrecords import Instance, Label, Offer, OfferQuery, VastError
 
 from .helpers import SLEEPER, stripped
 

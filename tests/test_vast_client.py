@@ -20,9 +20,8 @@ from aiohttp import web
 
 from pytest_ppsmoke.cloud.emulator.catalogue import default_catalogue, search
 from pytest_ppsmoke.cloud.emulator.server import FakeVast
-from pytest_ppsmoke.cloud.vast import (
-    PACE_MARGIN,
-    VAST_PACE,
+from pytest_ppsmoke.cloud.vast import PACE_MARGIN, VAST_PACE, VastClient, endpoint_name, strip_strings
+from pytest_ppsmoke.cloud.vastrecords import (
     ApiStats,
     Instance,
     Label,
@@ -30,11 +29,8 @@ from pytest_ppsmoke.cloud.vast import (
     OfferGone,
     OfferQuery,
     SearchQuotaExceeded,
-    VastClient,
     VastError,
-    endpoint_name,
     going_away,
-    strip_strings,
 )
 from pytest_ppsmoke.protocol import VAST_ENDPOINTS
 

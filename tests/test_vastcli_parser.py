@@ -35,7 +35,7 @@ from vastai.data.offer import Offer
 
 from pytest_ppsmoke.cloud.emulator import catalogue, logs
 from pytest_ppsmoke.cloud.emulator.server import FakeVast
-from pytest_ppsmoke.cloud.vast import OfferQuery
+from pytest_ppsmoke.cloud.vastrecords import OfferQuery
 
 from .helpers import SLEEPER
 from .test_vast import KEY

@@ -46,7 +46,7 @@ DEBIAN_BASE_SCRIPT = ROOT / "docker" / "debian-base.sh"
 def storage_driver() -> str:
     """buildah's storage driver: ``STORAGE_DRIVER`` (buildah's own variable) if set, else overlay
     where the kernel has it (a container is then a mount, made in a second), else vfs (each
-    container a copy of the image's files, about 30 s and 0.9 GB each)."""
+    container a full copy of the image's files, slow and large)."""
     if chosen := os.environ.get("STORAGE_DRIVER"):
         return chosen
     try:

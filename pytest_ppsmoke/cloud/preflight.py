@@ -26,7 +26,8 @@ from typing import Any
 from ..ggufinfo import GGUFError, block_count
 from ..protocol import PhaseError, setting
 from .oci import ImageInfo, ImageProblem, ImageRef, inspect_image, on_loopback
-from .vast import Offer, OfferQuery, SearchQuotaExceeded, VastClient, VastError
+from .vast import VastClient
+from .vastrecords import Offer, OfferQuery, SearchQuotaExceeded, VastError
 
 
 @dataclass

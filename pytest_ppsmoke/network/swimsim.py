@@ -19,7 +19,7 @@ What is real and what is modelled:
   ``slow_s`` late, uniformly: its Acks and Nacks come late, and so do the replies it waits for.
   Its own timers are not delayed (a single event loop serves every member), so the stall
   excuse of a late timeout never fires here.
-- Time is virtual: the event loop's clock (and ``time.monotonic`` as ``swim`` reads it) jumps to
+- Time is virtual: the event loop's clock (and ``time.monotonic`` as ``swim`` and ``swimstate`` read it) jumps to
   the next timer whenever nothing is ready (:class:`VirtualSelector`), so a simulated minute costs
   the members' Python work, not a minute. ``wall_s`` says what it cost.
 
@@ -40,7 +40,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, cast
 
-from ..runtime import swim
+from ..runtime import swim, swimstate
 from ..runtime.codec import ActorAddress, Envelope, MemberState, MemberStatus, Message, Sync, encode_frame
 from ..runtime.errors import RemoteError
 from ..runtime.node import handler_name
@@ -89,14 +89,16 @@ def virtual_loop() -> asyncio.AbstractEventLoop:
 
 @contextlib.contextmanager
 def _swim_on(loop: asyncio.AbstractEventLoop) -> Iterator[None]:
-    """``swim`` reads ``time.monotonic()``: make it the loop's virtual clock meanwhile."""
-    module = vars(swim)
-    real = module["time"]
-    module["time"] = types.SimpleNamespace(monotonic=loop.time)
+    """``swim`` and ``swimstate`` read ``time.monotonic()``: make it the loop's virtual clock meanwhile."""
+    modules = [vars(swim), vars(swimstate)]
+    real = [module["time"] for module in modules]
+    for module in modules:
+        module["time"] = types.SimpleNamespace(monotonic=loop.time)
     try:
         yield
     finally:
-        module["time"] = real
+        for module, was in zip(modules, real, strict=True):
+            module["time"] = was
 
 
 # QUIC's probe timeout adds the peer's maximum ACK delay (quinn's default, iroh's transport)

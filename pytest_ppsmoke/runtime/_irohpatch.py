@@ -1,10 +1,10 @@
 """The one place where we patch the iroh Python binding.
 
 uniffi's generated ``_UniffiRustBufferBuilder.write`` copies a bytes argument into the Rust
-buffer one byte at a time in Python. Every frame we send crosses that method, so a 4 MiB
-activation costs about half a second of pure Python before QUIC sees it (measured: 7 MB/s stock,
-170-190 MB/s with one ``memmove``; ``bench/bench_transport.py``). We replace the method with a
-single ``ctypes.memmove``.
+buffer one byte at a time in Python. Every frame we send crosses that method, so a large
+activation spends most of its send in pure Python before QUIC sees it (docs/benchmarks.md has
+the throughput with and without the patch). We replace the method with a single
+``ctypes.memmove``.
 
 The patch is applied only if the method is exactly the code we reviewed (its source hash below).
 If a later iroh release changes it, importing this module raises :class:`IrohPatchError` so that

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any
 
 from ..nodeenv import DEFAULTS, NodeEnv, process_env
-from .transport import endpoint_id, new_secret_key
+from .peeraddr import endpoint_id, new_secret_key
 
 log = logging.getLogger(__name__)
 GROUP_GONE = 5.0  # seconds a stopped child's process group gets to be gone after its SIGKILL

@@ -1,13 +1,15 @@
 """Lifeguard's (Dadgar, Phillips, Currey 2018) two local pieces, as hashicorp/memberlist implements
 them: the suspicion timer of one member (memberlist's ``suspicion``: it starts at its maximum and
 shrinks toward its minimum with independent confirmations) and the local health multiplier
-(memberlist's ``awareness``: a score that stretches our own probes while we are the slow one).
-Neither knows the protocol; ``swim.Membership`` drives both and owns their timers' callbacks."""
+(memberlist's ``awareness``: a score that stretches our own probes while we are the slow one),
+and ``Suspicions``, the timers of every member we suspect. None knows the protocol;
+``swim.Membership`` drives them and decides what an expired suspicion means."""
 
 from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Callable
 
 
 class Suspicion:
@@ -46,6 +48,55 @@ class Suspicion:
         if self.handle is not None:
             self.handle.cancel()
             self.handle = None
+
+
+class Suspicions:
+    """The suspicion of each member we suspect, its timer armed on the running loop: at its
+    deadline ``expired(member_id, suspicion)`` is called (``current`` then tells whether that
+    suspicion still stands)."""
+
+    def __init__(self, expired: Callable[[str, Suspicion], None]) -> None:
+        self._expired = expired
+        self._held: dict[str, Suspicion] = {}
+
+    def get(self, member_id: str) -> Suspicion | None:
+        return self._held.get(member_id)
+
+    def current(self, member_id: str, s: Suspicion) -> bool:
+        return self._held.get(member_id) is s
+
+    def start(self, member_id: str, s: Suspicion) -> None:
+        """Hold ``s`` for ``member_id`` (replacing any earlier one) and arm its timer."""
+        self.cancel(member_id)
+        self._held[member_id] = s
+        self._arm(member_id, s)
+
+    def confirm(self, member_id: str, accuser: str) -> bool:
+        """An independent accuser agrees: shorten the suspicion (True if it counted)."""
+        s = self._held.get(member_id)
+        if s is None or not s.confirm(accuser):
+            return False
+        self._arm(member_id, s)
+        return True
+
+    def defer(self, member_id: str, s: Suspicion, delay: float) -> None:
+        """Call ``expired`` again ``delay`` seconds from now, once."""
+        s.deferred = True
+        s.handle = asyncio.get_running_loop().call_later(delay, self._expired, member_id, s)
+
+    def cancel(self, member_id: str) -> None:
+        s = self._held.pop(member_id, None)
+        if s is not None:
+            s.cancel()
+
+    def clear(self) -> None:
+        for s in self._held.values():
+            s.cancel()
+        self._held.clear()
+
+    def _arm(self, member_id: str, s: Suspicion) -> None:
+        s.cancel()
+        s.handle = asyncio.get_running_loop().call_at(s.deadline(), self._expired, member_id, s)
 
 
 class Awareness:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from collections import Counter
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
@@ -28,6 +27,9 @@ import iroh
 
 from . import _irohpatch, codec
 from .codec import Envelope, FrameError, FrameReader, Message, UnknownMessageType
+from .peeraddr import PeerAddr as PeerAddr  # re-exported: the transport's callers name addresses through it
+from .peeraddr import endpoint_id as endpoint_id
+from .peeraddr import new_secret_key as new_secret_key
 
 _irohpatch.apply()
 
@@ -42,38 +44,6 @@ _READ_SIZE = 64 << 10
 
 class TransportError(ConnectionError):
     """Sending to a peer failed; the message names the peer and the step."""
-
-
-@dataclass(frozen=True)
-class PeerAddr:
-    """How to reach an endpoint: its id, and direct addresses or a relay where there is no discovery."""
-
-    id: str
-    addrs: tuple[str, ...] = ()
-    relay: str | None = None
-
-    def ticket(self) -> str:
-        return str(iroh.EndpointTicket.from_addr(self.to_iroh()))
-
-    def to_iroh(self) -> iroh.EndpointAddr:
-        return iroh.EndpointAddr(iroh.EndpointId.from_string(self.id), self.relay, list(self.addrs))
-
-    @classmethod
-    def from_iroh(cls, addr: iroh.EndpointAddr) -> PeerAddr:
-        return cls(str(addr.id()), tuple(addr.direct_addresses()), addr.relay_url())
-
-    @classmethod
-    def parse(cls, text: str) -> PeerAddr:
-        """An endpoint id (64 hex characters, found through discovery) or a full ticket."""
-        text = text.strip()
-        if len(text) == 64 and all(c in "0123456789abcdef" for c in text.lower()):
-            return cls(text.lower())
-        try:
-            return cls.from_iroh(iroh.EndpointTicket.from_string(text).endpoint_addr())
-        except Exception as e:  # the binding raises its own error types
-            raise ValueError(
-                f"peer address {text[:80]!r} is neither an endpoint id (64 hex characters) nor an endpoint ticket: {e}"
-            ) from None
 
 
 RELAY_OFF = "off"
@@ -105,15 +75,6 @@ def endpoint_options(
     return iroh.EndpointOptions(
         preset=preset, relay_mode=mode, bind_addr=bind_addr, secret_key=secret_key, alpns=[alpn]
     )
-
-
-def endpoint_id(secret_key: bytes) -> str:
-    """The endpoint id that a 32-byte secret key gives."""
-    return str(iroh.SecretKey.from_bytes(secret_key).public())
-
-
-def new_secret_key() -> bytes:
-    return os.urandom(32)
 
 
 @dataclass
@@ -478,8 +439,8 @@ class Transport:
                         continue
                     self.on_message(peer_id, env, msg)
                 # Let what these frames started (a reply's write, a request waiting for this
-                # reply) run before this task's next read call into the binding: measured
-                # 60-90 us off a 4 KiB round trip (bench/trace_roundtrip.py).
+                # reply) run before this task's next read call into the binding: a shorter
+                # round trip (docs/benchmarks.md, bench/trace_roundtrip.py).
                 await asyncio.sleep(0)
         except FrameError as e:
             self.stats.frames_rejected += 1

@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 if TYPE_CHECKING:
-    from .server import FakeVast
+    from .protocols import Emulator
 
-EMULATOR: web.AppKey[FakeVast] = web.AppKey("emulator")  # request.app[EMULATOR]: the emulator serving it
+EMULATOR: web.AppKey[Emulator] = web.AppKey("emulator")  # request.app[EMULATOR]: the emulator serving it
 
 
 def json_answer(data: Any, status: int = 200) -> web.Response:

@@ -31,14 +31,14 @@ from .answers import json_answer as _json
 from .instances import Instance, parse_env, parse_ports
 
 if TYPE_CHECKING:
-    from .server import FakeVast
+    from .protocols import Emulator
 
 log = logging.getLogger(__name__)
 
 NETWORK_PATH = "/ppsmoke/network"  # the emulator's own path: the emulated network's host address
 
 
-def app(vast: FakeVast) -> web.Application:
+def app(vast: Emulator) -> web.Application:
     """The API of ``vast``, as an aiohttp application."""
     a = web.Application(middlewares=[_gate])
     a[EMULATOR] = vast
@@ -137,7 +137,7 @@ async def _gate(request: web.Request, handler: Callable[[web.Request], Any]) -> 
 OWN_PATHS = ("/ppsmoke/",)  # the emulator's own paths, not vast.ai's: not held to its document
 
 
-def _violations(vast: FakeVast, found: list[apidoc.Violation]) -> list[apidoc.Violation]:
+def _violations(vast: Emulator, found: list[apidoc.Violation]) -> list[apidoc.Violation]:
     """The violations the allow-list does not explain; each is kept (``vast.violations``) and,
     unless the call is to fail (:func:`apidoc.strict`), logged."""
     left = apidoc.unexplained(found)
@@ -148,7 +148,7 @@ def _violations(vast: FakeVast, found: list[apidoc.Violation]) -> list[apidoc.Vi
     return left
 
 
-async def _held_to_the_document(vast: FakeVast, request: web.Request) -> web.Response | None:
+async def _held_to_the_document(vast: Emulator, request: web.Request) -> web.Response | None:
     """The request against vast.ai's description of its endpoint (``apidoc``): None to go on;
     in strict mode a 400 ``openapi_violation`` naming the endpoint, the field and the rule."""
     if request.path.startswith(OWN_PATHS):
@@ -165,7 +165,7 @@ async def _held_to_the_document(vast: FakeVast, request: web.Request) -> web.Res
     return None
 
 
-def _answer_held_to_the_document(vast: FakeVast, request: web.Request, resp: web.StreamResponse) -> web.StreamResponse:
+def _answer_held_to_the_document(vast: Emulator, request: web.Request, resp: web.StreamResponse) -> web.StreamResponse:
     """The answer against vast.ai's description: in strict mode, one that breaks it becomes a
     500 ``openapi_violation`` naming the endpoint, the field and the rule (the emulator's own
     defect: a test must not pass on an answer vast.ai would never give)."""
@@ -179,7 +179,7 @@ def _answer_held_to_the_document(vast: FakeVast, request: web.Request, resp: web
 
 
 async def _authorized(
-    vast: FakeVast, request: web.Request, handler: Callable[[web.Request], Any]
+    vast: Emulator, request: web.Request, handler: Callable[[web.Request], Any]
 ) -> web.StreamResponse:
     if request.path == "/api/v0/gpu_names/unique/" or request.path.startswith(logs.RESULT_PATH):
         public: web.StreamResponse = await handler(request)  # public on vast.ai too

@@ -10,16 +10,12 @@ import logging
 import signal
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from ... import failpoints
 from ...nodeenv import NodeEnv
-from ...runtime.transport import PeerAddr
+from ...runtime.peeraddr import PeerAddr
 from .instances import Instance
-
-if TYPE_CHECKING:
-    from .runtimes import Runtime
-    from .server import FakeVast
 
 log = logging.getLogger(__name__)
 
@@ -102,13 +98,28 @@ def loses_hosts(faults: failpoints.Scenario) -> bool:
     )
 
 
+class Hosts(Protocol):
+    """What :class:`HostLoss` needs of the emulator (``server.FakeVast`` is it)."""
+
+    faults: failpoints.Scenario
+    instances: dict[int, Instance]  # live
+    network: Any  # the EmulatedNetwork, or None on loopback
+    isolated_until: float  # the orchestrator's calls get no answer until then
+
+
+class Signals(Protocol):
+    """What :class:`HostLoss` needs of the runtime (``runtimes.Runtime`` is one)."""
+
+    def signal(self, inst: Instance, sig: int) -> None: ...
+
+
 class HostLoss:
     """Once vast.kill_after_tokens tokens were sampled (by any node): kill vast.kill_stage's
     instance (its node crashes; vast.ai shows it ``exited``), let vast.lose_host's hosts die,
     cut vast.partition's stages off the network and vast.isolate_orchestrator's host off every
     node."""
 
-    def __init__(self, emulator: FakeVast, runtime: Runtime) -> None:
+    def __init__(self, emulator: Hosts, runtime: Signals) -> None:
         self.emulator, self.runtime = emulator, runtime
 
     async def run(self) -> None:

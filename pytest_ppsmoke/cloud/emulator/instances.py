@@ -16,16 +16,13 @@ import re
 import shlex
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ...failpoints import Scenario
 from ...nodeenv import NodeEnv
 from ...runtime.localproc import ChildProcess
 from .. import image as images
 from . import catalogue
-
-if TYPE_CHECKING:
-    from .runtimes import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +149,16 @@ class Instance:
             self.actual_status, self.status_msg = "exited", "container stopped: instance destroyed"
 
 
-async def boot(inst: Instance, runtime: Runtime, faults: Scenario) -> None:
+class Runs(Protocol):
+    """What an instance's life needs of what runs it (``runtimes.Runtime`` is one)."""
+
+    async def pull(self, inst: Instance) -> None: ...
+    async def start(self, inst: Instance) -> None: ...
+    async def wait(self, inst: Instance) -> int: ...
+    async def stop(self, inst: Instance, grace: float) -> None: ...
+
+
+async def boot(inst: Instance, runtime: Runs, faults: Scenario) -> None:
     """The instance's life from its create call: loading, then its node started by ``runtime``
     (running) until it ends (exited)."""
     await asyncio.sleep(0.05)
@@ -185,7 +191,7 @@ async def boot(inst: Instance, runtime: Runtime, faults: Scenario) -> None:
         log.info("instance %d %s; stderr:\n%s", inst.id, how, inst.proc.stderr_tail())
 
 
-async def stop(inst: Instance, runtime: Runtime) -> None:
+async def stop(inst: Instance, runtime: Runs) -> None:
     """End the instance's life: its boot, then its node (a lost host's without grace) and what
     ``runtime`` made for it."""
     if inst.boot is not None and not inst.boot.done():

@@ -32,7 +32,7 @@ from .answers import EMULATOR, error_answer, json_answer
 
 if TYPE_CHECKING:
     from .instances import Instance
-    from .server import FakeVast
+    from .protocols import Emulator
 
 REQUEST_PATH = "/api/v0/instances/request_logs/{id}/"  # vast-cli's (logs.yaml's has no trailing slash)
 RESULT_PATH = "/ppsmoke/logs/"  # + the token: the emulator's own, standing in for vast.ai's S3 upload
@@ -41,7 +41,7 @@ KEPT = 64  # results an emulator keeps, the newest
 REDACTED = "[redacted]"
 
 # each emulator's results, by token: (the instance's id, the text); gone with the emulator
-_results: weakref.WeakKeyDictionary[FakeVast, OrderedDict[str, tuple[int, str]]] = weakref.WeakKeyDictionary()
+_results: weakref.WeakKeyDictionary[Emulator, OrderedDict[str, tuple[int, str]]] = weakref.WeakKeyDictionary()
 
 
 def request_path(iid: int) -> str:
@@ -49,7 +49,7 @@ def request_path(iid: int) -> str:
     return REQUEST_PATH.replace("{id}", str(iid))
 
 
-def secrets_of(vast: FakeVast, inst: Instance) -> list[str]:
+def secrets_of(vast: Emulator, inst: Instance) -> list[str]:
     """What must never be served in ``inst``'s log: the account's key, its container key, and the
     values of the node's secret variables in its create's ``env``."""
     found = [vast.api_key, inst.container_key]
@@ -65,7 +65,7 @@ def redacted(text: str, hidden: list[str]) -> str:
     return text
 
 
-def log_text(vast: FakeVast, inst: Instance, tail: int, grep: re.Pattern[str] | None) -> str:
+def log_text(vast: Emulator, inst: Instance, tail: int, grep: re.Pattern[str] | None) -> str:
     """The log as its result URL serves it: redacted, filtered, its last ``tail`` lines."""
     out = redacted(inst.proc.stderr_tail(), secrets_of(vast, inst)) if inst.proc is not None else ""
     lines = [ln for ln in out.splitlines() if grep is None or grep.search(ln)]
