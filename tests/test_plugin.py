@@ -76,6 +76,18 @@ def test_a_key_selects_vastai_unless_local_is_asked_for(
     assert settings_of(pytester.runpytest("-s"))["mode"] == "vastai"
 
 
+def test_the_help_shows_each_options_default(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``pytest --help`` gives each option its default, from the settings table's value."""
+    from pytest_ppsmoke.harness.settings import OPTIONS
+
+    monkeypatch.setenv("COLUMNS", "10000")  # no line breaks inside a default
+    pytester.makeini(PYTESTER_INI)
+    text = " ".join(pytester.runpytest("--help").stdout.str().split())
+    for opt in OPTIONS:
+        if opt.pytest and "(default" in opt.help:
+            assert " ".join(opt.help[opt.help.rindex("(default") :].split()) in text, opt.name
+
+
 @pytest.mark.parametrize(
     ("args", "ini", "message"),
     [
