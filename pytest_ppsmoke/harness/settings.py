@@ -419,13 +419,14 @@ def add_option(
         shown = _shown(opt.check, value)
     about = f"{opt.about}, comma-separated" if many else opt.about
     help = (f"{about} (default {shown})" if shown else about).replace("%", "%%")
+    flag = flag or opt.cli or "--" + name.replace("_", "-")
     parser.add_argument(
-        flag or opt.cli or "--" + name.replace("_", "-"),
+        flag,
         dest=name,
         type=parse,
         default=None if required else value,
         required=required,
-        metavar=name.upper(),
+        metavar=flag.lstrip("-").replace("-", "_").upper(),
         help=help,
     )
 
