@@ -1,6 +1,10 @@
-"""Every option of a smoke run, declared once: its default, type, help, validation and where it
-may come from. ``pp-smoke-run``'s flags and the pytest plugin's options and ini keys are both
-generated from :data:`OPTIONS`, so the two faces cannot drift.
+"""Every option of a smoke run, declared once: its default, type, help, check and where it may
+come from. Each option is a field of :class:`Settings` (:func:`option`), so ``settings.max_tokens``
+is typed as it is declared; :data:`OPTIONS` lists them, derived from the fields.
+``pp-smoke-run``'s flags and the pytest plugin's options and ini keys are both generated from
+:data:`OPTIONS`, so the two faces cannot drift; another command's flag that is a setting comes
+from it too (:func:`add_option`). A default is written once, as the value: the help adds it
+(:attr:`Option.help`). Values are read and checked by ``checks.py``'s checks, as ``NodeEnv``'s are.
 
 Precedence: command line > environment variable (where one is named) > ini key (pytest only) >
 default. Defaults that depend on the mode (the model, the poll interval) are resolved once the
