@@ -141,10 +141,6 @@ class Option:
         name = self.pytest.lstrip("-").replace("-", "_")
         return name if name.startswith("ppsmoke_") else "ppsmoke_" + name
 
-    def shown(self, raw: object) -> str:
-        """How a raw value may appear in an error: a secret never does."""
-        return "<hidden>" if self.secret else repr(str(raw))
-
 
 def option(
     default: Any,
