@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,106 +33,52 @@ WORKER_ROLES = ("stage", "reference")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
-# --- forms: how a value is written, read back and checked ---------------------------------------
-
-
-@dataclass(frozen=True)
-class Form:
-    expected: str  # for errors: "must be <expected>, got ..."
-    convert: Callable[[str], Any] = str  # text -> value; ValueError when it is not of the form
-    check: Callable[[Any], str | None] = lambda v: None  # a typed value's error (after the name), or None
-    show: Callable[[Any], str] = str
-    secret: bool = False  # errors never show the value
-
-
-def _integer(least: int, expected: str = "") -> Form:
-    expected = expected or f"an integer >= {least}"
-
-    def convert(raw: str) -> int:
-        try:
-            return checks.integer(raw, least)
-        except ValueError:
-            raise ValueError from None  # the form's words, not the check's
-
-    def check(v: Any) -> str | None:
-        ok = isinstance(v, int) and _passes(lambda: checks.integer(v, least))
-        return None if ok else f"must be {expected}, got {v!r}"
-
-    return Form(expected, convert, check)
-
-
-def _passes(check: Callable[[], Any]) -> bool:
-    try:
-        check()
-    except ValueError:
-        return False
-    return True
-
-
-def _check_seconds(v: Any) -> str | None:
-    ok = isinstance(v, (int, float)) and _passes(lambda: checks.number(v, above=0))
-    return None if ok else f"must be a positive number of seconds, got {v!r}"
-
-
-def _choice(options: tuple[str, ...], expected: str, unknown: str = "") -> Form:
-    def check(v: Any) -> str | None:
-        if isinstance(v, str) and _passes(lambda: checks.one_of(v, options)):
-            return None
-        return (
-            f"names an unknown {unknown} {v!r}; expected one of {expected}"
-            if unknown
-            else f"must be {expected}, got {v!r}"
-        )
-
-    return Form(expected, str, check)
-
-
-def _flag(raw: str) -> bool:
-    if raw not in ("0", "1"):
-        raise ValueError
-    return raw == "1"
+# --- the forms of the variables: checks.Check, as the settings table's options use them ---------
 
 
 def _key_from_hex(raw: str) -> bytes:
-    try:
-        key = bytes.fromhex(raw)
-    except ValueError:
-        key = b""
+    key = bytes.fromhex(raw)  # ValueError: not hex
     if len(key) != 32:
-        raise ValueError(f"must be 64 hex characters (a 32-byte key), got {len(raw)} characters")
+        raise ValueError(raw)
     return key
 
 
-def _check_key(v: Any) -> str | None:
-    ok = isinstance(v, bytes) and len(v) == 32
-    return None if ok else f"must be 64 hex characters (a 32-byte key), got {2 * len(v)} characters"
+def _endpoint_ids(ids: tuple[str, ...]) -> bool:
+    bad = next((i for i in ids if not _HEX64.fullmatch(i)), None)
+    if bad is not None:
+        raise checks.Invalid(f"entry {bad!r} is not an endpoint id (64 hex characters)")
+    return True
 
 
-def _csv(raw: str) -> tuple[str, ...]:
-    return checks.items(raw)
-
-
-def _check_ids(v: Any) -> str | None:
-    bad = next((i for i in v if not _HEX64.fullmatch(i)), None)
-    return None if bad is None else f"entry {bad!r} is not an endpoint id (64 hex characters)"
-
-
-def _check_failpoints(v: Any) -> str | None:
+def _failpoint_setting(text: str) -> bool:
     try:
-        failpoints.parse(v)
+        failpoints.parse(text)
     except ValueError as e:
-        return f"is not a failpoint setting: {e}"
-    return None
+        raise checks.Invalid(f"is not a failpoint setting: {e}") from None
+    return True
 
 
-TEXT = Form("text")
-SECONDS = Form("a number of seconds", float, _check_seconds, lambda v: f"{v:g}")
-FLAG = Form("1 or 0", _flag, show=lambda v: "1" if v else "0")
-KEY = Form("64 hex characters (a 32-byte key)", _key_from_hex, _check_key, bytes.hex, secret=True)
-SECRET = Form("a key", secret=True)
-IDS = Form("endpoint ids, comma-separated", lambda raw: tuple(i.lower() for i in _csv(raw)), _check_ids, ",".join)
-NAMES = Form("names, comma-separated", _csv, show=",".join)
-FAILPOINTS = Form("name[=value] items, ';'-separated", str, _check_failpoints)
+TEXT = checks.text()
+SECONDS = checks.numbers(above=0, expected="a positive number of seconds")
+FLAG = checks.switch("1", "0")
+KEY = checks.Check(
+    "64 hex characters (a 32-byte key)",
+    _key_from_hex,
+    lambda key: len(key) == 32,
+    types=(bytes,),
+    show=bytes.hex,
+    secret=True,
+)
+SECRET = checks.text(secret=True, expected="a key")
+IDS = checks.Check(
+    "endpoint ids, comma-separated",
+    lambda raw: tuple(i.lower() for i in checks.items(raw)),
+    _endpoint_ids,
+    types=(tuple,),
+    show=",".join,
+)
+NAMES = checks.Check("names, comma-separated", checks.items, types=(tuple,), show=",".join)
+FAILPOINTS = checks.Check("name[=value] items, ';'-separated", str, _failpoint_setting)
 
 ORCHESTRATOR = "the orchestrator"
 AGENT = "vast.ai's host agent; the emulator"
@@ -143,12 +89,12 @@ class Var:
     """One variable of the contract: its name, its form, what it means and who sets it."""
 
     name: str
-    form: Form
+    form: checks.Check[Any]
     doc: str
     by: str
 
 
-def _var(default: Any, name: str, form: Form, doc: str, by: str = ORCHESTRATOR) -> Any:
+def _var(default: Any, name: str, form: checks.Check[Any], doc: str, by: str = ORCHESTRATOR) -> Any:
     return field(default=default, repr=not form.secret, metadata={"var": Var(name, form, doc, by)})
 
 
@@ -157,8 +103,8 @@ class NodeEnv:
     """Everything a node process reads from its environment; one field per variable."""
 
     # the pipeline
-    stage: int = _var(0, "STAGE", _integer(0), "this node's stage, 0-based")
-    num_stages: int = _var(2, "NUM_STAGES", _integer(2), "stages in the pipeline")
+    stage: int = _var(0, "STAGE", checks.integers(0), "this node's stage, 0-based")
+    num_stages: int = _var(2, "NUM_STAGES", checks.integers(2), "stages in the pipeline")
     seed: str = _var(
         "", "SEED_ADDR", TEXT, "the seed's endpoint id, or a ticket where there is no discovery (loopback)"
     )
@@ -169,7 +115,7 @@ class NodeEnv:
     network: str = _var(
         "local",
         "PP_NETWORK",
-        _choice(NETWORKS, "'local' or 'wan'"),
+        checks.choice(NETWORKS, expected="'local' or 'wan'"),
         "local: loopback, relays off; wan: discovery and relays",
         "the orchestrator; the image sets wan",
     )
@@ -184,7 +130,7 @@ class NodeEnv:
     port: int = _var(
         0,
         "PP_PORT",
-        _integer(0, "a UDP port (0: any)"),
+        checks.integers(0, "a UDP port (0: any)"),
         "wan: the UDP port the endpoint binds, the one its create asks vast.ai to forward (0: any; no direct path)",
     )
     relay: str = _var("", "PP_RELAY", TEXT, "wan: the relays (empty: n0's; off: none; or a dedicated relay's URL)")
@@ -197,9 +143,11 @@ class NodeEnv:
     )
     # the stage and its worker
     wire_dtype: str = _var(
-        "bf16", "PP_WIRE_DTYPE", _choice(WIRE_DTYPES, ", ".join(WIRE_DTYPES), "wire dtype"), "hidden states on the wire"
+        "bf16", "PP_WIRE_DTYPE", checks.choice(WIRE_DTYPES, "wire dtype"), "hidden states on the wire"
     )
-    max_context: int = _var(1024, "PP_MAX_CONTEXT", _integer(1), "the worker's KV cache, in positions", "the user")
+    max_context: int = _var(
+        1024, "PP_MAX_CONTEXT", checks.integers(1), "the worker's KV cache, in positions", "the user"
+    )
     jit: bool = _var(True, "PP_JIT", FLAG, "1: compiled decode (TinyJit); 0: the spec's uncompiled forward", "the user")
     weight_cache: str = _var(
         "",
@@ -218,7 +166,7 @@ class NodeEnv:
     reference: str = _var(
         "after",
         "PP_REFERENCE",
-        _choice(REFERENCES, "'beside' or 'after'"),
+        checks.choice(REFERENCES, expected="'beside' or 'after'"),
         "stage 0's reference: beside: a worker of its own loads the whole model while the stage loads, and keeps it; "
         "after: the stage's worker loads it afresh after the request (one model in memory at a time until then)",
         "the orchestrator (the reference setting)",
@@ -226,7 +174,7 @@ class NodeEnv:
     worker_role: str = _var(
         "stage",
         "PP_WORKER_ROLE",
-        _choice(WORKER_ROLES, "'stage' or 'reference'"),
+        checks.choice(WORKER_ROLES, expected="'stage' or 'reference'"),
         "what a worker runs: its node's stage, or the reference beside it",
         "the node, for its workers",
     )
@@ -252,7 +200,7 @@ class NodeEnv:
         "waits that long plus its orphan grace (wan: its join deadline too)",
     )
     container_id: int | None = _var(
-        None, "CONTAINER_ID", _integer(0, "an instance id (an integer)"), "the instance this node runs on", AGENT
+        None, "CONTAINER_ID", checks.integers(0, "an instance id (an integer)"), "the instance this node runs on", AGENT
     )
     container_api_key: str = _var(
         "", "CONTAINER_API_KEY", SECRET, "a key that may destroy this instance only; never logged", AGENT
@@ -267,7 +215,7 @@ class NodeEnv:
     log_level: str = _var(
         "WARNING",
         "PP_LOG_LEVEL",
-        _choice(LOG_LEVELS, "one of " + ", ".join(LOG_LEVELS)),
+        checks.choice(LOG_LEVELS),
         "the level of the log on stderr",
         "the user",
     )
@@ -281,9 +229,10 @@ class NodeEnv:
             if value == f.default:
                 continue
             var: Var = f.metadata["var"]
-            problem = var.form.check(value)
-            if problem is not None:
-                raise ValueError(f"{var.name} {problem}")
+            try:
+                var.form.check(value)
+            except checks.Invalid as e:
+                raise ValueError(f"{var.name} {e}") from None
         if not self.stage < self.num_stages:
             raise ValueError(
                 f"STAGE and NUM_STAGES: stage {self.stage} of {self.num_stages} is not a valid stage "
@@ -308,12 +257,9 @@ class NodeEnv:
             if raw == "":
                 continue
             try:
-                out[name] = var.form.convert(raw)
-            except ValueError as e:
-                if str(e).startswith("must"):  # the converter's own words (a secret's never hold it)
-                    raise ValueError(f"{var.name} {e}") from None
-                got = f"{len(raw)} characters" if var.form.secret else repr(raw)
-                raise ValueError(f"{var.name} must be {var.form.expected}, got {got}") from None
+                out[name] = var.form.parse(raw)
+            except checks.Invalid as e:
+                raise ValueError(f"{var.name} {e}") from None
         return out
 
     @classmethod

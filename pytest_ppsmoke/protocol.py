@@ -61,7 +61,9 @@ def reap_advice(run_id: str) -> str:
     return f"<reap:{run_id}>"
 
 
-def stage_name(stage: int) -> str:
+def stage_name(stage: int | None) -> str:
+    """The name stage ``stage`` registers, ``pp-stage-<stage>``; a report's stage that was never
+    set (None) is named ``pp-stage-None``."""
     return f"pp-stage-{stage}"
 
 

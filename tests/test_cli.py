@@ -92,13 +92,16 @@ def test_local_run_says_hello_reports_everything_and_leaves_nothing(tmp_path: Pa
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--local", "--num-stages", "1"], "--num-stages = '1': expected an integer of at least 2"),
-        (["--local", "--wire-dtype", "f8"], "unknown wire dtype 'f8'; expected one of bf16, f16, f32"),
-        (["--local", "--budget", "0"], "--budget = '0': expected a positive number, got '0'"),
-        (["--local", "--max-tokens", "0"], "--max-tokens = '0': expected an integer of at least 1"),
-        (["--local", "--load-timeout", "-1"], "--load-timeout = '-1': expected a positive"),
+        (["--local", "--num-stages", "1"], "--num-stages must be an integer of at least 2, got '1'"),
+        (
+            ["--local", "--wire-dtype", "f8"],
+            "--wire-dtype names an unknown wire dtype 'f8'; expected one of bf16, f16, f32",
+        ),
+        (["--local", "--budget", "0"], "--budget must be a positive number, got '0'"),
+        (["--local", "--max-tokens", "0"], "--max-tokens must be an integer of at least 1, got '0'"),
+        (["--local", "--load-timeout", "-1"], "--load-timeout must be a positive number, got '-1'"),
         (["--local", "--model", "gpt5:1t"], "unknown model 'gpt5:1t'; expected one of smollm2:135m"),
-        (["--local", "--min-reliability", "2"], "expected a number between 0 and 1, got '2'"),
+        (["--local", "--min-reliability", "2"], "--min-reliability must be a number between 0 and 1, got '2'"),
         ([], "one of the arguments --vastai --local --reap is required"),
         (["--vastai"], "a vast.ai API key is needed: set VAST_API_KEY or pass --api-key"),
         (["--reap"], "a vast.ai API key is needed"),

@@ -162,3 +162,38 @@ async def test_pp_smoke_run_grid_rents_where_the_run_would(
     assert last.endswith(f"(1 point(s) measured before it are in {bad / 'grid.partial.json'})"), last
     assert [p.stages for p in Grid.load(bad / "grid.partial.json").points] == [2]
     await assert_nothing_left(fake, smoke, created=5 + 2)
+
+
+def test_pp_layouts_flags_that_are_settings_come_from_the_settings_table(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pp-layout's model, max-tokens, wire dtype(s), GPUs and --out are the settings table's
+    options: its checks and help, with the grid's defaults."""
+    from pytest_ppsmoke.harness.settings import OPTIONS
+    from pytest_ppsmoke.layout.cli import main
+
+    about = {o.name: o.about for o in OPTIONS}
+    monkeypatch.setenv("COLUMNS", "10000")
+    with pytest.raises(SystemExit):
+        main(["grid", "--help"])
+    text = capsys.readouterr().out
+    grid = GridSpec()
+    assert f"{about['max_tokens']} (default {grid.max_tokens})" in text
+    assert f"{about['model']} (default {grid.model})" in text
+    assert f"{about['wire_dtype']}, comma-separated (default {','.join(grid.wires)})" in text
+    assert about["gpus"] in text and about["grid_out"] in text
+    for argv, message in [
+        (
+            ["grid", "--out", "x", "--max-tokens", "0"],
+            "argument --max-tokens: must be an integer of at least 1, got '0'",
+        ),
+        (
+            ["grid", "--out", "x", "--wires", "bf16,f8"],
+            "names an unknown wire dtype 'f8'; expected one of bf16, f16, f32",
+        ),
+        (["predict", "r.json", "--network", "wan", "--wire", "int4"], "argument --wire: names an unknown wire dtype"),
+        (["grid"], "the following arguments are required: --out"),
+    ]:
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        assert exit_.value.code == 2 and message in capsys.readouterr().err

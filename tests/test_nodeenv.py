@@ -81,13 +81,13 @@ def test_secrets_never_show() -> None:
 @pytest.mark.parametrize(
     ("env", "message"),
     [
-        ({"STAGE": "one"}, "STAGE must be an integer >= 0, got 'one'"),
-        ({"NUM_STAGES": "1"}, "NUM_STAGES must be an integer >= 2, got '1'"),
+        ({"STAGE": "one"}, "STAGE must be an integer of at least 0, got 'one'"),
+        ({"NUM_STAGES": "1"}, "NUM_STAGES must be an integer of at least 2, got '1'"),
         ({"STAGE": "2"}, "STAGE and NUM_STAGES: stage 2 of 2 is not a valid stage"),
         ({"PP_NETWORK": "lan"}, "PP_NETWORK must be 'local' or 'wan', got 'lan'"),
         ({"PP_ALLOWED_IDS": "xyz"}, "PP_ALLOWED_IDS entry 'xyz' is not an endpoint id (64 hex characters)"),
-        ({"PP_JOIN_TIMEOUT": "soon"}, "PP_JOIN_TIMEOUT must be a number of seconds, got 'soon'"),
-        ({"PP_TTL": "0"}, "PP_TTL must be a positive number of seconds, got 0.0"),
+        ({"PP_JOIN_TIMEOUT": "soon"}, "PP_JOIN_TIMEOUT must be a positive number of seconds, got 'soon'"),
+        ({"PP_TTL": "0"}, "PP_TTL must be a positive number of seconds, got '0'"),
         ({"PP_WIRE_DTYPE": "fp8"}, "PP_WIRE_DTYPE names an unknown wire dtype 'fp8'; expected one of bf16, f16, f32"),
         ({"PP_JIT": "yes"}, "PP_JIT must be 1 or 0, got 'yes'"),
         ({"CONTAINER_ID": "i-1"}, "CONTAINER_ID must be an instance id (an integer), got 'i-1'"),
@@ -98,6 +98,43 @@ def test_a_bad_value_names_the_variable_and_the_form(env: dict[str, str], messag
     with pytest.raises(ValueError) as e:
         NodeEnv.from_env(env)
     assert str(e.value).startswith(message)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"num_stages": 1}, "NUM_STAGES must be an integer of at least 2, got 1"),
+        ({"ttl": True}, "PP_TTL must be a positive number of seconds, got True"),
+        ({"ttl": float("nan")}, "PP_TTL must be a positive number of seconds, got nan"),
+        ({"node_key": b"\x01"}, "PP_NODE_KEY must be 64 hex characters (a 32-byte key), got 2 characters"),
+        ({"allowed_ids": ("xyz",)}, "PP_ALLOWED_IDS entry 'xyz' is not an endpoint id (64 hex characters)"),
+        ({"wire_dtype": "fp8"}, "PP_WIRE_DTYPE names an unknown wire dtype 'fp8'; expected one of bf16, f16, f32"),
+    ],
+)
+def test_a_bad_field_is_refused_in_the_same_words(fields: dict[str, object], message: str) -> None:
+    """A value given as such (a writer's NodeEnv) is checked by the same check as its text."""
+    with pytest.raises(ValueError) as e:
+        NodeEnv(**fields)  # type: ignore[arg-type]
+    assert str(e.value) == message
+
+
+def test_the_settings_and_the_node_environment_check_in_one_language() -> None:
+    """The settings table's options and NodeEnv's variables are checks.Check values: a value
+    both take is refused in the same words, after each one's name."""
+    from pytest_ppsmoke import checks
+    from pytest_ppsmoke.harness.settings import OPTIONS
+
+    options = {o.name: o for o in OPTIONS}
+    variables = {f.name: f.metadata["var"] for f in dataclasses.fields(NodeEnv)}
+    assert all(isinstance(o.check, checks.Check) for o in OPTIONS)
+    assert all(isinstance(v.form, checks.Check) for v in variables.values())
+    for name, text in [("num_stages", "1"), ("wire_dtype", "fp8")]:
+        with pytest.raises(checks.Invalid) as setting:
+            options[name].parse(text)
+        with pytest.raises(checks.Invalid) as variable:
+            variables[name].form.parse(text)
+        assert str(setting.value) == str(variable.value), name
+    assert options["wire_dtype"].parse(" F16 ") == variables["wire_dtype"].form.parse("f16") == "f16"
 
 
 def test_a_child_inherits_no_node_variable_and_no_vast_key() -> None:

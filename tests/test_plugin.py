@@ -76,27 +76,43 @@ def test_a_key_selects_vastai_unless_local_is_asked_for(
     assert settings_of(pytester.runpytest("-s"))["mode"] == "vastai"
 
 
+def test_the_help_shows_each_options_default(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``pytest --help`` gives each option its default, from the settings table's value."""
+    from pytest_ppsmoke.harness.settings import OPTIONS
+
+    monkeypatch.setenv("COLUMNS", "10000")  # no line breaks inside a default
+    pytester.makeini(PYTESTER_INI)
+    text = " ".join(pytester.runpytest("--help").stdout.str().split())
+    for opt in OPTIONS:
+        if opt.pytest and "(default" in opt.help:
+            assert " ".join(opt.help[opt.help.rindex("(default") :].split()) in text, opt.name
+
+
 @pytest.mark.parametrize(
     ("args", "ini", "message"),
     [
         (
             ["--ppsmoke-stages", "1"],
             "",
-            "--ppsmoke-stages = '1': expected an integer of at least 2",
+            "--ppsmoke-stages must be an integer of at least 2, got '1'",
         ),
         (
             [],
             "ppsmoke_wire_dtype = f8",
-            "--ppsmoke-wire-dtype (from ini ppsmoke_wire_dtype) = 'f8': unknown wire dtype",
+            "--ppsmoke-wire-dtype (from ini ppsmoke_wire_dtype) names an unknown wire dtype 'f8'",
         ),
-        (["--ppsmoke-budget", "-5"], "", "--ppsmoke-budget = '-5': expected a positive number"),
-        ([], "ppsmoke_min_reliability = 1.5", "(from ini ppsmoke_min_reliability) = '1.5': expected a number between"),
+        (["--ppsmoke-budget", "-5"], "", "--ppsmoke-budget must be a positive number, got '-5'"),
+        (
+            [],
+            "ppsmoke_min_reliability = 1.5",
+            "(from ini ppsmoke_min_reliability) must be a number between 0 and 1, got '1.5'",
+        ),
         (
             ["--ppsmoke-max-tokens", "many"],
             "",
-            "--ppsmoke-max-tokens = 'many': expected an integer of at least 1",
+            "--ppsmoke-max-tokens must be an integer of at least 1, got 'many'",
         ),
-        ([], "ppsmoke_load_timeout = soon", "(from ini ppsmoke_load_timeout) = 'soon': expected a positive number"),
+        ([], "ppsmoke_load_timeout = soon", "(from ini ppsmoke_load_timeout) must be a positive number, got 'soon'"),
     ],
 )
 def test_a_bad_value_is_a_usage_error_naming_it_and_its_source(

@@ -1,13 +1,16 @@
 """The options table of the docs lists exactly the settings table's options (harness/settings.py),
-each with its flags, ini key, variable and help (which says its default)."""
+each with its flags, ini key, variable and help (which says its default); each default is
+written once, as the value, and the help texts get it from there."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
-from pytest_ppsmoke.harness.settings import OPTIONS
+from pytest_ppsmoke import nodeenv
+from pytest_ppsmoke.harness.settings import OPTIONS, Option
 
 # in the suite that .ci/run and the README's command run (-m local): a check that never runs checks nothing
 pytestmark = pytest.mark.local
@@ -45,6 +48,49 @@ def test_the_options_table_lists_every_option_as_the_settings_table_declares_it(
         assert row == want, (opt.name, row, want)
         if isinstance(opt.default, (int, float)) and not isinstance(opt.default, bool):
             assert f"default {opt.default:g}" in row[4], (opt.name, opt.default, row[4])
+
+
+# "default" then a value written by hand: "(default 64)", "default: auto", "bf16 (default)"
+BY_HAND = re.compile(r"\(default\b|\bdefault\s*[:=]?\s*[\d'\"~]|\w+ \(default\)")
+
+
+@pytest.mark.parametrize("text", ["tokens to generate (default 64)", "auto (default: beside)", "bf16 (default), f16"])
+def test_the_scan_finds_a_default_written_by_hand(text: str) -> None:
+    assert BY_HAND.search(text)
+
+
+def test_no_help_text_writes_a_default_by_hand() -> None:
+    """An option's ``about`` (and a node variable's doc) says what it is; the default is the
+    value's, added by the help (``Option.help``), so the two cannot disagree."""
+    for opt in OPTIONS:
+        assert not BY_HAND.search(opt.about), (opt.name, opt.about)
+        assert opt.help.startswith(opt.about)
+    for var in nodeenv.variables():
+        assert not BY_HAND.search(var.doc), (var.name, var.doc)
+
+
+def shown_default(opt: Option) -> str:
+    """The default as the help should give it: the value, written by the option's check."""
+    if opt.default_text:
+        return opt.default_text
+    text = opt.check.show(opt.default)
+    return repr(text) if " " in text else text
+
+
+def test_the_generated_help_shows_each_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``pp-smoke-run --help`` shows every option's default, taken from its value."""
+    from pytest_ppsmoke.harness import cli
+
+    monkeypatch.setenv("COLUMNS", "10000")  # no line breaks inside a default (argparse breaks at hyphens)
+    text = " ".join(cli.parser().format_help().split())
+    for opt in OPTIONS:
+        if opt.default in (None, "") and not opt.default_text:
+            assert "(default" not in opt.help, opt.name
+            continue
+        want = f"(default {shown_default(opt)})"
+        assert opt.help.endswith(want), (opt.name, opt.help)
+        if opt.cli:
+            assert " ".join(want.split()) in text, (opt.name, want)
 
 
 def test_the_table_is_in_the_settings_tables_order() -> None:

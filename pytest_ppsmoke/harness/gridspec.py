@@ -1,6 +1,7 @@
 """A layout grid as one setting describes it (the ``grid`` option): :class:`GridSpec` and its
 parser :func:`grid_spec`. The settings table checks the option with it at start-up, so this module
-imports only the standard library; ``layout/grid.py`` measures a grid.
+imports only the standard library (and the node's environment, for the model's default);
+``layout/grid.py`` measures a grid.
 """
 
 from __future__ import annotations
@@ -8,10 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..nodeenv import DEFAULTS as NODE
+
 
 @dataclass(frozen=True)
 class GridSpec:
-    model: str = "smollm2:135m"
+    model: str = NODE.model
     prompts: tuple[int, ...] = (32, 128, 512)  # target prompt lengths, template included
     stages: tuple[int, ...] = (1, 2, 3, 4)
     networks: tuple[str, ...] = ("loopback", "wan", "far")

@@ -58,7 +58,7 @@ class ReferenceFigures:
         if self.state != "done":
             return f"reference {self.state}" + (f": {self.detail}" if self.detail else "")
         how = "loaded beside the stages" if self.loaded == "beside" else "loaded after the request"
-        where = f"pp-stage-{self.stage} ({self.device}, {self.method}, {how})"
+        where = f"{stage_name(self.stage)} ({self.device}, {self.method}, {how})"
         if self.match:
             return f"reference on {where}: the {len(self.token_ids)} tokens match"
         return f"reference on {where}: MISMATCH at token {self.first_difference}"
@@ -164,7 +164,7 @@ class Report:
         if ref.state == "done":
             out.append(("ppsmoke_reference_token_ids", ",".join(map(str, ref.token_ids))))
             out.append(("ppsmoke_reference_match", ref.match))
-            out.append(("ppsmoke_reference_where", f"pp-stage-{ref.stage} {ref.device}: {ref.method}"))
+            out.append(("ppsmoke_reference_where", f"{stage_name(ref.stage)} {ref.device}: {ref.method}"))
         elif ref.detail:
             out.append(("ppsmoke_reference_detail", ref.detail))
         a = self.vast_api

@@ -1,6 +1,10 @@
-"""Every option of a smoke run, declared once: its default, type, help, validation and where it
-may come from. ``pp-smoke-run``'s flags and the pytest plugin's options and ini keys are both
-generated from :data:`OPTIONS`, so the two faces cannot drift.
+"""Every option of a smoke run, declared once: its default, type, help, check and where it may
+come from. Each option is a field of :class:`Settings` (:func:`option`), so ``settings.max_tokens``
+is typed as it is declared; :data:`OPTIONS` lists them, derived from the fields.
+``pp-smoke-run``'s flags and the pytest plugin's options and ini keys are both generated from
+:data:`OPTIONS`, so the two faces cannot drift; another command's flag that is a setting comes
+from it too (:func:`add_option`). A default is written once, as the value: the help adds it
+(:attr:`Option.help`). Values are read and checked by ``checks.py``'s checks, as ``NodeEnv``'s are.
 
 Precedence: command line > environment variable (where one is named) > ini key (pytest only) >
 default. Defaults that depend on the mode (the model, the poll interval) are resolved once the
@@ -12,11 +16,12 @@ every pytest run of every project that has the package installed.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,86 +36,14 @@ from .gridspec import grid_spec
 STEPS = ("rent", "boot", "converge", "load", "resolve", "infer", "reference")
 MODES = ("local", "vastai")
 VAST_URL = "https://console.vast.ai"
-LOCAL_MODEL, VASTAI_MODEL = "smollm2:135m", "llama3.2:1b"
 
 
 class SettingError(ValueError):
-    """A value that does not parse; the message says what was expected."""
+    """A value that does not parse, or options that do not go together; the message names each
+    option involved, where its value came from, and what was expected."""
 
 
-def _checked(kind: Callable[[str], Any], ok: Callable[[Any], bool], expected: str) -> Callable[[str], Any]:
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise SettingError(f"expected {expected}, got {text!r}") from None
-        if not ok(value):
-            raise SettingError(f"expected {expected}, got {text!r}")
-        return value
-
-    return parse
-
-
-def _int_at_least(low: int) -> Callable[[str], int]:
-    return _checked(lambda t: checks.integer(t, low), lambda v: True, f"an integer of at least {low}")
-
-
-_positive = _checked(lambda t: checks.number(t, above=0), lambda v: True, "a positive number")
-_fraction = _checked(lambda t: checks.number(t, least=0, most=1), lambda v: True, "a number between 0 and 1")
-_number = _checked(float, lambda v: True, "a number")
-
-
-def _one_of(choices: tuple[str, ...], what: str) -> Callable[[str], str]:
-    def parse(text: str) -> str:
-        try:
-            return checks.one_of(text.strip().lower(), choices)
-        except ValueError:
-            raise SettingError(f"unknown {what} {text!r}; expected one of {', '.join(choices)}") from None
-
-    return parse
-
-
-def _on_off(text: str) -> bool:
-    value = text.strip().lower()
-    if value not in ("on", "off"):
-        raise SettingError(f"expected on or off, got {text!r}")
-    return value == "on"
-
-
-def _text(text: str) -> str:
-    if not text.strip():
-        raise SettingError("expected a non-empty text")
-    return text
-
-
-@dataclass(frozen=True)
-class Option:
-    """One option. ``name`` is the :class:`Settings` field; ``cli`` the ``pp-smoke-run`` flag
-    (None: not there); ``pytest`` the plugin's flag (None: not there), whose ini key is the flag
-    with ``--`` dropped and ``-`` as ``_`` unless ``ini`` is False (a secret would get committed)."""
-
-    name: str
-    help: str
-    parse: Callable[[str], Any]
-    default: Any = None
-    cli: str | None = None
-    pytest: str | None = None
-    env: str | None = None
-    ini: bool = True
-    group: str = "run"
-    secret: bool = False
-    choices: tuple[str, ...] | None = None
-
-    @property
-    def ini_name(self) -> str | None:
-        if not self.pytest or not self.ini:
-            return None
-        name = self.pytest.lstrip("-").replace("-", "_")
-        return name if name.startswith("ppsmoke_") else "ppsmoke_" + name
-
-    def shown(self, raw: object) -> str:
-        """How a raw value may appear in an error: a secret never does."""
-        return "<hidden>" if self.secret else repr(str(raw))
+# --- the options' own forms: a check of checks.py each, with its error in its own words ---------
 
 
 def _network(text: str) -> str:
@@ -119,18 +52,11 @@ def _network(text: str) -> str:
         return "loopback"
     from ..network import parse_network
 
-    parse_network(text)
-    return text.strip()
-
-
-def _port(text: str) -> int:
     try:
-        port = checks.integer(text, 0)
-    except ValueError:
-        port = -1
-    if not 0 <= port <= 65535:
-        raise SettingError(f"expected a UDP port (1..65535), or 0 for none, got {text!r}")
-    return port
+        parse_network(text)
+    except ValueError as e:
+        raise checks.Invalid(f"is not a network description: {e}") from None
+    return text.strip()
 
 
 def _relay(text: str) -> str:
@@ -142,7 +68,7 @@ def _relay(text: str) -> str:
     try:
         relay_mode(text)
     except ValueError as e:
-        raise SettingError(str(e)) from None
+        raise checks.Invalid(f"is not a relay setting: {e}") from None
     return text
 
 
@@ -150,286 +76,261 @@ def _grid(text: str) -> str:
     try:
         grid_spec(text, "")
     except ValueError as e:
-        raise SettingError(str(e)) from None
+        raise checks.Invalid(f"is not a grid: {e}") from None
     return text.strip()
 
 
-def _opt(name: str, help: str, parse: Callable[[str], Any], default: Any = None, **kw: Any) -> Option:
-    flag = "--" + name.replace("_", "-")
-    kw.setdefault("cli", flag)
-    kw.setdefault("pytest", "--ppsmoke-" + name.replace("_", "-"))
-    return Option(name, help, parse, default, **kw)
+_TEXT = checks.text(nonempty=True)
+_POSITIVE = checks.numbers(above=0)
+_ON_OFF = checks.switch("on", "off")
+_PATH: checks.Check[Path] = checks.Check("a path", Path, types=(Path,))
+_PORT = checks.Check("a UDP port (1..65535), or 0 for none", checks.integer, lambda n: 0 <= n <= 65535, types=(int,))
 
 
-OPTIONS: tuple[Option, ...] = (
-    Option(
-        "mode",
-        "local: the vast.ai emulator and nodes on this machine; vastai: real GPUs on vast.ai "
-        "(default: vastai when a key is given, else local)",
-        _one_of(MODES, "mode"),
-        None,
+def _shown(check: checks.Check[Any], default: Any) -> str:
+    """A default as a help text gives it ("" for none)."""
+    if default is None:
+        return ""
+    text = check.show(default)
+    return repr(text) if " " in text else text
+
+
+_BY_NAME = "<by name>"  # a flag spelled from the option's name: --max-tokens, --ppsmoke-max-tokens
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option, as a :class:`Settings` field declares it (:func:`option`). ``about`` says what
+    it is; :attr:`help` adds its default from the value. ``cli`` is the ``pp-smoke-run`` flag (None:
+    not there); ``pytest`` the plugin's flag (None: not there), whose ini key is the flag with
+    ``--`` dropped and ``-`` as ``_`` unless ``ini`` is False (a secret would get committed).
+    ``default`` None with a ``default_text``: the mode decides it (:meth:`Settings.resolve`)."""
+
+    name: str
+    about: str
+    check: checks.Check[Any]
+    default: Any = None
+    cli: str | None = _BY_NAME
+    pytest: str | None = _BY_NAME
+    env: str | None = None
+    ini: bool = True
+    group: str = "run"
+    default_text: str = ""
+
+    @property
+    def help(self) -> str:
+        shown = self.default_text or _shown(self.check, self.default)
+        return f"{self.about} (default {shown})" if shown else self.about
+
+    @property
+    def secret(self) -> bool:
+        return self.check.secret
+
+    @property
+    def choices(self) -> tuple[str, ...] | None:
+        return self.check.choices
+
+    def parse(self, text: str) -> Any:
+        """The value ``text`` gives this option; :class:`checks.Invalid` when it is not one."""
+        return self.check.parse(text)
+
+    @property
+    def ini_name(self) -> str | None:
+        if not self.pytest or not self.ini:
+            return None
+        name = self.pytest.lstrip("-").replace("-", "_")
+        return name if name.startswith("ppsmoke_") else "ppsmoke_" + name
+
+
+def option(
+    default: Any,
+    about: str,
+    check: checks.Check[Any],
+    *,
+    cli: str | None = _BY_NAME,
+    pytest: str | None = _BY_NAME,
+    env: str | None = None,
+    ini: bool = True,
+    group: str = "run",
+    default_text: str = "",
+    repr: bool = True,
+) -> Any:
+    """A :class:`Settings` field that is an option: its default (``dataclasses.MISSING``: the mode
+    decides it, ``default_text`` says how) and the rest of its :class:`Option`."""
+    spec = Option("", about, check, None if default is MISSING else default, cli, pytest, env, ini, group, default_text)
+    if default is MISSING:
+        return field(repr=repr, metadata={"option": spec})
+    return field(default=default, repr=repr, metadata={"option": spec})
+
+
+# the defaults that the mode decides, written once here and given in words by the help
+LOCAL_MODEL, VASTAI_MODEL = NODE.model, "llama3.2:1b"
+LOCAL_POLL_INTERVAL, IMAGE_POLL_INTERVAL = 0.25, 1.0  # a working container of the image takes seconds to make
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """One run's settings, resolved: every field has its final value. Each field is an option,
+    declared once here (:func:`option`): its default, check, help and sources; :data:`OPTIONS`
+    lists them, in this order, for the faces' flags. Build one with :meth:`resolve`."""
+
+    mode: str = option(
+        MISSING,
+        "local: the vast.ai emulator and nodes on this machine; vastai: real GPUs on vast.ai",
+        checks.choice(MODES, "mode"),
         cli=None,  # pp-smoke-run says --local or --vastai
-        pytest="--ppsmoke-mode",
         env="PPSMOKE_MODE",
-        choices=MODES,
-    ),
-    Option(
-        "api_key",
-        "vast.ai API key (prefer the variable: arguments show in ps; never an ini key: it would get committed)",
-        str,
+        default_text="vastai when a key is given, else local",
+    )
+    api_key: str = option(
         "",
+        "vast.ai API key (prefer the variable: arguments show in ps; never an ini key: it would get committed)",
+        checks.text(secret=True),
         cli="--api-key",
         pytest="--vastai-key",
         env="VAST_API_KEY",
         ini=False,
-        secret=True,
-    ),
-    Option(
-        "vast_url",
-        f"the vast.ai REST base URL (default {VAST_URL}; local: an embedded emulator)",
-        str,
+        repr=False,
+    )
+    vast_url: str | None = option(
         None,
-        cli="--vast-url",
+        "the vast.ai REST base URL",
+        checks.text(),
         pytest="--vast-url",
         env="VAST_URL",
-    ),
-    _opt(
-        "model",
-        f"a model name or a GGUF path (default {LOCAL_MODEL} local, {VASTAI_MODEL} on vast.ai)",
-        _text,
-    ),
-    _opt("prompt", "the prompt (default 'Say hello')", _text, "Say hello"),
-    _opt("max_tokens", "tokens to generate (default 64)", _int_at_least(1), 64),
-    _opt(
-        "num_stages",
-        f"pipeline stages, at least 2 (default {NODE.num_stages})",
-        _int_at_least(2),
-        NODE.num_stages,
-        pytest="--ppsmoke-stages",
-    ),
-    _opt(
-        "wire_dtype",
-        "hidden states on the wire: bf16 (default), f16, f32",
-        _one_of(WIRE_DTYPES, "wire dtype"),
+        default_text=f"{VAST_URL}; local: an embedded emulator",
+    )
+    model: str = option(
+        MISSING,
+        "a model name or a GGUF path",
+        _TEXT,
+        default_text=f"{LOCAL_MODEL} local, {VASTAI_MODEL} on vast.ai",
+    )
+    prompt: str = option("Say hello", "the prompt", _TEXT)
+    max_tokens: int = option(64, "tokens to generate", checks.integers(1))
+    num_stages: int = option(NODE.num_stages, "pipeline stages", checks.integers(2), pytest="--ppsmoke-stages")
+    wire_dtype: str = option(
         NODE.wire_dtype,
-        choices=WIRE_DTYPES,
-    ),
-    _opt(
-        "preflight",
+        "hidden states on the wire: " + ", ".join(WIRE_DTYPES),
+        checks.choice(WIRE_DTYPES, "wire dtype"),
+    )
+    preflight: bool = option(
+        True,
         "the checks before the first create: the key, the credit, the image in its registry, the offers, the "
-        "stages (on, default; off skips them, for a registry this machine cannot reach)",
-        _on_off,
-        True,
-        choices=("on", "off"),
-    ),
-    _opt(
-        "budget",
-        "seconds for the whole run, start to exit, teardown included; rent to decode get it less "
-        "--teardown-timeout (default 300)",
-        _positive,
+        "stages (off skips them, for a registry this machine cannot reach)",
+        _ON_OFF,
+    )
+    budget: float = option(
         300.0,
-    ),
-    _opt(
-        "reference",
-        "after the request, run the model in one piece on stage 0's node and compare tokens: on (default) or off",
-        _on_off,
+        "seconds for the whole run, start to exit, teardown included; rent to decode get it less --teardown-timeout",
+        _POSITIVE,
+    )
+    reference: bool = option(
         True,
-        choices=("on", "off"),
-    ),
-    _opt(
-        "reference_load",
+        "after the request, run the model in one piece on stage 0's node and compare tokens: on or off",
+        _ON_OFF,
+    )
+    reference_load: str = option(
+        "auto",
         "where stage 0's node loads the reference's model: beside (a worker of its own, while the stages load, so "
         "the reference step only generates), after (the stage's worker, after the request: one model in memory at "
-        "a time until then), or auto (default: beside on GPUs, after on this machine's CPU, where a third process "
+        "a time until then), or auto (beside on GPUs, after on this machine's CPU, where a third process "
         "takes the cores the stages load on)",
-        _one_of(("auto", *REFERENCES), "reference load"),
-        "auto",
-        choices=("auto", *REFERENCES),
-    ),
-    _opt("report", "write the run's JSON report here", Path),
-    _opt(
-        "grid",
-        "measure a layout grid, fit its cost model and write the report (pp-smoke-run: instead of the smoke "
-        "run; pytest: as a test of the session): off (default), small, or items such as "
-        "prompts=32,128;stages=1,2;networks=loopback,wan;weights=native",
-        _grid,
+        checks.choice(("auto", *REFERENCES), "reference load"),
+    )
+    # option() makes a dataclasses.field, which ruff knows for str, int, float and bool fields only
+    report: Path | None = option(None, "write the run's JSON report here", _PATH)  # noqa: RUF009
+    grid: str = option(
         "off",
-    ),
-    _opt(
-        "grid_out",
-        "the layout report's directory (default ppsmoke-layout)",
-        Path,
-        Path("ppsmoke-layout"),
-    ),
-    _opt(
-        "weight_cache",
-        "each node's cache of realized stage weights: a directory on the node, off, or auto (default: "
-        "~/.cache/ppsmoke/weights on this machine, where a warm load is a read; off on vast.ai, where every "
-        "instance is new, so the cache would be written and never read)",
-        _text,
+        "measure a layout grid, fit its cost model and write the report (pp-smoke-run: instead of the smoke "
+        "run; pytest: as a test of the session): off, small, or items such as "
+        "prompts=32,128;stages=1,2;networks=loopback,wan;weights=native",
+        checks.Check("a grid", _grid),
+    )
+    grid_out: Path = option(Path("ppsmoke-layout"), "the layout report's directory", _PATH)  # noqa: RUF009
+    # auto; "": the node's default directory; "off"; or a directory
+    weight_cache: str = option(
         "auto",
-    ),
-    _opt(
-        "program_cache",
-        "each node keeps tinygrad's generated programs and schedules in tinygrad's disk cache: on (default) or off",
-        _on_off,
+        "each node's cache of realized stage weights: a directory on the node, off, or auto "
+        "(~/.cache/ppsmoke/weights on this machine, where a warm load is a read; off on vast.ai, where every "
+        "instance is new, so the cache would be written and never read)",
+        _TEXT,
+    )
+    program_cache: bool = option(
         NODE.program_cache,
-        choices=("on", "off"),
-    ),
-    _opt(
-        "network",
-        "local: the network between the orchestrator and the nodes: loopback (default), or an emulated one, "
+        "each node keeps tinygrad's generated programs and schedules in tinygrad's disk cache: on or off",
+        _ON_OFF,
+    )
+    network: str = option(
+        "loopback",
+        "local: the network between the orchestrator and the nodes: loopback, or an emulated one, "
         "each node in a network namespace behind a delay switch: lan, wan, far, slow, flaky, with per-link "
         "overrides (e.g. 'wan;host->1=far'); internet, internet-far: wan and far with the orchestrator and "
         "each node behind NAT, on the transport's internet mode (docs/network.md)",
-        _network,
-        "loopback",
-    ),
-    _opt(
-        "port",
-        "the UDP port each create asks vast.ai to forward, for a direct path to its node (default 7000; "
-        "0: none, relays only); offers must have a direct port",
-        _port,
+        checks.Check("a network description", _network),
+    )
+    port: int = option(
         7000,
+        "the UDP port each create asks vast.ai to forward, for a direct path to its node (0: none, relays "
+        "only); offers must have a direct port",
+        _PORT,
         group="instances",
-    ),
-    _opt(
-        "relay",
+    )
+    relay: str = option(
+        "",
         "the relays of the orchestrator and the nodes when a path is not direct: default (n0's), off, or a "
         "dedicated relay's URL",
-        _relay,
-        "",
+        checks.Check("a relay setting", _relay),
         group="instances",
-    ),
-    _opt("gpus", "local: this machine's GPUs (e.g. 0,1), one per instance in turn", str, ""),
-    _opt(
-        "runtime",
-        "local: an instance is a node process (default) or the image, run by buildah "
-        "(build it first: python -m pytest_ppsmoke.cloud.image)",
-        _one_of(RUNTIMES, "runtime"),
+    )
+    gpus: str = option("", "local: this machine's GPUs (e.g. 0,1), one per instance in turn", checks.text())
+    runtime: str = option(
         "processes",
-        choices=RUNTIMES,
-    ),
-    _opt("image", f"the node image (default {DEFAULT_IMAGE})", _text, DEFAULT_IMAGE, group="instances"),
-    _opt("disk", "disk per instance, GB (default 20)", _positive, 20.0, group="instances"),
-    _opt("gpu_ram", "least GPU RAM per instance, GB (default 8)", _positive, 8.0, group="instances"),
-    _opt(
-        "max_price",
-        "most $/hour per instance, its disk (--disk) included (default 2.0)",
-        _positive,
-        2.0,
-        group="instances",
-    ),
-    _opt("min_reliability", "least host reliability, 0..1 (default 0.95)", _fraction, 0.95, group="instances"),
-    _opt(
-        "min_cuda",
-        "least CUDA version the host supports (default 12.4: the image's NVRTC makes PTX for it)",
-        _number,
+        "local: an instance is a node process (processes) or the image, run by buildah "
+        "(image; build it first: python -m pytest_ppsmoke.cloud.image)",
+        checks.choice(RUNTIMES, "runtime"),
+    )
+    image: str = option(DEFAULT_IMAGE, "the node image", _TEXT, group="instances")
+    disk: float = option(20.0, "disk per instance, GB", _POSITIVE, group="instances")
+    gpu_ram: float = option(8.0, "least GPU RAM per instance, GB", _POSITIVE, group="instances")
+    max_price: float = option(2.0, "most $/hour per instance, its disk (--disk) included", _POSITIVE, group="instances")
+    min_reliability: float = option(
+        0.95, "least host reliability, 0..1", checks.numbers(least=0, most=1), group="instances"
+    )
+    min_cuda: float = option(
         12.4,
+        "least CUDA version the host supports (the default is the one the image's NVRTC makes PTX for)",
+        checks.numbers(),
         group="instances",
-    ),
-    _opt(
-        "polls",
-        f"the boot window, in polls at vast.ai's {BOOT_POLL_INTERVAL:g} s (default {BOOT_POLLS}: "
-        f"{BOOT_POLLS * BOOT_POLL_INTERVAL:g} s, however often the run looks)",
-        _int_at_least(1),
+    )
+    polls: int = option(
         BOOT_POLLS,
+        f"the boot window, in polls at vast.ai's {BOOT_POLL_INTERVAL:g} s, however often the run looks",
+        checks.integers(1),
         group="deadlines",
-    ),
-    _opt(
-        "poll_interval",
-        f"seconds between polls (default {BOOT_POLL_INTERVAL:g}; local 0.25, 1 with --runtime image)",
-        _positive,
+        default_text=f"{BOOT_POLLS}: {BOOT_POLLS * BOOT_POLL_INTERVAL:g} s",
+    )
+    poll_interval: float = option(
+        MISSING,
+        "seconds between polls",
+        _POSITIVE,
         group="deadlines",
-    ),
-    _opt(
-        "converge_timeout",
-        f"SWIM convergence, seconds (default {CONVERGE_TIMEOUT:g})",
-        _positive,
-        CONVERGE_TIMEOUT,
-        group="deadlines",
-    ),
-    _opt(
-        "load_timeout",
-        f"workers ready, seconds (default {NODE.worker_ready_timeout:.0f})",
-        _positive,
-        NODE.worker_ready_timeout,
-        group="deadlines",
-    ),
-    _opt(
-        "resolve_timeout",
-        f"stage names, seconds (default {RESOLVE_TIMEOUT:g})",
-        _positive,
-        RESOLVE_TIMEOUT,
-        group="deadlines",
-    ),
-    _opt(
-        "teardown_timeout",
-        "destroying everything, seconds; kept back from the budget for the teardown (default 60)",
-        _positive,
+        default_text=f"{BOOT_POLL_INTERVAL:g}; local {LOCAL_POLL_INTERVAL:g}, {IMAGE_POLL_INTERVAL:g} with "
+        "--runtime image",
+    )
+    converge_timeout: float = option(CONVERGE_TIMEOUT, "SWIM convergence, seconds", _POSITIVE, group="deadlines")
+    load_timeout: float = option(NODE.worker_ready_timeout, "workers ready, seconds", _POSITIVE, group="deadlines")
+    resolve_timeout: float = option(RESOLVE_TIMEOUT, "stage names, seconds", _POSITIVE, group="deadlines")
+    teardown_timeout: float = option(
         60.0,
+        "destroying everything, seconds; kept back from the budget for the teardown",
+        _POSITIVE,
         group="deadlines",
-    ),
-    _opt(
-        "node_ttl",
-        f"a node's own time-to-live, seconds (default {NODE.ttl:.0f})",
-        _positive,
-        NODE.ttl,
-        group="deadlines",
-    ),
-    _opt(
-        "orphan_grace",
-        f"how long a node outlives a lost orchestrator, seconds (default {NODE.orphan_grace:.0f})",
-        _positive,
-        NODE.orphan_grace,
-        group="deadlines",
-    ),
-)
-
-
-_DEFAULT: dict[str, Any] = {o.name: o.default for o in OPTIONS}
-
-
-@dataclass(frozen=True)
-class Settings:
-    """One run's settings, resolved: every field has its final value."""
-
-    mode: str = "local"
-    api_key: str = field(default="", repr=False)
-    vast_url: str | None = _DEFAULT["vast_url"]  # None: vast.ai's in vastai mode, an embedded emulator in local mode
-    model: str = LOCAL_MODEL
-    prompt: str = _DEFAULT["prompt"]
-    max_tokens: int = _DEFAULT["max_tokens"]
-    num_stages: int = _DEFAULT["num_stages"]
-    wire_dtype: str = _DEFAULT["wire_dtype"]
-    budget: float = _DEFAULT["budget"]
-    preflight: bool = _DEFAULT["preflight"]
-    reference: bool = _DEFAULT["reference"]
-    reference_load: str = _DEFAULT["reference_load"]
-    report: Path | None = _DEFAULT["report"]
-    grid: str = _DEFAULT["grid"]  # a layout grid to measure in the pytest session (harness/gridspec.py's grid_spec)
-    grid_out: Path = _DEFAULT["grid_out"]
-    weight_cache: str = _DEFAULT["weight_cache"]  # auto; "": the node's default directory; "off"; or a directory
-    program_cache: bool = _DEFAULT["program_cache"]
-    network: str = _DEFAULT["network"]
-    port: int = _DEFAULT["port"]
-    relay: str = _DEFAULT["relay"]
-    gpus: str = _DEFAULT["gpus"]
-    runtime: str = _DEFAULT["runtime"]
-    image: str = _DEFAULT["image"]
-    disk: float = _DEFAULT["disk"]
-    gpu_ram: float = _DEFAULT["gpu_ram"]
-    max_price: float = _DEFAULT["max_price"]
-    min_reliability: float = _DEFAULT["min_reliability"]
-    min_cuda: float = _DEFAULT["min_cuda"]
-    polls: int = _DEFAULT["polls"]
-    poll_interval: float = 0.25
-    converge_timeout: float = _DEFAULT["converge_timeout"]
-    load_timeout: float = _DEFAULT["load_timeout"]
-    resolve_timeout: float = _DEFAULT["resolve_timeout"]
-    teardown_timeout: float = _DEFAULT["teardown_timeout"]
-    node_ttl: float = _DEFAULT["node_ttl"]
-    orphan_grace: float = _DEFAULT["orphan_grace"]
+    )
+    node_ttl: float = option(NODE.ttl, "a node's own time-to-live, seconds", _POSITIVE, group="deadlines")
+    orphan_grace: float = option(
+        NODE.orphan_grace, "how long a node outlives a lost orchestrator, seconds", _POSITIVE, group="deadlines"
+    )
 
     @property
     def local(self) -> bool:
@@ -458,8 +359,10 @@ class Settings:
         if v["model"] is None:
             v["model"] = LOCAL_MODEL if local else VASTAI_MODEL
         if v["poll_interval"] is None:
-            # a working container of the image takes seconds to make (its files are copied)
-            v["poll_interval"] = (1.0 if v.get("runtime") == "image" else 0.25) if local else BOOT_POLL_INTERVAL
+            image = v.get("runtime") == "image"
+            v["poll_interval"] = (
+                (IMAGE_POLL_INTERVAL if image else LOCAL_POLL_INTERVAL) if local else BOOT_POLL_INTERVAL
+            )
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: x for k, x in v.items() if k in names})
 
@@ -468,6 +371,64 @@ class Settings:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "api_key"}
         out["report"] = str(self.report) if self.report else None
         return out
+
+
+def _declared(f: dataclasses.Field[Any]) -> Option:
+    spec: Option = f.metadata["option"]
+    flag = f.name.replace("_", "-")
+    return dataclasses.replace(
+        spec,
+        name=f.name,
+        cli="--" + flag if spec.cli == _BY_NAME else spec.cli,
+        pytest="--ppsmoke-" + flag if spec.pytest == _BY_NAME else spec.pytest,
+    )
+
+
+OPTIONS: tuple[Option, ...] = tuple(_declared(f) for f in dataclasses.fields(Settings))
+_BY_FIELD = {o.name: o for o in OPTIONS}
+
+
+def add_option(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    name: str,
+    flag: str | None = None,
+    *,
+    default: Any = MISSING,
+    many: bool = False,
+    required: bool = False,
+) -> None:
+    """Option ``name`` of the table as a flag of another command (``pp-layout``): its check parses
+    the text (an error names the flag and what was expected), its help is the table's with the
+    default this flag has. ``flag``: the command's spelling (default: ``pp-smoke-run``'s);
+    ``default``: the command's own (default: the table's); ``many``: a comma-separated list of
+    the option's values, a tuple."""
+    opt = _BY_FIELD[name]
+    value = opt.default if default is MISSING else default
+
+    def parse(text: str) -> Any:
+        try:
+            return tuple(opt.parse(t) for t in checks.items(text)) if many else opt.parse(text)
+        except checks.Invalid as e:
+            raise argparse.ArgumentTypeError(f"{text!r} {e}" if many else str(e)) from None
+
+    if required:
+        shown = ""
+    elif many:
+        shown = ",".join(_shown(opt.check, v) for v in value)
+    else:
+        shown = _shown(opt.check, value)
+    about = f"{opt.about}, comma-separated" if many else opt.about
+    help = (f"{about} (default {shown})" if shown else about).replace("%", "%%")
+    flag = flag or opt.cli or "--" + name.replace("_", "-")
+    parser.add_argument(
+        flag,
+        dest=name,
+        type=parse,
+        default=None if required else value,
+        required=required,
+        metavar=flag.lstrip("-").replace("-", "_").upper(),
+        help=help,
+    )
 
 
 def read(
@@ -495,7 +456,7 @@ def read(
 
 def flag(name: str, face: str) -> str:
     """The flag of option ``name`` on ``face`` (pytest or cli), or its name where it has none there."""
-    opt = next((o for o in OPTIONS if o.name == name), None)
+    opt = _BY_FIELD.get(name)
     if opt is None:
         return name
     return (opt.pytest if face == "pytest" else opt.cli) or opt.name
@@ -510,7 +471,7 @@ def in_face(text: str, face: str) -> str:
 
 def _named(name: str, sources: Mapping[str, str], face: str) -> str:
     """An option as an error names it: its flag on this face, and where its value came from."""
-    opt = next(o for o in OPTIONS if o.name == name)
+    opt = _BY_FIELD[name]
     flag = (opt.pytest if face == "pytest" else opt.cli) or opt.name
     source = sources.get(name)
     if source is None:
@@ -548,9 +509,8 @@ def from_sources(
         if isinstance(raw, str):
             try:
                 raw = opt.parse(raw)
-            except (SettingError, ValueError) as e:
-                detail = "not a valid value" if opt.secret else str(e)
+            except checks.Invalid as e:
                 where = flag if source == flag else f"{flag} (from {source})"
-                raise SettingError(f"{where} = {opt.shown(raw)}: {detail}") from None
+                raise SettingError(f"{where} {e}") from None
         values[opt.name], sources[opt.name] = raw, source
     return values, sources

@@ -22,13 +22,17 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..harness.gridspec import GridSpec, grid_spec
-from ..harness.settings import in_face
+from .. import checks
+from ..harness.gridspec import WEIGHTS, GridSpec, grid_spec
+from ..harness.settings import add_option, in_face
 from .grid import HOLD_OUT, hold_out, new_grid, run_grid
-from .points import WIRE_BYTES, Grid
+from .points import Grid
 
 if TYPE_CHECKING:
     from ..harness.settings import Settings
+
+
+_GRID = GridSpec()  # the grid's defaults
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -45,14 +49,6 @@ def _names(text: str) -> tuple[str, ...]:
     values = tuple(v.strip() for v in text.split(",") if v.strip())
     if not values:
         raise argparse.ArgumentTypeError(f"expected comma-separated names, got {text!r}")
-    return values
-
-
-def _wires(text: str) -> tuple[str, ...]:
-    values = _names(text)
-    bad = [w for w in values if w not in WIRE_BYTES]
-    if bad:
-        raise argparse.ArgumentTypeError(f"unknown wire dtype(s) {bad}; expected {', '.join(WIRE_BYTES)}")
     return values
 
 
@@ -117,35 +113,40 @@ def grid_from_settings(settings: Settings) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
+    # A flag that is a setting of a run (the model, the tokens, the wire dtypes, the GPUs, the report's
+    # directory) comes from the settings table (add_option): its check, its help; its default is the
+    # grid's (GridSpec). The rest are the grid's own: lists of prompt lengths, stage counts (1:
+    # unsplit) and network profile names (a network description may hold commas), the repeats, the
+    # weights, the hold-out and the prediction's inputs.
     p = argparse.ArgumentParser(prog="pp-layout", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     g = sub.add_parser("grid", help="measure a grid on this machine, then write the report")
-    g.add_argument("--model", default="smollm2:135m")
-    g.add_argument("--prompts", type=_ints, default=(32, 128, 512), help="prompt lengths in tokens")
-    g.add_argument("--stages", type=_ints, default=(1, 2, 3, 4), help="stage counts (1: unsplit)")
-    g.add_argument("--networks", type=_names, default=("loopback", "wan", "far"), help="network profiles")
-    g.add_argument("--wires", type=_wires, default=("bf16",), help="wire dtypes")
-    g.add_argument("--repeats", type=int, default=2)
-    g.add_argument("--max-tokens", type=int, default=12)
+    add_option(g, "model", default=_GRID.model)
+    g.add_argument("--prompts", type=_ints, default=_GRID.prompts, help="prompt lengths in tokens")
+    g.add_argument("--stages", type=_ints, default=_GRID.stages, help="stage counts (1: unsplit)")
+    g.add_argument("--networks", type=_names, default=_GRID.networks, help="network profiles")
+    add_option(g, "wire_dtype", "--wires", many=True, default=_GRID.wires)
+    g.add_argument("--repeats", type=int, default=_GRID.repeats, help="measurements per point (default %(default)s)")
+    add_option(g, "max_tokens", default=_GRID.max_tokens)
     g.add_argument(
         "--weights",
-        choices=("f16", "native"),
-        default="f16",
+        choices=tuple(WEIGHTS),
+        default=_GRID.weights,
         help="f16 (tinygrad's HALF=1) or native (HALF=0: the GGUF's dtype, float32 for a quantized file; "
-        "on a CPU 2.6-4x faster)",
+        "on a CPU 2.6-4x faster) (default %(default)s)",
     )
-    g.add_argument("--gpus", type=_names, default=(), help="this machine's GPUs, one per instance (e.g. 0,1)")
-    g.add_argument("--out", type=Path, required=True, help="the report's directory")
+    add_option(g, "gpus")
+    add_option(g, "grid_out", "--out", required=True)
     r = sub.add_parser("report", help="fit a saved grid.json and write the report again")
     r.add_argument("grid", type=Path)
-    r.add_argument("--out", type=Path, required=True)
+    add_option(r, "grid_out", "--out", required=True)
     r.add_argument(
         "--hold-out",
         type=_scheme,
         default="saved",
-        help="the points the fit must not see: as saved in grid.json (default); layouts (one split stage count "
+        help="the points the fit must not see: saved (as saved in grid.json); layouts (one split stage count "
         "per network, in turn); prompt (the middle prompt length); largest (the largest stage count, every "
-        "network); stages=N (stage count N)",
+        "network); stages=N (stage count N) (default %(default)s)",
     )
     q = sub.add_parser("predict", help="predict from a saved report for a network never measured")
     q.add_argument("report", type=Path, help="a layout.json")
@@ -157,7 +158,7 @@ def main(argv: list[str] | None = None) -> None:
         help="stage counts, 1 to the model's blocks; outside the grid's fitted ones: a warning (an extrapolation)",
     )
     q.add_argument("--prompts", type=_ints, default=(128,), help="prompt lengths; outside the grid's: a warning")
-    q.add_argument("--wire", type=_wires, default=("bf16",))
+    add_option(q, "wire_dtype", "--wire")
     a = p.parse_args(argv)
     try:
         if a.command == "grid":
@@ -166,22 +167,22 @@ def main(argv: list[str] | None = None) -> None:
                 a.prompts,
                 a.stages,
                 a.networks,
-                a.wires,
+                a.wire_dtype,
                 a.repeats,
                 a.max_tokens,
-                gpus=tuple(a.gpus),
+                gpus=checks.items(a.gpus),
                 weights=a.weights,
             )
             spec.check()
-            a.out.mkdir(parents=True, exist_ok=True)
+            a.grid_out.mkdir(parents=True, exist_ok=True)
             grid = asyncio.run(run_grid(spec, log=lambda line: print(line, file=sys.stderr, flush=True)))
-            grid.save(a.out / "grid.json")
-            written = _report(grid, a.out)
+            grid.save(a.grid_out / "grid.json")
+            written = _report(grid, a.grid_out)
         elif a.command == "report":
             grid = Grid.load(a.grid)
             if a.hold_out != "saved":
                 grid.held_out = hold_out(grid.points, a.hold_out)
-            written = _report(grid, a.out)
+            written = _report(grid, a.grid_out)
         else:
             from .fit import Fit
             from .report import beyond_the_grid, predict_table
@@ -195,7 +196,7 @@ def main(argv: list[str] | None = None) -> None:
                 a.network,
                 a.stages,
                 a.prompts,
-                a.wire[0],
+                a.wire_dtype,
                 ref.dim,
                 ref.num_blocks,
                 dph,

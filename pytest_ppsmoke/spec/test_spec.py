@@ -112,9 +112,9 @@ def test_every_activation_arrives_as_it_was_sent(
     seed = ppsmoke_cluster.seed
     assert seed is not None
     report = ppsmoke_session.call(
-        seed.request(ppsmoke_names["pp-stage-0"], RelayProbe("pp-stage-1", probe), timeout=30)
+        seed.request(ppsmoke_names[stage_name(0)], RelayProbe(stage_name(1), probe), timeout=30)
     )
-    assert isinstance(report, ProbeReport) and report.received_by == "pp-stage-1"
+    assert isinstance(report, ProbeReport) and report.received_by == stage_name(1)
     assert report.hidden.wire_dtype is wire and tuple(report.hidden.shape) == (5, dim)
     assert bytes(report.hidden.data) == bytes(probe.data) and np.array_equal(report.hidden.to_array(), values)
 
@@ -195,9 +195,9 @@ def test_decode_loop_closes_without_the_orchestrator(
     assert not {"NextToken", "StageActivation"} & (set(prefill["received"]) | set(prefill["sent"])), (
         f"orchestrator, prefill: {prefill}"
     )
-    first, last = frames["stages"]["pp-stage-0"], frames["stages"][stage_name(n - 1)]
+    first, last = frames["stages"][stage_name(0)], frames["stages"][stage_name(n - 1)]
     assert first["received"].get("NextToken") == g, (
-        f"pp-stage-0 received {first['received'].get('NextToken', 0)} NextToken frames for {g} generated tokens"
+        f"{stage_name(0)} received {first['received'].get('NextToken', 0)} NextToken frames for {g} generated tokens"
     )
     assert last["sent"].get("NextToken") == g, f"{stage_name(n - 1)} sent {last['sent'].get('NextToken', 0)} NextToken"
 
@@ -231,7 +231,7 @@ def test_tokens_equal_the_unsplit_reference(
     assert ref.prompt_token_ids == ppsmoke_inference.prompt_token_ids, "the prompt tokenized differently"
     got = ppsmoke_inference.token_ids
     assert got == ref.token_ids, (
-        f"the pipeline's tokens differ from the reference's (pp-stage-{ref.stage}, {ref.device}) at index "
+        f"the pipeline's tokens differ from the reference's ({stage_name(ref.stage)}, {ref.device}) at index "
         f"{ref.first_difference}: pipeline {got}, reference {ref.token_ids}"
     )
     assert ref.match is True

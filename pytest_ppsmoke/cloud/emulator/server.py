@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import contextlib
 import ctypes
+import inspect
 import json
 import logging
 import os
@@ -272,9 +273,14 @@ CLONE_NEWNET = 0x40000000
 
 
 def main(argv: list[str] | None = None) -> None:
+    # The flags are the emulator's own, not the settings table's: cloud/ sits below the harness, and
+    # pp-fake-vast is a server for any vast.ai client. Where a flag takes a setting's value (--runtime,
+    # --gpus, --network) it takes the same names (registry.NAMES, the network profiles); every default
+    # is FakeVast's own, read from its signature.
+    defaults = {k: v.default for k, v in inspect.signature(FakeVast).parameters.items()}
     p = argparse.ArgumentParser(prog="pp-fake-vast", description=(__doc__ or "").split("\n\n")[0])
-    p.add_argument("--host", default="127.0.0.1", help="an IP literal on loopback (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=0, help="0 picks a free port (default)")
+    p.add_argument("--host", default=defaults["host"], help="an IP literal on loopback (default %(default)s)")
+    p.add_argument("--port", type=int, default=defaults["port"], help="0 picks a free port (default %(default)s)")
     p.add_argument(
         "--faults",
         default=None,
@@ -285,20 +291,23 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--runtime",
         choices=RUNTIMES,
-        default="processes",
-        help="an instance is a node process (default) or the image it names, run by buildah",
+        default=defaults["runtime"],
+        help="an instance is a node process (processes) or the image it names, run by buildah (image) "
+        "(default %(default)s)",
     )
     p.add_argument("--gpus", default="", help="this host's GPUs, e.g. 0,1: each instance gets one in turn")
-    p.add_argument("--credit", type=float, default=100.0, help="the account's credit in $ (default 100)")
     p.add_argument(
-        "--pull-mbps", type=float, default=None,
+        "--credit", type=float, default=defaults["credit"], help="the account's credit in $ (default %(default)s)"
+    )
+    p.add_argument(
+        "--pull-mbps", type=float, default=defaults["pull_mbps"],
         help="the hosts' download speed in Mbit/s: an image's pull lasts its compressed size over it (--runtime image)",
     )  # fmt: skip
     p.add_argument(
         "--network",
-        default="loopback",
-        help="the network between the nodes: loopback (default) or an emulated profile (lan, wan, far, slow, "
-        "flaky; per-link overrides as in docs/network.md); needs root",
+        default=defaults["network"],
+        help="the network between the nodes: loopback or an emulated profile (lan, wan, far, slow, "
+        "flaky; per-link overrides as in docs/network.md); needs root (default %(default)s)",
     )
     args = p.parse_args(argv)
     if args.host not in ("127.0.0.1", "::1", "localhost"):
