@@ -66,7 +66,7 @@ async def spin() -> asyncio.subprocess.Process:
 
 def swim_for(profile: str) -> SwimConfig:
     """The SWIM configuration a run chooses for the profile (from its worst round trip)."""
-    return RunConfig(network="local", rtt=rtt_of(parse_network(profile))).swim
+    return RunConfig(transport="local", rtt=rtt_of(parse_network(profile))).swim
 
 
 def alive_seen(p: ChildProcess) -> set[str]:

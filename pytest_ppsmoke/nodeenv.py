@@ -27,7 +27,7 @@ from . import checks, failpoints
 from .protocol import WIRE_DTYPES
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-NETWORKS = ("local", "wan")
+TRANSPORTS = ("local", "wan")
 REFERENCES = ("beside", "after")
 WORKER_ROLES = ("stage", "reference")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
@@ -112,10 +112,10 @@ class NodeEnv:
     # the cluster
     node_key: bytes = _var(b"", "PP_NODE_KEY", KEY, "this node's secret key, 64 hex; never logged or reported")
     allowed_ids: tuple[str, ...] = _var((), "PP_ALLOWED_IDS", IDS, "the endpoint ids that may connect (empty: any)")
-    network: str = _var(
+    transport: str = _var(
         "local",
-        "PP_NETWORK",
-        checks.choice(NETWORKS, expected="'local' or 'wan'"),
+        "PP_TRANSPORT",
+        checks.choice(TRANSPORTS, expected="'local' or 'wan'"),
         "local: loopback, relays off; wan: discovery and relays",
         "the orchestrator; the image sets wan",
     )

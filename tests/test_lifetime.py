@@ -173,7 +173,7 @@ async def test_a_node_that_fails_on_an_unexpected_error_destroys_its_own_instanc
     exception (iroh's, a transport's, a bug; here the failpoint node.crash's RuntimeError) ends
     the node through the same door, and its instance does not bill on until a teardown or a reap."""
     (cfg,) = cluster_configs(1)
-    env = NodeEnv(stage=0, num_stages=2, node_key=cfg.secret_key, seed=cluster_configs(1)[0].id, network="wan")
+    env = NodeEnv(stage=0, num_stages=2, node_key=cfg.secret_key, seed=cluster_configs(1)[0].id, transport="wan")
     async with FakeVast(faults="vast.crash_node=0;vast.boot_delay=0.05") as fake:
         async with VastClient(fake.api_key, fake.url) as vast:
             offer = (await vast.search_offers(OfferQuery()))[0]

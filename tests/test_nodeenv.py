@@ -28,7 +28,7 @@ def full() -> NodeEnv:
         model="llama3.2:1b",
         node_key=KEY,
         allowed_ids=("cd" * 32, "ef" * 32),
-        network="wan",
+        transport="wan",
         swim="suspicion_timeout=5",
         bind="10.231.0.2:0",
         port=7000,
@@ -84,7 +84,7 @@ def test_secrets_never_show() -> None:
         ({"STAGE": "one"}, "STAGE must be an integer of at least 0, got 'one'"),
         ({"NUM_STAGES": "1"}, "NUM_STAGES must be an integer of at least 2, got '1'"),
         ({"STAGE": "2"}, "STAGE and NUM_STAGES: stage 2 of 2 is not a valid stage"),
-        ({"PP_NETWORK": "lan"}, "PP_NETWORK must be 'local' or 'wan', got 'lan'"),
+        ({"PP_TRANSPORT": "lan"}, "PP_TRANSPORT must be 'local' or 'wan', got 'lan'"),
         ({"PP_ALLOWED_IDS": "xyz"}, "PP_ALLOWED_IDS entry 'xyz' is not an endpoint id (64 hex characters)"),
         ({"PP_JOIN_TIMEOUT": "soon"}, "PP_JOIN_TIMEOUT must be a positive number of seconds, got 'soon'"),
         ({"PP_TTL": "0"}, "PP_TTL must be a positive number of seconds, got '0'"),
@@ -152,7 +152,7 @@ def test_one_default_per_variable_for_every_side() -> None:
         DEFAULTS.ttl,
         DEFAULTS.orphan_grace,
     )
-    assert (rc.num_stages, rc.model, rc.wire_dtype, rc.network) == (2, DEFAULTS.model, "bf16", DEFAULTS.network)
+    assert (rc.num_stages, rc.model, rc.wire_dtype, rc.transport) == (2, DEFAULTS.model, "bf16", DEFAULTS.transport)
     assert LocalCluster().load_timeout == DEFAULTS.worker_ready_timeout
 
 
@@ -162,11 +162,11 @@ def test_the_lower_records_are_derived_from_the_settings_not_copied() -> None:
     also reads are NodeEnv's (a node joins within the run's convergence deadline, not its own)."""
     from pytest_ppsmoke.harness.runconfig import NODE_FIELDS
     from pytest_ppsmoke.harness.settings import VASTAI_MODEL, Settings
-    from pytest_ppsmoke.harness.setup import run_config
+    from pytest_ppsmoke.harness.setup import QUERY_FIELDS, RUN_FIELDS, run_config
 
     # on vast.ai's GPUs the reference loads beside stage 0 (auto), on this machine's CPU after
     # and its nodes write no weight cache: every instance is new
-    vastai = RunConfig(model=VASTAI_MODEL, network="wan", reference_load="beside", weight_cache="off")
+    vastai = RunConfig(model=VASTAI_MODEL, transport="wan", reference_load="beside", weight_cache="off")
     assert run_config(Settings.resolve({"api_key": "k"})) == vastai
     s = Settings.resolve({"mode": "local", "num_stages": 3, "node_ttl": 5.0, "polls": 7, "converge_timeout": 9.0})
     rc = run_config(s)
@@ -179,11 +179,17 @@ def test_the_lower_records_are_derived_from_the_settings_not_copied() -> None:
     assert run_config(Settings.resolve({"api_key": "k", "reference": False})).reference_load == "after"
     assert run_config(Settings.resolve({"mode": "local", "reference_load": "beside"})).node_env().reference == "beside"
     node = rc.node_env()
-    assert (node.num_stages, node.ttl, node.join_timeout, node.network) == (3, 5.0, 9.0, "local")
+    assert (node.num_stages, node.ttl, node.join_timeout, node.transport) == (3, 5.0, 9.0, "local")
     rc = RunConfig()
     for name, var in NODE_FIELDS.items():
         if name != "converge_timeout":
             assert getattr(rc, name) == getattr(DEFAULTS, var), name
+    # the renamed ones, through their one table each
+    changed = {"gpu_ram": 40.0, "max_price": 1.5, "min_reliability": 0.9, "min_cuda": 12.1, "disk": 50.0}
+    s = Settings.resolve({"api_key": "k", **changed})
+    rc = run_config(s)
+    assert {name: getattr(rc.query, f) for name, f in QUERY_FIELDS.items()} == changed
+    assert {name: getattr(rc, f) for name, f in RUN_FIELDS.items()} == {"disk": 50.0}
 
 
 def test_the_docs_list_every_variable_with_its_default() -> None:
@@ -203,7 +209,7 @@ def test_the_direct_port_and_the_relay_reach_the_node_and_the_public_side_is_adv
     advertises where vast.ai forwards it from; a local run asks for none."""
     from pytest_ppsmoke.runtime.node import NodeConfig
 
-    config = RunConfig(network="wan", port=7100, relay="https://relay.example.com", check_image=False)
+    config = RunConfig(transport="wan", port=7100, relay="https://relay.example.com", check_image=False)
     assert config.direct and config.query.body()["direct_port_count"] == {"gte": 1}
     env = {**config.node_env().replace(node_key=KEY).to_env(), "PUBLIC_IPADDR": "203.0.113.7"}
     assert (env["PP_PORT"], env["PP_RELAY"]) == ("7100", "https://relay.example.com")
@@ -217,13 +223,13 @@ def test_the_direct_port_and_the_relay_reach_the_node_and_the_public_side_is_adv
     assert node.join_timeout == config.converge_timeout + config.boot_window == 120 + 180
     assert (
         NodeConfig.from_env(
-            RunConfig(network="local", check_image=False).node_env().replace(node_key=KEY).to_env()
+            RunConfig(transport="local", check_image=False).node_env().replace(node_key=KEY).to_env()
         ).join_timeout
         == 120
     )
     with pytest.raises(ValueError, match="VAST_UDP_PORT_7100 must be a UDP port"):
         NodeConfig.from_env({**env, "VAST_UDP_PORT_7100": "70000"})
-    local = RunConfig(network="local", check_image=False)
+    local = RunConfig(transport="local", check_image=False)
     assert not local.direct and "direct_port_count" not in local.query.body()
     with pytest.raises(ValueError, match="port must be a UDP port"):
-        RunConfig(network="wan", port=70000, check_image=False)
+        RunConfig(transport="wan", port=70000, check_image=False)

@@ -124,13 +124,13 @@ def test_node_environment_is_validated_without_echoing_the_key() -> None:
         NodeConfig.from_env({"PP_NODE_KEY": key})
     assert key not in str(info.value)
     good = "cd" * 32
-    with pytest.raises(ValueError, match="PP_NETWORK must be 'local' or 'wan', got 'lan'"):
-        NodeConfig.from_env({"PP_NODE_KEY": good, "PP_NETWORK": "lan"})
+    with pytest.raises(ValueError, match="PP_TRANSPORT must be 'local' or 'wan', got 'lan'"):
+        NodeConfig.from_env({"PP_NODE_KEY": good, "PP_TRANSPORT": "lan"})
     with pytest.raises(ValueError, match="PP_ALLOWED_IDS entry 'xyz' is not an endpoint id"):
         NodeConfig.from_env({"PP_NODE_KEY": good, "PP_ALLOWED_IDS": "xyz"})
     with pytest.raises(ValueError, match="PP_JOIN_TIMEOUT must be a positive number of seconds, got 'soon'"):
         NodeConfig.from_env({"PP_NODE_KEY": good, "PP_JOIN_TIMEOUT": "soon"})
-    cfg = NodeConfig.from_env({"PP_NODE_KEY": good, "PP_NETWORK": "wan", "PP_SWIM": "suspicion_timeout=9"})
+    cfg = NodeConfig.from_env({"PP_NODE_KEY": good, "PP_TRANSPORT": "wan", "PP_SWIM": "suspicion_timeout=9"})
     assert not cfg.local and cfg.swim.suspicion_timeout == 9.0 and cfg.swim.protocol_period == 1.0
     assert good not in repr(cfg)
 

@@ -53,7 +53,7 @@ class RentalConfig:
     image: str = DEFAULT_IMAGE
     disk_gb: float = OfferQuery.disk_gb
     query: OfferQuery = field(default_factory=OfferQuery)
-    network: str = DEFAULTS.network  # local: loopback; wan: the internet (a forwarded UDP port per create)
+    transport: str = DEFAULTS.transport  # local: loopback; wan: the internet (a forwarded UDP port per create)
     polls: int = BOOT_POLLS  # the spec's boot polls, at vast.ai's pace: the boot window (boot_window)
     poll_interval: float = BOOT_POLL_INTERVAL  # how often the boot looks (a local run: faster)
     port: int = DEFAULT_PORT  # wan: the UDP port each create asks vast.ai to forward (0: none, relays only)
@@ -66,14 +66,14 @@ class RentalConfig:
     def __post_init__(self) -> None:
         if self.num_stages < 2:
             raise ValueError(f"num_stages must be at least 2, got {self.num_stages}")
-        if self.network not in ("local", "wan"):
-            raise ValueError(f"network must be 'local' or 'wan', got {self.network!r}")
+        if self.transport not in ("local", "wan"):
+            raise ValueError(f"transport must be 'local' or 'wan', got {self.transport!r}")
         if self.polls < 1:
             raise ValueError(f"polls must be at least 1, got {self.polls}")
         if self.offer_races < 0:
             raise ValueError(f"offer_races must be at least 0, got {self.offer_races}")
         if self.check_image is None:
-            self.check_image = image_check(self.image, vastai=self.network != "local")
+            self.check_image = image_check(self.image, vastai=self.transport != "local")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be a UDP port (1..65535), or 0 for none, got {self.port}")
         if self.direct and not self.query.direct_ports:
@@ -91,7 +91,7 @@ class RentalConfig:
     @property
     def direct(self) -> bool:
         """Whether each create asks vast.ai to forward a UDP port, for a direct path to its node."""
-        return self.network == "wan" and self.port > 0
+        return self.transport == "wan" and self.port > 0
 
 
 @dataclass

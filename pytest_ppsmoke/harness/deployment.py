@@ -215,13 +215,13 @@ class Deployment(Resource):
             NodeConfig(
                 secret_key=self.keys.keys[0],
                 allowed=frozenset(self.keys.ids),
-                local=c.network == "local",
+                local=c.transport == "local",
                 bind_addr=c.bind,
                 relay=c.relay or None,
                 swim=c.swim,
             )
         )
-        if c.network == "local":  # the creates carry the seed's ticket: its address, once bound
+        if c.transport == "local":  # the creates carry the seed's ticket: its address, once bound
             await self.seed.start()
             await self._rent_all(offers)
         else:  # the creates carry its id alone: it binds, and waits for a relay, while they go out
@@ -247,7 +247,7 @@ class Deployment(Resource):
         assert self.seed is not None
         node = c.node_env().replace(
             stage=stage,
-            seed=self.seed.ticket() if c.network == "local" else self.seed.id,
+            seed=self.seed.ticket() if c.transport == "local" else self.seed.id,
             node_key=self.keys.keys[1 + stage],
             allowed_ids=tuple(self.keys.ids),
             swim=c.swim.to_env(),
@@ -297,7 +297,7 @@ class Deployment(Resource):
         return {"links": out, "dialled": stats.connects, "accepted": stats.accepted}
 
     def _paths_line(self) -> str:
-        if self.config.network != "wan":
+        if self.config.transport != "wan":
             return ""
         seen = []
         for name, p in self.paths().get("links", {}).items():

@@ -43,7 +43,7 @@ async def join(
     timeout = config.converge_timeout
     try:
         async with asyncio.timeout(timeout):
-            if config.network == "wan":
+            if config.transport == "wan":
                 await dial(seed, inst)
             else:
                 await seed.membership.wait_until(
@@ -90,7 +90,7 @@ def explain(instances: Iterable[RentedInstance], config: RunConfig, missing: set
     gone = [i for i in instances if i.endpoint_id in missing]
     lines = [f"{i.name}, last seen {i.state or 'null'}" for i in gone]
     unmapped = [i for i in gone if not i.public_udp]
-    if config.network == "wan" and unmapped:
+    if config.transport == "wan" and unmapped:
         names = ", ".join(i.name for i in unmapped)
         why = (
             f"no port was asked of vast.ai ({setting('port')} 0)"
@@ -129,7 +129,7 @@ async def time_swim(seed: Node, instances: list[RentedInstance], config: RunConf
     wanted = swim_for_rtt(worst)
     source = "the run's settings"
     # on loopback a slow echo is a busy core, not a path: the shared-CPU timing stays
-    over_a_network = config.network == "wan" or config.rtt >= 0.01
+    over_a_network = config.transport == "wan" or config.rtt >= 0.01
     if over_a_network and worst >= 0.01 and wanted.ping_timeout > before.ping_timeout:
         seed.membership.config = dataclasses.replace(
             before, ping_timeout=wanted.ping_timeout, protocol_period=wanted.protocol_period

@@ -20,7 +20,7 @@ NODE_FIELDS = {
     "wire_dtype": "wire_dtype",
     "weight_cache": "weight_cache",
     "program_cache": "program_cache",
-    "network": "network",
+    "transport": "transport",
     "converge_timeout": "join_timeout",  # a node joins within the run's convergence deadline
     "load_timeout": "worker_ready_timeout",
     "node_ttl": "ttl",
@@ -64,7 +64,7 @@ class RunConfig(RentalConfig):
         a few milliseconds (an emulated network's profile), :func:`swim_for_rtt`."""
         if self.rtt >= 0.01:
             return swim_for_rtt(self.rtt)
-        return SwimConfig.wan() if self.network != "local" else SwimConfig.shared_cpu()
+        return SwimConfig.wan() if self.transport != "local" else SwimConfig.shared_cpu()
 
 
 def swim_for_rtt(rtt: float) -> SwimConfig:

@@ -40,9 +40,19 @@ if TYPE_CHECKING:
 
 OnPhase = Callable[[str, float, str], None]
 
-# RunConfig's fields that the settings give under the same name (Settings.network is the emulated
-# network; RunConfig.network, local or wan, follows from the mode)
-_SAME = ({f.name for f in dataclasses.fields(RunConfig)} & {f.name for f in dataclasses.fields(Settings)}) - {"network"}
+# RunConfig's fields that the settings give under the same name; the settings whose value a lower
+# record names otherwise, by the name each becomes there (the one table of these renames: a node's
+# are runconfig.NODE_FIELDS); the rest are derived below (the transport, local or wan, follows from
+# the mode and the emulated network; the reference's load and the weight cache from their "auto")
+_SAME = {f.name for f in dataclasses.fields(RunConfig)} & {f.name for f in dataclasses.fields(Settings)}
+RUN_FIELDS = {"disk": "disk_gb"}
+QUERY_FIELDS = {
+    "gpu_ram": "gpu_ram_gb",
+    "max_price": "max_dph",
+    "min_reliability": "min_reliability",
+    "min_cuda": "min_cuda",
+    "disk": "disk_gb",
+}
 
 
 def reference_load(s: Settings) -> str:
@@ -67,21 +77,16 @@ def weight_cache(s: Settings) -> str:
 
 
 def run_config(s: Settings) -> RunConfig:
-    """The deployment's config from the settings: each field of the same name, then the rest."""
+    """The deployment's config from the settings: each field of the same name or of the tables
+    (:data:`RUN_FIELDS`, :data:`QUERY_FIELDS`), then the derived ones."""
     return RunConfig(
         **{name: getattr(s, name) for name in sorted(_SAME - {"reference_load", "weight_cache"})},
+        **{field: getattr(s, name) for name, field in RUN_FIELDS.items()},
         weight_cache=weight_cache(s),
         reference_load=reference_load(s),
-        disk_gb=s.disk,
-        query=OfferQuery(
-            gpu_ram_gb=s.gpu_ram,
-            max_dph=s.max_price,
-            min_reliability=s.min_reliability,
-            min_cuda=s.min_cuda,
-            disk_gb=s.disk,
-        ),
+        query=OfferQuery(**{field: getattr(s, name) for name, field in QUERY_FIELDS.items()}),
         # an emulated internet (behind NATs) runs the transport's internet mode, as on vast.ai
-        network="local" if s.local and not internet(s.network) else "wan",
+        transport="local" if s.local and not internet(s.network) else "wan",
         check_image=image_check(s.image, vastai=not s.local),
     )
 

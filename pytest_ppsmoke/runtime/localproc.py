@@ -216,7 +216,7 @@ def member_env(
         seed=seed_ticket or "",
         names=tuple(names),
         swim=swim,
-        network="local",
+        transport="local",
         exit_on_stdin_eof=True,
     )
     return {**process_env(node), **(extra or {})}

@@ -99,10 +99,10 @@ class NodeConfig:
     @classmethod
     def from_nodeenv(cls, env: NodeEnv, raw: Mapping[str, str] | None = None) -> NodeConfig:
         """``raw``: the variables themselves, for the ones named after the port (``VAST_UDP_PORT_<n>``)."""
-        swim = SwimConfig.loopback() if env.network == "local" else SwimConfig.wan()
+        swim = SwimConfig.loopback() if env.transport == "local" else SwimConfig.wan()
         if env.swim:
             swim = swim.with_overrides(env.swim)
-        local = env.network == "local"
+        local = env.transport == "local"
         bind = env.bind or (None if local or not env.port else f"0.0.0.0:{env.port}")
         public = None if local else env.public_udp(raw)
         return cls(
