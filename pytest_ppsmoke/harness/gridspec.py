@@ -24,7 +24,7 @@ class GridSpec:
     timeout: float = 600.0  # seconds for one request
     gpus: tuple[str, ...] = ()  # this machine's GPUs, one per instance in turn (FakeVast's gpus)
     # the weights in every worker: f16 (tinygrad's HALF=1, its default) or native (HALF=0: as the
-    # GGUF's loader gives them, float32 for a quantized file; on a CPU 2.6-4x faster than f16)
+    # GGUF's loader gives them, float32 for a quantized file; on a CPU faster than f16: docs/benchmarks.md)
     weights: str = "f16"
 
     def check(self) -> None:

@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
         choices=tuple(WEIGHTS),
         default=_GRID.weights,
         help="f16 (tinygrad's HALF=1) or native (HALF=0: the GGUF's dtype, float32 for a quantized file; "
-        "on a CPU 2.6-4x faster) (default %(default)s)",
+        "on a CPU much faster: docs/benchmarks.md) (default %(default)s)",
     )
     add_option(g, "gpus")
     add_option(g, "grid_out", "--out", required=True)
