@@ -20,6 +20,8 @@ BOOT_POLLS = 60  # status polls until an instance is running
 BOOT_POLL_INTERVAL = 3.0  # seconds between them, on vast.ai
 CONVERGE_TIMEOUT = 120.0  # SWIM: every member alive in every view
 RESOLVE_TIMEOUT = 60.0  # every stage name
+BUDGET = 300.0  # the spec's verdict within 5 minutes: a run's wall clock, teardown included
+DIRECT_PORT = 7000  # the UDP port each create asks vast.ai to forward, and its node binds
 
 # the GPUs the node image can run: the compute capabilities (vast.ai's ``compute_cap``, x100) of
 # the GPUs vast.ai rents that the image's NVRTC (12.4: sm_50 to sm_90) compiles tinygrad's f16 and

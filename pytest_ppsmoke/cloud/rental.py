@@ -28,7 +28,7 @@ from typing import Any
 
 from .. import DEFAULT_IMAGE
 from ..nodeenv import DEFAULTS
-from ..protocol import BOOT_POLL_INTERVAL, BOOT_POLLS, PhaseError, reap_advice, setting, stage_name
+from ..protocol import BOOT_POLL_INTERVAL, BOOT_POLLS, BUDGET, DIRECT_PORT, PhaseError, reap_advice, setting, stage_name
 from .preflight import Preflight, find_offers, image_check, preflight
 from .vast import Instance, Label, NeverRuns, Offer, OfferGone, OfferQuery, VastClient, VastError, going_away
 
@@ -39,7 +39,6 @@ log = logging.getLogger(__name__)
 # detection judges the node, and a watched instance that shows it is only logged
 LOST_STATES = ("offline", "exited")
 PORTS_WAIT = 10.0  # seconds a running instance's record may take to show its forwarded port
-DEFAULT_PORT = 7000  # the UDP port each create asks vast.ai to forward (wan), and its node binds
 # an instance's own steps, in order: each is stamped in its timeline as it is reached
 STEPS = ("rented", "running", "reached", "joined", "loaded")
 
@@ -56,12 +55,12 @@ class RentalConfig:
     transport: str = DEFAULTS.transport  # local: loopback; wan: the internet (a forwarded UDP port per create)
     polls: int = BOOT_POLLS  # the spec's boot polls, at vast.ai's pace: the boot window (boot_window)
     poll_interval: float = BOOT_POLL_INTERVAL  # how often the boot looks (a local run: faster)
-    port: int = DEFAULT_PORT  # wan: the UDP port each create asks vast.ai to forward (0: none, relays only)
+    port: int = DIRECT_PORT  # wan: the UDP port each create asks vast.ai to forward (0: none, relays only)
     offer_races: int = 4  # offers raced away between search and create that the run moves past
     redestroys: int = 2  # destroys sent again when vast.ai accepted one but still shows the instance running
     preflight: bool = True  # the checks before the first create (.preflight)
     check_image: bool | str | None = None  # ask the image's registry; a str: why not; None: image_check decides
-    budget: float = 300.0  # the run's seconds: the credit must cover the offers' $/h for this long
+    budget: float = BUDGET  # the run's seconds: the credit must cover the offers' $/h for this long
 
     def __post_init__(self) -> None:
         if self.num_stages < 2:

@@ -7,9 +7,9 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ..cloud.rental import DEFAULT_PORT, RentalConfig
+from ..cloud.rental import RentalConfig
 from ..nodeenv import DEFAULTS, NodeEnv
-from ..protocol import CONVERGE_TIMEOUT, RESOLVE_TIMEOUT, setting
+from ..protocol import CONVERGE_TIMEOUT, DIRECT_PORT, RESOLVE_TIMEOUT, setting
 from ..runtime.swimconfig import SwimConfig
 
 # RunConfig's fields that every node's NodeEnv carries, by the NodeEnv field each becomes: the one
@@ -77,7 +77,7 @@ def swim_for_rtt(rtt: float) -> SwimConfig:
 
 def port_advice(config: RunConfig) -> str:
     """How to ask for a forwarded port, as a failure to reach a node says it."""
-    port = config.port or DEFAULT_PORT
+    port = config.port or DIRECT_PORT
     return (
         f"ask for a forwarded UDP port ({setting('port')} {port}: '-p {port}:{port}/udp' in each create's env) "
         "on offers with direct_port_count >= 1"

@@ -27,9 +27,18 @@ from typing import Any
 
 from .. import DEFAULT_IMAGE, checks
 from ..cloud.emulator.registry import NAMES as RUNTIMES  # the emulator's runtimes (stdlib only)
+from ..cloud.vastrecords import OfferQuery  # the offer search's defaults (stdlib only)
 from ..nodeenv import DEFAULTS as NODE
 from ..nodeenv import REFERENCES
-from ..protocol import BOOT_POLL_INTERVAL, BOOT_POLLS, CONVERGE_TIMEOUT, RESOLVE_TIMEOUT, WIRE_DTYPES
+from ..protocol import (
+    BOOT_POLL_INTERVAL,
+    BOOT_POLLS,
+    BUDGET,
+    CONVERGE_TIMEOUT,
+    DIRECT_PORT,
+    RESOLVE_TIMEOUT,
+    WIRE_DTYPES,
+)
 from .gridspec import grid_spec
 
 # the run's steps, in order: the driver runs them, the plugin maps its fixtures to them
@@ -221,7 +230,7 @@ class Settings:
         _ON_OFF,
     )
     budget: float = option(
-        300.0,
+        BUDGET,
         "seconds for the whole run, start to exit, teardown included; rent to decode get it less --teardown-timeout",
         _POSITIVE,
     )
@@ -270,7 +279,7 @@ class Settings:
         checks.Check("a network description", _network),
     )
     port: int = option(
-        7000,
+        DIRECT_PORT,
         "the UDP port each create asks vast.ai to forward, for a direct path to its node (0: none, relays "
         "only); offers must have a direct port",
         _PORT,
@@ -291,14 +300,16 @@ class Settings:
         checks.choice(RUNTIMES, "runtime"),
     )
     image: str = option(DEFAULT_IMAGE, "the node image", _TEXT, group="instances")
-    disk: float = option(20.0, "disk per instance, GB", _POSITIVE, group="instances")
-    gpu_ram: float = option(8.0, "least GPU RAM per instance, GB", _POSITIVE, group="instances")
-    max_price: float = option(2.0, "most $/hour per instance, its disk (--disk) included", _POSITIVE, group="instances")
+    disk: float = option(OfferQuery.disk_gb, "disk per instance, GB", _POSITIVE, group="instances")
+    gpu_ram: float = option(OfferQuery.gpu_ram_gb, "least GPU RAM per instance, GB", _POSITIVE, group="instances")
+    max_price: float = option(
+        OfferQuery.max_dph, "most $/hour per instance, its disk (--disk) included", _POSITIVE, group="instances"
+    )
     min_reliability: float = option(
-        0.95, "least host reliability, 0..1", checks.numbers(least=0, most=1), group="instances"
+        OfferQuery.min_reliability, "least host reliability, 0..1", checks.numbers(least=0, most=1), group="instances"
     )
     min_cuda: float = option(
-        12.4,
+        OfferQuery.min_cuda,
         "least CUDA version the host supports (the default is the one the image's NVRTC makes PTX for)",
         checks.numbers(),
         group="instances",

@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from ..nodeenv import DEFAULTS, NodeEnv, process_env
-from ..protocol import PhaseError, cluster_names, stage_name, stage_names
+from ..protocol import CONVERGE_TIMEOUT, RESOLVE_TIMEOUT, PhaseError, cluster_names, stage_name, stage_names
 from .codec import ActorAddress, MembersQuery, MemberStatus, MembersView
 from .localproc import ChildProcess, ClusterKeys
 from .node import NODE_ACTOR, Node, NodeConfig
@@ -111,8 +111,8 @@ class LocalCluster(Resource):
     node_module: str = "pytest_ppsmoke.runtime.member"
     boot_timeout: float = 60.0
     load_timeout: float = DEFAULTS.worker_ready_timeout
-    converge_timeout: float = 120.0  # the spec's SWIM deadline
-    resolve_timeout: float = 60.0  # the spec's name deadline
+    converge_timeout: float = CONVERGE_TIMEOUT  # the spec's SWIM deadline
+    resolve_timeout: float = RESOLVE_TIMEOUT  # the spec's name deadline
     on_phase: Callable[[str, float], None] | None = None
     extra_env: Mapping[str, str] | None = None
     # stage 0's PP_REFERENCE: its callers compute the reference in their own process, so no
