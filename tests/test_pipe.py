@@ -21,7 +21,6 @@ from pytest_ppsmoke.messages import (
     BlockCache,
     Hidden,
     KvInfo,
-    ProgramCounts,
     ReferenceResult,
     Span,
     WeightLoad,
@@ -32,6 +31,7 @@ from pytest_ppsmoke.stage.bridge import WorkerBridge
 from pytest_ppsmoke.stage.pipe import (
     OPS,
     Bye,
+    CacheUse,
     DecodeStep,
     Detokenize,
     EmbedAndForward,
@@ -88,13 +88,13 @@ REPLIES: list[Any] = [
     Text("I'm"),
     KvInfo(1, 1, 2, 4, (Span(0, 5),), (BlockCache(1, True, True, True, (2, 1, 8, 4), (Span(0, 5),), DIGEST, DIGEST),)),
     ReferenceResult(0, "unsplit", "CPU", (1, 2), (3, 4), 0.5, 0.25, 10, 20, WEIGHTS, "beside"),
-    Bye(ProgramCounts(41, 0), ProgramCounts(3, 1)),
+    Bye(CacheUse(41, 0, 0.5, ("a write failed",)), CacheUse(3, 1)),
     Bye(),
 ]
 
 READY = Ready(
     1234, 1, "smollm2:135m", WireDtype.bf16, 1024, 3.25, tuple(Framing), weights=WEIGHTS,
-    programs=ProgramCounts(41, 0), schedules=ProgramCounts(2, 0), num_stages=2, range=Span(15, 30),
+    programs=CacheUse(41, 0), schedules=CacheUse(2, 0), num_stages=2, range=Span(15, 30),
     num_blocks=30, dim=576, end_ids=(2,), jit=True, param_bytes=10, warm_up_s=1.5, wall_s=9.0,
     imports_s=1.25, device_s=0.5, build_s=0.125,
 )  # fmt: skip

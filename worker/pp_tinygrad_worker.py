@@ -61,12 +61,13 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from pytest_ppsmoke.messages import Hidden, ProgramCounts, Span, WireDtype, digest
+from pytest_ppsmoke.messages import Hidden, Span, WireDtype, digest
 from pytest_ppsmoke.nodeenv import NodeEnv
 from pytest_ppsmoke.stage.cache import SCHEDULES, ProgramStats, ScheduleStats, WeightCache, install_program_cache
 from pytest_ppsmoke.stage.model import StageModel, Tokenizer, native_weights_on_the_cpu, open_device, realized_model
 from pytest_ppsmoke.stage.pipe import (
     Bye,
+    CacheUse,
     DecodeStep,
     Detokenize,
     EmbedAndForward,
@@ -239,8 +240,10 @@ class ReferenceWorker:
         raise PipeError(f"unknown op {req.op!r} for a reference worker; expected reference or shutdown")
 
 
-def _counts(stats: ProgramStats | ScheduleStats | None) -> ProgramCounts | None:
-    return ProgramCounts(stats.hits, stats.misses) if stats is not None else None
+def _counts(stats: ProgramStats | ScheduleStats | None) -> CacheUse | None:
+    if isinstance(stats, ProgramStats):
+        return CacheUse(stats.hits, stats.misses, round(stats.seconds, 3), tuple(stats.errors))
+    return CacheUse(stats.hits, stats.misses) if stats is not None else None
 
 
 def main() -> None:

@@ -109,12 +109,27 @@ class Text:
 
 
 @dataclass(frozen=True)
+class CacheUse:
+    """What a worker read from a cache of its own (``hits``) and made (``misses``): tinygrad's
+    programs (with the seconds spent on them, and the errors of the cache's writes) or its
+    schedules (``stage/cache.py``)."""
+
+    hits: int
+    misses: int
+    seconds: float = 0.0
+    errors: tuple[str, ...] = ()
+
+    def counts(self) -> ProgramCounts:
+        return ProgramCounts(self.hits, self.misses)
+
+
+@dataclass(frozen=True)
 class Bye:
     """The answer to ``Shutdown``: the programs and schedules the worker read from their caches
     and made, over its life."""
 
-    programs: ProgramCounts | None = None
-    schedules: ProgramCounts | None = None
+    programs: CacheUse | None = None
+    schedules: CacheUse | None = None
 
 
 @dataclass(frozen=True)
@@ -218,8 +233,8 @@ class Ready:
     framing: tuple[Framing, ...] = (Framing.json,)  # what this worker offers
     role: str = "stage"
     weights: WeightLoad | None = None
-    programs: ProgramCounts | None = None
-    schedules: ProgramCounts | None = None
+    programs: CacheUse | None = None
+    schedules: CacheUse | None = None
     num_stages: int = 0
     range: Span | None = None  # its blocks [first, end)
     num_blocks: int = 0
@@ -235,8 +250,9 @@ class Ready:
 
     def load_figures(self) -> LoadFigures:
         """The figures a node reports of this load (``NodeStatus.load``)."""
+        programs = self.programs.counts() if self.programs is not None else None
         return LoadFigures(
-            self.weights, self.programs, self.wall_s, self.imports_s, self.device_s, self.build_s, self.warm_up_s
+            self.weights, programs, self.wall_s, self.imports_s, self.device_s, self.build_s, self.warm_up_s
         )
 
 
@@ -263,6 +279,8 @@ def _value_to_json(tp: Any, value: Any) -> Any:
         return [_value_to_json(args[0] if args else Any, v) for v in value]
     if hasattr(value, "_wire_struct"):
         return to_json(value)
+    if dataclasses.is_dataclass(value):
+        return _fields_to_json(value)
     return value
 
 
@@ -312,6 +330,11 @@ def _value_from_json(tp: Any, value: Any, name: str) -> Any:
             return from_json(tp, value, name)
         except RecordError as e:
             raise PipeError(str(e)) from None
+    if dataclasses.is_dataclass(tp):
+        try:
+            return _fields_from_json(tp, value)  # type: ignore[arg-type]
+        except PipeError as e:
+            raise PipeError(f"{name}: {e}") from None
     raise TypeError(f"no JSON form for {name} of type {tp!r}")
 
 
