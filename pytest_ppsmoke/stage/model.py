@@ -454,7 +454,7 @@ class StageModel:
         second; with the caches made, that eager call would only repeat the graph, so the JIT is
         told it has had it (``cnt``, tinygrad 0.12's count of calls) and the second step, at
         position 1, is the capture. An eager pass builds the whole stage's graph in Python: a
-        third step cost a SmolLM2 stage 0.6 s of its start here (its warm-up: 2.2 s -> 1.5 s)."""
+        third step would add one more to the stage's start."""
         if not self.jit:
             return 0.0
         started = time.monotonic()
@@ -498,9 +498,9 @@ class StageModel:
 
     def _decode_input(self, x: np.ndarray) -> Tensor:
         """A decode step's input, in a device buffer kept from step to step and written with a
-        raw copy. Creating and realizing a new tensor instead cost 5.1 ms a step on an H200
-        (tinygrad schedules the copy in Python), more than the stage's own compute
-        (bench/profile_stages.py)."""
+        raw copy. Creating and realizing a new tensor instead costs more a step than the stage's
+        own compute on a GPU (tinygrad schedules the copy in Python; bench/profile_stages.py
+        measures it)."""
         key = (x.shape, x.dtype.str)
         buf = self._inputs.get(key)
         if buf is None:
@@ -621,7 +621,7 @@ CPU_DEVICES = ("CPU", "LLVM", "CLANG")  # tinygrad's CPU backends (0.12 names CP
 def native_weights_on_the_cpu(env: MutableMapping[str, str] | None = None) -> bool:
     """Weights in the GGUF's own dtype (tinygrad's ``HALF=0``) when the device is the CPU and the
     user has not chosen ``HALF``: a quantized file then dequantizes to float32, which this kind of
-    CPU runs 2-4x faster than tinygrad's default float16 (SmolLM2's decode 2.3x, measured), and the
+    CPU runs several times faster than tinygrad's default float16 (docs/benchmarks.md), and the
     token checks hold in either (the reference loads the same weights in the same process). A GPU
     keeps float16. Call it before anything reads ``HALF`` (tinygrad caches what it read); True
     when it set it."""
