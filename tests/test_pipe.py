@@ -63,6 +63,8 @@ from pytest_ppsmoke.stage.pipe import (
 )
 from pytest_ppsmoke.stage.synth import Shape, write
 
+pytestmark = pytest.mark.local
+
 WORKER = Path(__file__).resolve().parent.parent / "worker" / "pp_tinygrad_worker.py"
 RAW = bytes(range(64))
 DIGEST = digest(RAW)
@@ -233,7 +235,6 @@ async def three(three_stage_model: str) -> AsyncIterator[list[WorkerBridge]]:
             await b.close()
 
 
-@pytest.mark.local
 async def test_a_bridge_and_real_workers_exchange_every_operation(three: list[WorkerBridge]) -> None:
     s0, s1, s2 = three
     for i, b in enumerate(three):
