@@ -25,57 +25,58 @@ import sys
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from benchio import emit  # bench/ is this script's directory: first on sys.path
 
 from pytest_ppsmoke.stage.bridge import WorkerBridge
+from pytest_ppsmoke.stage.pipe import DecodeStep, EmbedAndForward, ForwardAndSample, Framing, Request, Tokenize
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = ROOT / "worker" / "pp_tinygrad_worker.py"
 SKIP = 3
-FRAMINGS = ("json", "payload")
+FRAMINGS = tuple(Framing)
+R = TypeVar("R")
 
 
-async def timed(bridge: WorkerBridge, framing: str, op: str, **fields: Any) -> tuple[dict[str, Any], float, float]:
+async def timed(bridge: WorkerBridge, framing: Framing, request: Request[R]) -> tuple[R, float, float]:
     """One call in ``framing``: the reply, the call's time as the node sees it, and in the worker."""
     bridge.framing = framing  # the worker answers each request in that request's framing
     started = time.perf_counter()
-    reply = await bridge.call(op, 60, **fields)
-    return reply, time.perf_counter() - started, float(reply["worker_s"])
+    reply, worker_s = await bridge.timed_call(request, 60)
+    assert worker_s is not None, "the worker did not say its seconds"
+    return reply, time.perf_counter() - started, worker_s
 
 
 async def run(model: str, steps: int) -> dict[str, Any]:
     env = {**os.environ, "MODEL": model, "NUM_STAGES": "2", "PP_WIRE_DTYPE": "bf16", "PP_MAX_CONTEXT": "256"}
     bridges = [WorkerBridge([sys.executable, str(WORKER)], {**env, "STAGE": str(i)}, f"s{i}") for i in (0, 1)]
-    times: dict[tuple[str, str], list[tuple[float, float]]] = defaultdict(list)  # (op, framing): [(call, worker)]
+    times: dict[tuple[str, Framing], list[tuple[float, float]]] = defaultdict(list)  # (op, framing): [(call, worker)]
     try:
         await asyncio.gather(*(b.start(600) for b in bridges))
-        assert all(b.framing == "payload" for b in bridges), "the worker does not offer the payload framing"
+        assert all(b.framing is Framing.payload for b in bridges), "the worker does not offer the payload framing"
         s0, s1 = bridges
-        ids = (await s0.call("tokenize", 30, prompt="Say hello"))["token_ids"]
-        h = await s0.call("embed_and_forward", 300, tokens=ids, position=0, prefill=True)
-        fields = {"seq_len": len(ids), "position": 0, "prefill": True}
-        token = (await s1.call("forward_and_sample", 300, hidden=h["hidden"], **fields))["token_id"]
+        ids = (await s0.call(Tokenize("Say hello"), 30)).token_ids
+        h = await s0.call(EmbedAndForward(ids, 0, prefill=True), 300)
+        token = (await s1.call(ForwardAndSample(h.hidden, 0, len(ids), prefill=True), 300)).token_id
         for i in range(steps):
             position = len(ids) + i
             order = FRAMINGS if i % 2 == 0 else FRAMINGS[::-1]
-            hidden: dict[str, dict[str, Any]] = {}
+            hidden = {}
             for framing in order:
-                reply, call, worker = await timed(s0, framing, "decode_step", token_id=token, position=position)
+                reply, call, worker = await timed(s0, framing, DecodeStep(token, position))
                 hidden[framing] = reply
                 times["decode_step", framing].append((call, worker))
-            a, b = (hidden[f] for f in FRAMINGS)
-            assert (a["hidden"], a["hidden_digest"]) == (b["hidden"], b["hidden_digest"]), f"step {i}: stage 0"
+            a, other = (hidden[f] for f in FRAMINGS)
+            assert (a.hidden, a.hidden_digest) == (other.hidden, other.hidden_digest), f"step {i}: stage 0"
             tokens = {}
             for framing in order:
-                reply, call, worker = await timed(
-                    s1, framing, "forward_and_sample", hidden=a["hidden"], seq_len=1, position=position
-                )
-                tokens[framing] = (reply["token_id"], reply["received_digest"])
+                sampled, call, worker = await timed(s1, framing, ForwardAndSample(a.hidden, position, 1))
+                tokens[framing] = (sampled.token_id, sampled.received_digest)
                 times["forward_and_sample", framing].append((call, worker))
-            assert tokens["json"] == tokens["payload"] and tokens["json"][1] == a["hidden_digest"], f"step {i}: stage 1"
-            token = tokens["json"][0]
+            json_, payload = tokens[Framing.json], tokens[Framing.payload]
+            assert json_ == payload and json_[1] == a.hidden_digest, f"step {i}: stage 1"
+            token = json_[0]
     finally:
         for b in bridges:
             await b.close()
@@ -85,12 +86,12 @@ async def run(model: str, steps: int) -> dict[str, Any]:
         row: dict[str, Any] = {}
         for framing in FRAMINGS:
             t = times[op, framing][SKIP:]
-            row[framing] = {
+            row[framing.value] = {
                 "call": round(med(c for c, _ in t) * 1e3, 3),
                 "in_worker": round(med(w for _, w in t) * 1e3, 3),
                 "bridge": round(med(c - w for c, w in t) * 1e3, 3),
             }
-        pairs = zip(times[op, "json"][SKIP:], times[op, "payload"][SKIP:], strict=True)
+        pairs = zip(times[op, Framing.json][SKIP:], times[op, Framing.payload][SKIP:], strict=True)
         row["saved_per_call"] = round(med(j[0] - p[0] for j, p in pairs) * 1e3, 3)
         out[op] = row
     return out

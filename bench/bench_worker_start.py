@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import itertools
 import json
 import os
 import sqlite3
@@ -32,55 +34,62 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from benchio import emit  # bench/ is this script's directory: first on sys.path
 
+from pytest_ppsmoke.stage.pipe import (
+    DecodeStep,
+    EmbedAndForward,
+    ErrorReply,
+    Framing,
+    Request,
+    RunReference,
+    Shutdown,
+    Tokenize,
+    decode_ready,
+    decode_reply,
+    encode_request,
+)
+
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = ROOT / "worker" / "pp_tinygrad_worker.py"
+R = TypeVar("R")
 
 
 def one(env: dict[str, str]) -> dict[str, Any]:
-    requests = [
-        {"op": "tokenize", "request_id": 1, "prompt": "Say hello"},
-        None,  # the prefill, once the prompt's ids are known
-        *({"op": "decode_step", "request_id": 3 + i, "token_id": 42 + i, "position": 0} for i in range(3)),
-        {"op": "reference", "request_id": 7, "prompt": "Say hello", "max_tokens": 8},
-        {"op": "shutdown", "request_id": 8},
-    ]
     started = time.perf_counter()
-    proc = subprocess.Popen(
-        [sys.executable, str(WORKER)], env=env, text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE
-    )
+    proc = subprocess.Popen([sys.executable, str(WORKER)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert proc.stdin is not None and proc.stdout is not None
-    ready = json.loads(proc.stdout.readline())
-    replies = []
-    ids: list[int] = []
-    for req in requests:
-        if req is None:
-            req = {"op": "embed_and_forward", "request_id": 2, "tokens": ids, "position": 0, "prefill": True}
-        elif req["op"] == "decode_step":
-            req = {**req, "position": len(ids) + req["request_id"] - 3}
-        proc.stdin.write(json.dumps(req) + "\n")
+    ready = decode_ready(json.loads(proc.stdout.readline()))
+    rid = itertools.count(1)
+
+    def ask(request: Request[R]) -> R:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(encode_request(next(rid), request, Framing.json))
         proc.stdin.flush()
-        reply = json.loads(proc.stdout.readline())
-        assert "error" not in reply, reply
-        if req["op"] == "tokenize":
-            ids = reply["token_ids"]
-        replies.append(reply)
+        reply = decode_reply(request.reply, json.loads(proc.stdout.readline()))
+        assert not isinstance(reply, ErrorReply), reply
+        return reply
+
+    ids = ask(Tokenize("Say hello")).token_ids
+    answers: list[Any] = [ask(EmbedAndForward(ids, 0, prefill=True)).hidden_digest.hex()]
+    answers += [ask(DecodeStep(42 + i, len(ids) + i)).hidden_digest.hex() for i in range(3)]
+    ref = ask(RunReference("Say hello", 8))
+    answers.append(list(ref.token_ids))
+    bye = ask(Shutdown())
     _, status, usage = os.wait4(proc.pid, 0)
     assert status == 0, status
-    bye = replies[-1]
     return {
         "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
         "wall_s": round(time.perf_counter() - started, 2),
-        "load_s": ready["load_s"],
-        "warm_up_s": ready["warm_up_s"],
-        "weights": ready["weights"]["source"],
-        "programs": bye["programs"],
-        "schedules": bye["schedules"],
-        "reference_s": round(replies[-2]["load_s"] + replies[-2]["generate_s"], 2),
-        "answers": [r.get("hidden_digest") or r.get("token_ids") for r in replies[1:-1]],
+        "load_s": ready.load_s,
+        "warm_up_s": ready.warm_up_s,
+        "weights": ready.weights.source if ready.weights else None,
+        "programs": dataclasses.asdict(bye.programs) if bye.programs else None,
+        "schedules": dataclasses.asdict(bye.schedules) if bye.schedules else None,
+        "reference_s": round(ref.load_s + ref.generate_s, 2),
+        "answers": answers,
     }
 
 

@@ -15,8 +15,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pytest_ppsmoke.messages import Hidden, digest
+from pytest_ppsmoke.messages import Hidden, KvInfo, digest
 from pytest_ppsmoke.stage.bridge import WorkerBridge, WorkerDied, WorkerError
+from pytest_ppsmoke.stage.pipe import (
+    DecodeStep,
+    EmbedAndForward,
+    ErrorReply,
+    Forward,
+    ForwardAndSample,
+    Framing,
+    HiddenOut,
+    Tokenize,
+    decode_ready,
+    decode_reply,
+)
 
 from .helpers import SYNTH
 
@@ -46,48 +58,43 @@ async def test_the_framings_carry_the_same_bytes_digests_and_tokens(stages: tupl
     sent in one framing and then again in the other (the framing is per request) give the same
     raw bytes, the same digests (of those bytes, as before base64) and the same tokens."""
     s0, s1 = stages
-    assert s0.ready is not None and s0.ready["framing"] == ["json", "payload"]
-    assert (s0.framing, s1.framing) == ("payload", "payload")
-    ids = (await s0.call("tokenize", 30, prompt="Say hello"))["token_ids"]
-    seen: dict[str, list[tuple[bytes, str, str, int]]] = {}
-    for framing in ("payload", "json", "payload"):
+    assert s0.ready is not None and s0.ready.framing == (Framing.json, Framing.payload)
+    assert (s0.framing, s1.framing) == (Framing.payload, Framing.payload)
+    ids = (await s0.call(Tokenize("Say hello"), 30)).token_ids
+    seen: dict[Framing, list[tuple[bytes, bytes, bytes, int]]] = {}
+    for framing in (Framing.payload, Framing.json, Framing.payload):
         s0.framing = s1.framing = framing
-        h = await s0.call("embed_and_forward", 60, tokens=ids, position=0, prefill=True)
+        h = await s0.call(EmbedAndForward(ids, 0, prefill=True), 60)
         steps = []
         for i in range(4):
             position = 0 if i == 0 else len(ids) + i - 1
             seq_len = len(ids) if i == 0 else 1
-            assert len(h["hidden"]) == seq_len * ROW and h["hidden_digest"] == digest(h["hidden"]).hex()
-            assert ("hidden_b64" in h) == (framing == "json")
-            r = await s1.call("forward_and_sample", 60, hidden=h["hidden"], seq_len=seq_len, position=position)
-            assert r["received_digest"] == h["hidden_digest"], f"step {i} in {framing}"
-            steps.append((h["hidden"], h["hidden_digest"], r["received_digest"], r["token_id"]))
-            h = await s0.call("decode_step", 60, token_id=r["token_id"], position=len(ids) + i)
+            assert len(h.hidden) == seq_len * ROW and h.hidden_digest == digest(h.hidden)
+            r = await s1.call(ForwardAndSample(h.hidden, position, seq_len), 60)
+            assert r.received_digest == h.hidden_digest, f"step {i} in {framing}"
+            steps.append((h.hidden, h.hidden_digest, r.received_digest, r.token_id))
+            h = await s0.call(DecodeStep(r.token_id, len(ids) + i), 60)
         seen.setdefault(framing, steps)
-    assert seen["payload"] == seen["json"]
+    assert seen[Framing.payload] == seen[Framing.json]
 
 
 async def test_bad_payloads_are_errors_that_name_the_value_and_the_worker_goes_on(
     stages: tuple[WorkerBridge, WorkerBridge],
 ) -> None:
-    s0, s1 = stages
+    _, s1 = stages
     good = Hidden.from_array(np.ones((1, SYNTH.dim), np.float32), "bf16").data
     cases = [
-        ({"hidden": good[:10]}, f"payload of 10 bytes: hidden state of shape (1, {SYNTH.dim}) in bf16 needs {ROW}"),
-        ({"hidden": good + good}, f"payload of {2 * ROW} bytes: hidden state of shape (1, {SYNTH.dim})"),
-        ({}, f"payload of 0 bytes: hidden state of shape (1, {SYNTH.dim}) in bf16 needs {ROW} bytes, got 0"),
+        (good[:10], f"payload of 10 bytes: hidden state of shape (1, {SYNTH.dim}) in bf16 needs {ROW}"),
+        (good + good, f"payload of {2 * ROW} bytes: hidden state of shape (1, {SYNTH.dim})"),
+        (b"", f"payload of 0 bytes: hidden state of shape (1, {SYNTH.dim}) in bf16 needs {ROW} bytes, got 0"),
     ]
-    for extra, message in cases:
+    for hidden, message in cases:
         with pytest.raises(WorkerError, match="forward_and_sample: ") as err:
-            await s1.call("forward_and_sample", 30, seq_len=1, position=0, **extra)  # type: ignore[arg-type]
+            await s1.call(ForwardAndSample(hidden, 0, 1), 30)
         assert message in str(err.value)
-    with pytest.raises(WorkerError, match="tokenize takes no hidden state, got a payload of 5 bytes"):
-        await s0.call("tokenize", 30, hidden=b"12345", prompt="hi")
-    with pytest.raises(ValueError, match="forward_and_sample: pass the hidden state once, as hidden or as hidden_b64"):
-        await s1.call("forward_and_sample", 30, hidden=good, hidden_b64="AAAA", seq_len=1, position=0)
     # still framed and serving
-    r = await s1.call("forward_and_sample", 30, hidden=good, seq_len=1, position=0)
-    assert r["received_digest"] == digest(good).hex() and 0 <= r["token_id"] < SYNTH.vocab
+    r = await s1.call(ForwardAndSample(good, 0, 1), 30)
+    assert r.received_digest == digest(good) and 0 <= r.token_id < SYNTH.vocab
 
 
 @pytest.mark.parametrize(
@@ -110,83 +117,106 @@ def test_a_stream_that_cannot_be_framed_is_answered_and_the_worker_exits(
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
     out, err = proc.communicate(request_bytes, timeout=120)
-    ready, reply = (json.loads(line) for line in out.splitlines())
-    assert ready["status"] == "ready" and reply["request_id"] == 1 and message in reply["error"], reply
+    ready, line = (json.loads(line) for line in out.splitlines())
+    reply = decode_reply(HiddenOut, line)
+    assert decode_ready(ready).stage == 1 and reply.request_id == 1 and message in reply.error, reply
     assert proc.returncode == 3 and message in err.decode()
 
 
-def test_a_payload_beside_hidden_b64_is_an_error_and_the_stream_stays_framed(synth_model: str) -> None:
+@pytest.mark.parametrize(
+    ("fields", "payload", "message"),
+    [
+        ({"op": "forward_and_sample", "seq_len": 1, "position": 0, "hidden_b64": "AAAA"}, ROW,
+         f"a payload of {ROW} bytes and hidden_b64 both"),
+        ({"op": "tokenize", "prompt": "hi"}, 5, "tokenize takes no hidden state, got a payload of 5 bytes"),
+    ],
+)  # fmt: skip
+def test_a_payload_the_request_cannot_take_is_an_error_and_the_stream_stays_framed(
+    fields: dict[str, object], payload: int, message: str, synth_model: str
+) -> None:
     """The worker reads the payload it was announced before it refuses the request: the next
     request line is read as one."""
     proc = subprocess.Popen(
         [sys.executable, str(WORKER)], env=_env(synth_model, 1),
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
-    both = {"op": "forward_and_sample", "request_id": 1, "seq_len": 1, "position": 0, "hidden_b64": "AAAA"}
-    payload = b"\n{}\n" + bytes(ROW - 4)  # bytes that would read as request lines if left unread
-    stream = json.dumps({**both, "payload": ROW}).encode() + b"\n" + payload + b'{"op": "kv_info", "request_id": 2}\n'
+    data = b"\n{}\n" + bytes(payload - 4)  # bytes that would read as request lines if left unread
+    line = json.dumps({**fields, "request_id": 1, "payload": payload}).encode() + b"\n"
+    stream = line + data + b'{"op": "kv_info", "request_id": 2}\n'
     out, _ = proc.communicate(stream, timeout=120)
     ready, refused, info = (json.loads(line) for line in out.splitlines())
-    assert ready["status"] == "ready" and proc.returncode == 0
-    assert refused["request_id"] == 1 and f"a payload of {ROW} bytes and hidden_b64 both" in refused["error"], refused
-    assert info["request_id"] == 2 and "error" not in info, info
+    assert decode_ready(ready).stage == 1 and proc.returncode == 0
+    error = decode_reply(KvInfo, refused)
+    assert isinstance(error, ErrorReply) and error.request_id == 1 and message in error.error, error
+    kv = decode_reply(KvInfo, info)
+    assert isinstance(kv, KvInfo) and kv.stage == 1
 
 
 # --- stand-in workers: the bridge's side of the framing -------------------------------------------
 
 # A worker of a few lines: ready (with or without the payload framing), then for each request an
-# echo of its hidden state (payload or hidden_b64) reversed, in the request's framing. A request
-# with "split": the reply's bytes go out one at a time; "bad": a reply header that cannot be framed;
-# "shutdown": the reply, then exit.
+# echo of its hidden state (payload or hidden_b64) reversed, in the request's framing, as a
+# HiddenOut whose received_digest is the request line's keys (JSON, hex) for the test to read.
+# A hidden state that begins b"split": the reply's bytes go out one at a time; b"bad": a reply
+# header that cannot be framed; a shutdown: the reply, then exit.
 STAND_IN = r"""
-import base64, json, sys, time
+import base64, json, os, sys, time
 offer = sys.argv[1] == "payload"
 inp, out = sys.stdin.buffer, sys.stdout.buffer
-out.write(json.dumps({"status": "ready", **({"framing": ["json", "payload"]} if offer else {})}).encode() + b"\n")
+ready = {"status": "ready", "pid": os.getpid(), "stage": 0, "model": "stand-in", "wire_dtype": "bf16",
+         "max_context": 8, "load_s": 0}
+out.write(json.dumps({**ready, **({"framing": ["json", "payload"]} if offer else {})}).encode() + b"\n")
 out.flush()
 while line := inp.readline():
     req = json.loads(line)
     framed = "payload" in req
     data = inp.read(req["payload"]) if framed else base64.b64decode(req.get("hidden_b64", ""))
-    reply = {"request_id": req["request_id"], "fields": sorted(req)}
+    keys = json.dumps(sorted(req)).encode().hex()
+    reply = {"request_id": req["request_id"], "hidden_digest": "", "seq_len": 1, "dtype": "bf16"}
+    reply["received_digest"] = keys
+    split = data.startswith(b"split")
     if framed:
-        reply["payload"] = "bad" if req.get("bad") else len(data)
+        reply["payload"] = "bad" if data == b"bad" else len(data)
         blob = json.dumps(reply).encode() + b"\n" + data[::-1]
     else:
         blob = json.dumps({**reply, "hidden_b64": base64.b64encode(data[::-1]).decode()}).encode() + b"\n"
-    for i in range(0, len(blob), 1 if req.get("split") else len(blob)):
-        out.write(blob[i : i + (1 if req.get("split") else len(blob))])
+    for i in range(0, len(blob), 1 if split else len(blob)):
+        out.write(blob[i : i + (1 if split else len(blob))])
         out.flush()
-        if req.get("split"):
+        if split:
             time.sleep(0.001)
     if req["op"] == "shutdown":
         break
 """
 
 
-async def _stand_in(offer: str, framing: str | None = None) -> WorkerBridge:
+async def _stand_in(offer: str, framing: Framing | None = None) -> WorkerBridge:
     bridge = WorkerBridge([sys.executable, "-c", STAND_IN, offer], dict(os.environ), "stand-in", framing)
     await bridge.start(30)
     return bridge
 
 
+def _sent(r: HiddenOut) -> list[str]:
+    """The keys of the request line the stand-in received."""
+    assert r.received_digest is not None
+    return list(json.loads(r.received_digest))
+
+
 async def test_an_old_worker_gets_json_and_the_payload_framing_is_taken_when_offered() -> None:
-    old, new, asked = await _stand_in("json"), await _stand_in("payload"), await _stand_in("payload", "json")
+    old, new = await _stand_in("json"), await _stand_in("payload")
+    asked = await _stand_in("payload", Framing.json)
     try:
-        assert (old.framing, new.framing, asked.framing) == ("json", "payload", "json")
+        assert (old.framing, new.framing, asked.framing) == (Framing.json, Framing.payload, Framing.json)
         for bridge, sent in [(old, "hidden_b64"), (new, "payload"), (asked, "hidden_b64")]:
-            r = await bridge.call("forward", 10, hidden=b"abc", seq_len=1)
-            assert r["hidden"] == b"cba" and sent in r["fields"] and "hidden" not in r["fields"], (bridge.framing, r)
-            assert "payload" not in r  # the count is the framing's, not the reply's
-        r = await new.call("forward", 10, hidden_b64="YWJj", seq_len=1)  # a caller's own base64: sent as JSON
-        assert r["hidden"] == b"cba" and "payload" not in r["fields"] and "hidden_b64" in r["fields"]
+            r = await bridge.call(Forward(b"abc", 0, 1), 10)
+            assert r.hidden == b"cba" and sent in _sent(r) and "hidden" not in _sent(r), (bridge.framing, r)
     finally:
         for b in (old, new, asked):
             await b.close()
-    with pytest.raises(ValueError, match="framing must be json, payload or None"):
-        WorkerBridge(["true"], {}, "x", "base64")
+    with pytest.raises(ValueError, match="framing must be a Framing"):
+        WorkerBridge(["true"], {}, "x", "base64")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"stand-in worker offers framing \['json'\], not 'payload'"):
-        await _stand_in("json", "payload")
+        await _stand_in("json", Framing.payload)
 
 
 async def test_replies_in_pieces_concurrent_calls_and_a_payload_larger_than_the_pipe() -> None:
@@ -196,10 +226,10 @@ async def test_replies_in_pieces_concurrent_calls_and_a_payload_larger_than_the_
     bridge = await _stand_in("payload")
     try:
         blobs = [os.urandom(n) for n in (0, 1, 1000, 4 << 20, 7, 65536)]
-        replies = await asyncio.gather(*(bridge.call("forward", 30, hidden=b) for b in blobs))
-        assert [r["hidden"] for r in replies] == [b[::-1] for b in blobs]
-        r = await bridge.call("forward", 30, hidden=b"0123456789", split=True)
-        assert r["hidden"] == b"9876543210"
+        replies = await asyncio.gather(*(bridge.call(Forward(b, 0, 1), 30) for b in blobs))
+        assert [r.hidden for r in replies] == [b[::-1] for b in blobs]
+        r = await bridge.call(Forward(b"split56789", 0, 1), 30)
+        assert r.hidden == b"98765tilps"
     finally:
         await bridge.close()
 
@@ -207,9 +237,9 @@ async def test_replies_in_pieces_concurrent_calls_and_a_payload_larger_than_the_
 async def test_a_reply_that_cannot_be_framed_stops_the_worker_and_fails_the_call_with_why() -> None:
     bridge = await _stand_in("payload")
     try:
-        with pytest.raises(WorkerDied, match="bridge: a reply announced a payload of 'bad' bytes; expected 0"):
-            await bridge.call("forward", 30, hidden=b"abc", bad=True)
+        with pytest.raises(WorkerDied, match="bridge: a reply that cannot be framed: payload must be a byte count"):
+            await bridge.call(Forward(b"bad", 0, 1), 30)
         with pytest.raises(WorkerDied):
-            await bridge.call("forward", 30, hidden=b"abc")
+            await bridge.call(Forward(b"abc", 0, 1), 30)
     finally:
         await bridge.close()

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import pytest
@@ -19,9 +20,24 @@ from pytest_ppsmoke.messages import LoadFigures
 from pytest_ppsmoke.stage import cache as cache_mod
 from pytest_ppsmoke.stage.cache import Part, WeightCache
 from pytest_ppsmoke.stage.model import StageModel, load_model, realized_model
+from pytest_ppsmoke.stage.pipe import (
+    DecodeStep,
+    EmbedAndForward,
+    ErrorReply,
+    Framing,
+    Ready,
+    Request,
+    RunReference,
+    Shutdown,
+    decode_ready,
+    decode_reply,
+    encode_request,
+)
 from pytest_ppsmoke.stage.synth import write
 
 from .helpers import SYNTH, SYNTH_SEED
+
+R = TypeVar("R")
 
 pytestmark = pytest.mark.local
 
@@ -132,7 +148,7 @@ def test_the_directory_keeps_under_its_limit_least_recently_used_first(synth_mod
     assert WeightCache.from_setting("off") is None and WeightCache.from_setting("").root == cache_mod.DEFAULT_ROOT
 
 
-def _start(env: dict[str, str]) -> tuple[subprocess.Popen[str], dict]:
+def _start(env: dict[str, str]) -> tuple[subprocess.Popen[str], Ready]:
     proc = subprocess.Popen(
         [sys.executable, str(WORKER)], env=env, text=True,
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -140,15 +156,15 @@ def _start(env: dict[str, str]) -> tuple[subprocess.Popen[str], dict]:
     assert proc.stdout is not None
     line = proc.stdout.readline()
     assert line, proc.stderr.read() if proc.stderr else ""
-    return proc, json.loads(line)
+    return proc, decode_ready(json.loads(line))
 
 
-def _ask(proc: subprocess.Popen[str], req: dict) -> dict:
+def _ask(proc: subprocess.Popen[str], req: Request[R]) -> R:
     assert proc.stdin is not None and proc.stdout is not None
-    proc.stdin.write(json.dumps(req) + "\n")
+    proc.stdin.write(encode_request(1, req, Framing.json).decode())
     proc.stdin.flush()
-    reply = json.loads(proc.stdout.readline())
-    assert "error" not in reply, reply
+    reply = decode_reply(req.reply, json.loads(proc.stdout.readline()))
+    assert not isinstance(reply, ErrorReply), reply
     return reply
 
 
@@ -172,35 +188,35 @@ def test_a_warm_worker_reads_its_weights_generates_no_program_and_answers_the_sa
     for _ in ("cold", "warm"):
         proc, ready = _start(env)
         try:
-            prefill = _ask(proc, {"op": "embed_and_forward", "request_id": 1, "tokens": [5, 7, 11], "position": 0})
-            steps = [
-                _ask(proc, {"op": "decode_step", "request_id": 2 + i, "token_id": 9 + i, "position": 3 + i})
-                for i in range(3)
-            ]
-            ref = _ask(proc, {"op": "reference", "request_id": 9, "prompt": "hi", "max_tokens": 4})
-            bye = _ask(proc, {"op": "shutdown", "request_id": 10})
+            prefill = _ask(proc, EmbedAndForward((5, 7, 11), 0))
+            steps = [_ask(proc, DecodeStep(9 + i, 3 + i)) for i in range(3)]
+            ref = _ask(proc, RunReference("hi", 4))
+            bye = _ask(proc, Shutdown())
             assert proc.wait(timeout=30) == 0
         finally:
             proc.kill()
             proc.wait()
-        answers.append((ready, prefill, steps, ref, bye["programs"]))
-        schedules.append(bye["schedules"])
+        assert bye.programs is not None and bye.schedules is not None
+        answers.append((ready, prefill, steps, ref, bye.programs))
+        schedules.append(bye.schedules)
     (cold, *_, cold_programs), (warm, *_, warm_programs) = answers
     # every graph the warm worker ran (its prefill, the JIT's capture, the reference) was scheduled
     # by the cold one, whose model a GGUF load rebuilds as a cache load builds it; the GGUF's
     # dequantization graphs are not needed
-    assert schedules[0]["misses"] > 0 and schedules[0]["hits"] == 0, schedules
-    assert schedules[1]["misses"] == 0 and 0 < schedules[1]["hits"] < schedules[0]["misses"], schedules
-    assert cold["weights"]["source"] == "gguf" and cold["programs"]["misses"] > 0, cold
-    assert warm["weights"]["source"] == "cache" and warm["weights"]["path"] == cold["weights"]["path"], warm
-    assert warm["programs"]["misses"] == 0 and not warm["programs"]["errors"]  # the decode warm-up's are read
-    assert cold_programs["misses"] > 0 and warm_programs["misses"] == 0, (cold_programs, warm_programs)
-    assert 0 < warm_programs["hits"] < cold_programs["misses"]  # the dequantization's programs are not needed
+    assert schedules[0].misses > 0 and schedules[0].hits == 0, schedules
+    assert schedules[1].misses == 0 and 0 < schedules[1].hits < schedules[0].misses, schedules
+    assert cold.weights is not None and warm.weights is not None and cold.programs and warm.programs
+    assert cold.weights.source == "gguf" and cold.programs.misses > 0, cold
+    assert warm.weights.source == "cache" and warm.weights.path == cold.weights.path, warm
+    assert warm.programs.misses == 0 and not warm.programs.errors  # the decode warm-up's are read
+    assert cold_programs.misses > 0 and warm_programs.misses == 0, (cold_programs, warm_programs)
+    assert 0 < warm_programs.hits < cold_programs.misses  # the dequantization's programs are not needed
     (_, p0, s0, r0, _), (_, p1, s1, r1, _) = answers
-    assert p0["hidden_digest"] == p1["hidden_digest"]
-    assert [s["hidden_digest"] for s in s0] == [s["hidden_digest"] for s in s1]
-    assert r0["weights"]["source"] == "gguf" and r1["weights"]["source"] == "cache"  # the reference's own load
-    assert r0["token_ids"] == r1["token_ids"] and len(r0["token_ids"]) == 4
+    assert p0.hidden_digest == p1.hidden_digest
+    assert [s.hidden_digest for s in s0] == [s.hidden_digest for s in s1]
+    assert r0.weights is not None and r1.weights is not None
+    assert r0.weights.source == "gguf" and r1.weights.source == "cache"  # the reference's own load
+    assert r0.token_ids == r1.token_ids and len(r0.token_ids) == 4
 
 
 def test_the_program_key_follows_every_setting_that_changes_the_code(monkeypatch: pytest.MonkeyPatch) -> None:

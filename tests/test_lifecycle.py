@@ -43,6 +43,7 @@ from pytest_ppsmoke.runtime.codec import ActorAddress, MemberState, MemberStatus
 from pytest_ppsmoke.runtime.swim import MemberEvent
 from pytest_ppsmoke.runtime.transport import TransportError
 from pytest_ppsmoke.stage.gpu_node import StageActor
+from pytest_ppsmoke.stage.pipe import Ready
 
 from .smoke import KEY, Smoke, assert_nothing_left
 
@@ -247,7 +248,7 @@ async def test_each_detector_of_a_lost_stage_gives_a_message_the_drop_out_test_a
     instances = {i["stage"]: f"instance {i['id']} ({i['label']})" for i in report["instances"]}
     ids = {"pp-stage-0": "a" * 64, "pp-stage-1": "b" * 64}
     orchestrator = ActorAddress("c" * 64, ORCHESTRATOR_ACTOR)
-    bridge = SimpleNamespace(ready={"dim": 32, "end_ids": [2], "max_context": 1024})
+    bridge = SimpleNamespace(ready=Ready(1, 0, "m", WireDtype.bf16, 1024, 0.0, dim=32, end_ids=(2,)))
 
     async def error_of(stage: int, lose: Any) -> str:
         node = _GoneNode(ids)

@@ -18,7 +18,7 @@ from pytest_ppsmoke.cloud.vastrecords import OfferQuery
 from pytest_ppsmoke.nodeenv import NodeEnv
 from pytest_ppsmoke.runtime.codec import MemberStatus
 from pytest_ppsmoke.runtime.node import Node, NodeConfig
-from pytest_ppsmoke.stage.gpu_node import Settings, guard_lifetime
+from pytest_ppsmoke.stage.lifetime import Settings, guard_lifetime
 
 from .helpers import SLEEPER, cluster_configs
 

@@ -17,6 +17,7 @@ from tinygrad.apps.llm import SimpleTokenizer
 
 from pytest_ppsmoke.messages import WireDtype, round_to_wire
 from pytest_ppsmoke.stage import model as model_module
+from pytest_ppsmoke.stage import reference as reference_module
 from pytest_ppsmoke.stage.cache import WeightCache
 from pytest_ppsmoke.stage.model import (
     ModelError,
@@ -26,10 +27,9 @@ from pytest_ppsmoke.stage.model import (
     load_model,
     realized_model,
     resolve_model,
-    round_in_graph,
-    run_reference,
     unsplit_generate,
 )
+from pytest_ppsmoke.stage.reference import round_in_graph, run_reference
 from pytest_ppsmoke.stage.synth import SHAPES, write
 
 from .helpers import SYNTH
@@ -206,7 +206,7 @@ def test_the_reference_rounds_at_each_stage_boundary_only_for_a_narrow_wire(
         seen.append((tuple(x.shape), wire))
         return round_in_graph(x, wire)
 
-    monkeypatch.setattr(model_module, "round_in_graph", spy)
+    monkeypatch.setattr(reference_module, "round_in_graph", spy)
     for wire in (WireDtype.f32, WireDtype.bf16, WireDtype.f16):
         seen.clear()
         ref = run_reference(synth_model, "Say hello", 4, wire, 2, 128)

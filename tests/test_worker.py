@@ -4,18 +4,39 @@
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import os
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
 import pytest
 
-from pytest_ppsmoke.messages import Hidden, KvInfo, LoadFigures, WireDtype, digest, from_json
+from pytest_ppsmoke.messages import Hidden, Span, WireDtype, digest
 from pytest_ppsmoke.nodeenv import NodeEnv
+from pytest_ppsmoke.stage.pipe import (
+    Bye,
+    DecodeStep,
+    Detokenize,
+    EmbedAndForward,
+    ErrorReply,
+    ForwardAndSample,
+    Framing,
+    HiddenOut,
+    ReadKvInfo,
+    Ready,
+    Request,
+    RunReference,
+    Shutdown,
+    Tokenize,
+    decode_ready,
+    decode_reply,
+    encode_request,
+)
 
 from .helpers import SMOLLM2, SYNTH
 
@@ -24,6 +45,7 @@ pytestmark = pytest.mark.local
 DIM, BLOCKS, HALF = SMOLLM2.dim, SMOLLM2.blocks, SMOLLM2.blocks // 2
 CONTEXT = NodeEnv().max_context  # the default: what the pipeline's and the spec suite's workers have
 WORKER = Path(__file__).resolve().parent.parent / "worker" / "pp_tinygrad_worker.py"
+R = TypeVar("R")
 
 
 class Worker:
@@ -34,17 +56,38 @@ class Worker:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         )  # fmt: skip
 
-    def line(self) -> dict:
+    ids = itertools.count(1)
+
+    def line(self) -> Any:
         assert self.proc.stdout is not None
         out = self.proc.stdout.readline()
         assert out, f"worker closed stdout; stderr:\n{self.proc.stderr.read() if self.proc.stderr else ''}"
         return json.loads(out)
 
-    def ask(self, req: dict | str) -> dict:
+    def ready(self) -> Ready:
+        return decode_ready(self.line())
+
+    def _send(self, line: str) -> Any:
         assert self.proc.stdin is not None
-        self.proc.stdin.write((req if isinstance(req, str) else json.dumps(req)) + "\n")
+        self.proc.stdin.write(line + "\n")
         self.proc.stdin.flush()
         return self.line()
+
+    def answer(self, req: Request[R]) -> R | ErrorReply:
+        """The reply to ``req`` (its line in the JSON framing, as the spec writes it)."""
+        obj = self._send(encode_request(next(self.ids), req, Framing.json).decode().rstrip("\n"))
+        return decode_reply(req.reply, obj)
+
+    def ask(self, req: Request[R]) -> R:
+        reply = self.answer(req)
+        assert not isinstance(reply, ErrorReply), reply
+        return reply
+
+    def refused(self, raw: dict[str, Any] | str) -> ErrorReply:
+        """The error reply to a request line no record makes (a malformed field, not JSON)."""
+        error = decode_reply(Bye, self._send(raw if isinstance(raw, str) else json.dumps(raw)))
+        assert isinstance(error, ErrorReply), error
+        return error
 
 
 @pytest.fixture(scope="module")
@@ -62,27 +105,28 @@ def workers(smollm2: str) -> Iterator[dict[int, Worker]]:
 
 
 @pytest.fixture(scope="module")
-def last_stage(workers: dict[int, Worker]) -> tuple[Worker, dict]:
-    return workers[1], workers[1].line()
+def last_stage(workers: dict[int, Worker]) -> tuple[Worker, Ready]:
+    return workers[1], workers[1].ready()
 
 
-def test_ready_line_comes_first_and_describes_the_stage(last_stage: tuple[Worker, dict]) -> None:
+def test_ready_line_comes_first_and_describes_the_stage(last_stage: tuple[Worker, Ready]) -> None:
     _, ready = last_stage
-    assert ready["status"] == "ready" and isinstance(ready["pid"], int)
-    assert (ready["stage"], ready["num_stages"], ready["range"], ready["num_blocks"]) == (1, 2, [HALF, BLOCKS], BLOCKS)
-    assert (ready["dim"], ready["wire_dtype"], ready["jit"]) == (DIM, "bf16", True)
-    assert 2 in ready["end_ids"]  # <|im_end|>
+    assert ready.pid > 0 and ready.role == "stage" and ready.framing == (Framing.json, Framing.payload)
+    assert (ready.stage, ready.num_stages, ready.range, ready.num_blocks) == (1, 2, Span(HALF, BLOCKS), BLOCKS)
+    assert (ready.dim, ready.wire_dtype, ready.jit) == (DIM, WireDtype.bf16, True)
+    assert 2 in ready.end_ids  # <|im_end|>
     # the parts of its start, each within the whole, and read into the figures a node reports
-    named = [ready[k] for k in ("imports_s", "device_s", "build_s", "warm_up_s")] + [ready["weights"]["seconds"]]
-    assert min(named) >= 0 and ready["imports_s"] > 0 and ready["wall_s"] >= sum(named) > 0
-    load = LoadFigures.from_ready(ready)
-    assert (load.wall_s, load.imports_s, load.warm_up_s) == (ready["wall_s"], ready["imports_s"], ready["warm_up_s"])
-    assert load.parts().startswith(f"{ready['wall_s']:.2f} s: imports {ready['imports_s']:.2f}, device ")
+    assert ready.weights is not None
+    named = [ready.imports_s, ready.device_s, ready.build_s, ready.warm_up_s, ready.weights.seconds]
+    assert min(named) >= 0 and ready.imports_s > 0 and ready.wall_s >= sum(named) > 0
+    load = ready.load_figures()
+    assert (load.wall_s, load.imports_s, load.warm_up_s) == (ready.wall_s, ready.imports_s, ready.warm_up_s)
+    assert load.parts().startswith(f"{ready.wall_s:.2f} s: imports {ready.imports_s:.2f}, device ")
 
 
-def test_bad_requests_get_errors_that_name_the_value_and_the_worker_goes_on(last_stage: tuple[Worker, dict]) -> None:
+def test_bad_requests_get_errors_that_name_the_value_and_the_worker_goes_on(last_stage: tuple[Worker, Ready]) -> None:
     w, _ = last_stage
-    before = w.ask({"op": "kv_info", "request_id": 0})  # the module's worker: other tests' requests came first
+    before = w.ask(ReadKvInfo())  # the module's worker: other tests' requests came first
     good = base64.b64encode(Hidden.from_array(np.zeros((2, DIM), np.float32), "bf16").data).decode()
     cases = [
         ({"op": "fly", "request_id": 1}, "unknown op 'fly'; expected one of embed_and_forward"),
@@ -105,68 +149,64 @@ def test_bad_requests_get_errors_that_name_the_value_and_the_worker_goes_on(last
           "prefill": 1}, "prefill must be true or false, got 1"),
     ]  # fmt: skip
     for req, message in cases:
-        reply = w.ask(req)
-        assert reply["request_id"] == req["request_id"] and reply["op"] == req["op"]
-        assert message in reply["error"], reply
-    assert "bad request line" in w.ask("{not json")["error"]
-    assert "must be a JSON object, got list" in w.ask("[1, 2]")["error"]
-    assert "bad request line: ValueError" in w.ask('{"op": "kv_info", "x": ' + "9" * 5000 + "}")["error"]
-    assert "bad request line: RecursionError" in w.ask("[" * 100_000 + "]" * 100_000)["error"]
+        error = w.refused(req)
+        assert (error.request_id, error.op) == (req["request_id"], req["op"])
+        assert message in error.error, error
+    assert "bad request line" in w.refused("{not json").error
+    assert "must be a JSON object, got list" in w.refused("[1, 2]").error
+    assert "bad request line: ValueError" in w.refused('{"op": "kv_info", "x": ' + "9" * 5000 + "}").error
+    assert "bad request line: RecursionError" in w.refused("[" * 100_000 + "]" * 100_000).error
     # still serving, and a real forward pass works after all that
-    reply = w.ask({"op": "forward_and_sample", "request_id": 11, "hidden_b64": good, "position": 0, "seq_len": 2})
-    assert reply["request_id"] == 11 and 0 <= reply["token_id"] < SMOLLM2.vocab
-    assert reply["received_digest"] == digest(base64.b64decode(good)).hex()
-    info = w.ask({"op": "kv_info", "request_id": 12})
-    span = (info["first_block"], info["end_block"], info["prefill_len"], info["writes"])
+    reply = w.ask(ForwardAndSample(base64.b64decode(good), 0, 2))
+    assert 0 <= reply.token_id < SMOLLM2.vocab
+    assert reply.received_digest == digest(base64.b64decode(good))
+    info = w.ask(ReadKvInfo())
+    span = (info.first_block, info.end_block, info.prefill_len, info.writes)
     # the bad requests left no trace: the caches hold what they held, and the one good write
-    assert span == (HALF, BLOCKS, before["prefill_len"], [*before["writes"], [0, 2]])
-    assert w.ask({"op": "detokenize", "request_id": 13, "token_ids": [57, 5248, 2]})["text"] == "I'm"
+    assert span == (HALF, BLOCKS, before.prefill_len, (*before.writes, Span(0, 2)))
+    assert w.ask(Detokenize((57, 5248, 2))).text == "I'm"
 
 
-def test_kv_info_reads_every_block_and_the_caches_of_a_sequence(last_stage: tuple[Worker, dict]) -> None:
+def test_kv_info_reads_every_block_and_the_caches_of_a_sequence(last_stage: tuple[Worker, Ready]) -> None:
     w, _ = last_stage
     rng = np.random.default_rng(0)
     prompt, step, other = (
-        base64.b64encode(Hidden.from_array(x.astype(np.float32), "bf16").data).decode()
+        Hidden.from_array(x.astype(np.float32), "bf16").data
         for x in (rng.standard_normal((4, DIM)), rng.standard_normal((1, DIM)), np.ones((4, DIM)))
     )
-    common = {"op": "forward_and_sample", "request_id": 1}
-    w.ask({**common, "hidden_b64": step, "position": 9, "seq_len": 1})  # a row that the prefill clears
-    w.ask({**common, "hidden_b64": prompt, "position": 0, "seq_len": 4, "prefill": True})
-    w.ask({**common, "hidden_b64": step, "position": 4, "seq_len": 1})
-    info = w.ask({"op": "kv_info", "request_id": 2})
-    assert (info["prefill_len"], info["writes"]) == (4, [[0, 5]])
-    blocks = info["blocks"]
-    assert [b["block"] for b in blocks] == list(range(BLOCKS))
+    w.ask(ForwardAndSample(step, 9, 1))  # a row that the prefill clears
+    w.ask(ForwardAndSample(prompt, 0, 4, prefill=True))
+    w.ask(ForwardAndSample(step, 4, 1))
+    info = w.ask(ReadKvInfo())
+    assert (info.prefill_len, info.writes) == (4, (Span(0, 5),))
+    blocks = info.blocks
+    assert [b.block for b in blocks] == list(range(BLOCKS))
     for b in blocks[:HALF]:  # stage 0's: not even an object here
-        assert (b["owned"], b["present"], b["weights_realized"], b["cache_shape"], b["filled"]) == (
-            False, False, False, [], []
-        )  # fmt: skip
+        assert (b.owned, b.present, b.weights_realized, b.cache_shape, b.filled) == (False, False, False, (), ())
     for b in blocks[HALF:]:
-        assert (b["owned"], b["present"], b["weights_realized"]) == (True, True, True)
-        assert b["cache_shape"][0] == 2 and b["cache_shape"][-2] == CONTEXT  # K and V, the context
-        assert b["filled"] == [[0, 5]]  # row 9, written before the prefill, was zeroed by it
-        assert len(b["prefill_digest"]) == 32 and b["digest"] == b["prefill_digest"]
+        assert (b.owned, b.present, b.weights_realized) == (True, True, True)
+        assert b.cache_shape[0] == 2 and b.cache_shape[-2] == CONTEXT  # K and V, the context
+        assert b.filled == (Span(0, 5),)  # row 9, written before the prefill, was zeroed by it
+        assert len(b.prefill_digest) == 16 and b.digest == b.prefill_digest
     # a recompute of the prompt over the same positions: same bits, but the writes say so
-    w.ask({**common, "hidden_b64": prompt, "position": 0, "seq_len": 4})
-    again = w.ask({"op": "kv_info", "request_id": 3})
-    assert again["writes"] == [[0, 5], [0, 4]]
+    w.ask(ForwardAndSample(prompt, 0, 4))
+    again = w.ask(ReadKvInfo())
+    assert again.writes == (Span(0, 5), Span(0, 4))
     # a different prompt rewritten at [0, 4) without a prefill: the digest shows it
-    w.ask({**common, "hidden_b64": other, "position": 0, "seq_len": 4})
-    changed = w.ask({"op": "kv_info", "request_id": 4})
-    assert all(b["digest"] != b["prefill_digest"] for b in changed["blocks"][HALF:])
+    w.ask(ForwardAndSample(other, 0, 4))
+    changed = w.ask(ReadKvInfo())
+    assert all(b.digest != b.prefill_digest for b in changed.blocks[HALF:])
 
 
 def test_shutdown_answers_and_exits_cleanly(workers: dict[int, Worker]) -> None:
     w = workers[0]  # no other test uses it
-    assert w.line()["status"] == "ready"
-    ids = w.ask({"op": "tokenize", "request_id": 1, "prompt": "Say hello"})["token_ids"]
-    assert ids[:1] == [1] and ids[-4:] == [1, 520, 9531, 198]  # ends with "<|im_start|>assistant\n"
-    out = w.ask({"op": "embed_and_forward", "request_id": 2, "tokens": ids, "position": 0})
-    h = Hidden(int(WireDtype.f32), (out["seq_len"], DIM), base64.b64decode(out["hidden_b64"])).to_array()
-    assert out["seq_len"] == len(ids) and np.isfinite(h).all() and h.std() > 0
-    bye = w.ask({"op": "shutdown", "request_id": 3})
-    assert (bye["request_id"], bye["status"]) == (3, "bye")
+    assert w.ready().stage == 0
+    ids = w.ask(Tokenize("Say hello")).token_ids
+    assert ids[:1] == (1,) and ids[-4:] == (1, 520, 9531, 198)  # ends with "<|im_start|>assistant\n"
+    out = w.ask(EmbedAndForward(ids, 0))
+    h = Hidden(int(WireDtype.f32), (out.seq_len, DIM), out.hidden).to_array()
+    assert out.seq_len == len(ids) and np.isfinite(h).all() and h.std() > 0
+    assert isinstance(w.ask(Shutdown()), Bye)
     assert w.proc.wait(timeout=30) == 0
 
 
@@ -198,11 +238,10 @@ def test_a_broken_model_file_is_named(tmp_path: Path) -> None:
 PROMPT = "Say hello"
 
 
-def _f32(reply: dict, dim: int) -> np.ndarray:
-    assert reply["dtype"] == "f32" and "error" not in reply, reply
-    data = base64.b64decode(reply["hidden_b64"])
-    assert len(data) == reply["seq_len"] * dim * 4  # seq_len x hidden x 4 bytes
-    return Hidden(int(WireDtype.f32), (reply["seq_len"], dim), data).to_array()
+def _f32(reply: HiddenOut, dim: int) -> np.ndarray:
+    assert reply.dtype is WireDtype.f32, reply
+    assert len(reply.hidden) == reply.seq_len * dim * 4  # seq_len x hidden x 4 bytes
+    return Hidden(int(WireDtype.f32), (reply.seq_len, dim), reply.hidden).to_array()
 
 
 @pytest.fixture(scope="module")
@@ -218,8 +257,8 @@ def synth(synth_model: str) -> Iterator[dict[str, Worker]]:
     }
     try:
         for name, w in started.items():
-            ready = w.line()
-            assert (ready["status"], ready["jit"], ready["dim"]) == ("ready", name == "jit0", SYNTH.dim), ready
+            ready = w.ready()
+            assert (ready.jit, ready.dim) == (name == "jit0", SYNTH.dim), ready
         yield started
     finally:
         for w in started.values():
@@ -240,13 +279,13 @@ def test_the_uncompiled_split_gives_the_unsplit_models_tokens(synth: dict[str, W
     # eager: each position makes its own programs in all three processes (on a fresh machine ~15
     # each, generated and compiled): the prompt and three decode steps, each at a new position
     s0, s1, n = synth["eager0"], synth["eager1"], 4
-    ids = s0.ask({"op": "tokenize", "request_id": 1, "prompt": PROMPT})["token_ids"]
+    ids = s0.ask(Tokenize(PROMPT)).token_ids
     unsplit, _ = load_model(synth_model, 128)
     k = SYNTH.blocks // 2
 
-    def first_stage(tokens: list[int], position: int) -> dict:
-        op = {"op": "decode_step", "token_id": tokens[0]} if position else {"op": "embed_and_forward", "tokens": tokens}
-        reply = s0.ask({"request_id": 2, "position": position, **op})
+    def first_stage(tokens: list[int], position: int) -> HiddenOut:
+        op = DecodeStep(tokens[0], position) if position else EmbedAndForward(tuple(tokens), position)
+        reply = s0.ask(op)
         x = unsplit.token_embd(Tensor([tokens]))
         for block in unsplit.blk[:k]:
             x = block(x, position)
@@ -254,18 +293,16 @@ def test_the_uncompiled_split_gives_the_unsplit_models_tokens(synth: dict[str, W
         assert np.array_equal(_f32(reply, SYNTH.dim), want), f"stage 0's hidden state at {position} is not the model's"
         return reply
 
-    def last_stage(hidden: dict, position: int) -> int:
-        fields = {key: hidden[key] for key in ("hidden_b64", "seq_len", "dtype")}
-        reply = s1.ask({"op": "forward_and_sample", "request_id": 3, "position": position, **fields})
-        return int(reply["token_id"])
+    def last_stage(hidden: HiddenOut, position: int) -> int:
+        return s1.ask(ForwardAndSample(hidden.hidden, position, hidden.seq_len, dtype=hidden.dtype)).token_id
 
-    tokens = [last_stage(first_stage(ids, 0), 0)]
+    tokens = [last_stage(first_stage(list(ids), 0), 0)]
     while len(tokens) < n:
         position = len(ids) + len(tokens) - 1
         tokens.append(last_stage(first_stage([tokens[-1]], position), position))
-    ref = s0.ask({"op": "reference", "request_id": 5, "prompt": PROMPT, "max_tokens": n})
-    assert (ref["method"], ref["prompt_token_ids"]) == ("unsplit", ids)
-    assert tokens == ref["token_ids"]
+    ref = s0.ask(RunReference(PROMPT, n))
+    assert (ref.method, ref.prompt_token_ids) == ("unsplit", ids)
+    assert tuple(tokens) == ref.token_ids
 
 
 def test_decode_step_is_the_eager_forward_of_that_token_at_that_position(synth: dict[str, Worker]) -> None:
@@ -274,19 +311,17 @@ def test_decode_step_is_the_eager_forward_of_that_token_at_that_position(synth: 
     two workers: one position of hidden state in the wire dtype, bit-identical, at every step,
     also once the JIT replays its captured kernels (from the third call)."""
     compiled, eager = synth["jit0"], synth["eager0"]
-    ids = compiled.ask({"op": "tokenize", "request_id": 1, "prompt": PROMPT})["token_ids"]
-    prefill = [
-        w.ask({"op": "embed_and_forward", "request_id": 2, "tokens": ids, "position": 0}) for w in (compiled, eager)
-    ]
-    assert prefill[0]["hidden_b64"] == prefill[1]["hidden_b64"]
+    ids = compiled.ask(Tokenize(PROMPT)).token_ids
+    prefill = [w.ask(EmbedAndForward(ids, 0)) for w in (compiled, eager)]
+    assert prefill[0].hidden == prefill[1].hidden
     seen = []
     for i, token in enumerate([5, 77, 300, 12, 9, 9]):
         position = len(ids) + i
-        got = compiled.ask({"op": "decode_step", "request_id": 3, "token_id": token, "position": position})
-        want = eager.ask({"op": "embed_and_forward", "request_id": 4, "tokens": [token], "position": position})
-        assert got["seq_len"] == 1
+        got = compiled.ask(DecodeStep(token, position))
+        want = eager.ask(EmbedAndForward((token,), position))
+        assert got.seq_len == 1
         assert np.array_equal(_f32(got, SYNTH.dim), _f32(want, SYNTH.dim)), f"step {i} (token {token} at {position})"
-        seen.append(got["hidden_b64"])
+        seen.append(got.hidden)
     assert seen[-1] != seen[-2]  # the same token one position later: the position reaches the state
 
 
@@ -299,29 +334,25 @@ def test_a_reference_worker_keeps_its_model_and_answers_as_a_fresh_one(
     reaches the next. It answers only reference and shutdown."""
     ref = Worker(MODEL=synth_model, STAGE="0", NUM_STAGES="2", PP_WIRE_DTYPE="f32", PP_WORKER_ROLE="reference")
     try:
-        ready = ref.line()
-        assert (ready["status"], ready["role"], ready["stage"], ready["wire_dtype"]) == ("ready", "reference", 0, "f32")
-        assert ready["load_s"] > 0 and ready["weights"]["source"] in ("gguf", "cache")
-        story = {"prompt": "Tell me a long story", "max_tokens": 5}
-        answers = [
-            ref.ask({"op": "reference", "request_id": i, "prompt": prompt, "max_tokens": 5})
-            for i, prompt in enumerate([PROMPT, story["prompt"], PROMPT])
-        ]
+        ready = ref.ready()
+        assert (ready.role, ready.stage, ready.wire_dtype) == ("reference", 0, WireDtype.f32)
+        assert ready.load_s > 0 and ready.weights is not None and ready.weights.source in ("gguf", "cache")
+        story = "Tell me a long story"
+        answers = [ref.ask(RunReference(prompt, 5)) for prompt in (PROMPT, story, PROMPT)]
         # the second prompt against a model loaded afresh (the first is the pipeline's, in
         # test_pipeline.py); the first again, after another generate: the same tokens
-        fresh = synth["jit0"].ask({"op": "reference", "request_id": 3, **story})
+        fresh = synth["jit0"].ask(RunReference(story, 5))
         got = answers[1]
-        assert (got["loaded"], fresh["loaded"]) == ("beside", "after")
-        assert got["load_s"] > 0 and got["generate_s"] > 0
-        assert (got["prompt_token_ids"], got["token_ids"]) == (fresh["prompt_token_ids"], fresh["token_ids"])
-        assert all(a["mem_after"] > a["mem_before"] for a in answers)  # the model stays, for the next query
-        assert answers[0]["token_ids"] == answers[2]["token_ids"] and len(answers[0]["token_ids"]) == 5
-        assert "expected reference or shutdown" in ref.ask({"op": "kv_info", "request_id": 9})["error"]
-        assert (
-            "max_tokens must be at least 1, got 0"
-            in ref.ask({"op": "reference", "request_id": 10, "prompt": PROMPT, "max_tokens": 0})["error"]
-        )
-        assert ref.ask({"op": "shutdown", "request_id": 11})["status"] == "bye"
+        assert (got.loaded, fresh.loaded) == ("beside", "after")
+        assert got.load_s > 0 and got.generate_s > 0
+        assert (got.prompt_token_ids, got.token_ids) == (fresh.prompt_token_ids, fresh.token_ids)
+        assert all(a.mem_after > a.mem_before for a in answers)  # the model stays, for the next query
+        assert answers[0].token_ids == answers[2].token_ids and len(answers[0].token_ids) == 5
+        refused = ref.answer(ReadKvInfo())
+        assert isinstance(refused, ErrorReply) and "expected reference or shutdown" in refused.error
+        refused = ref.answer(RunReference(PROMPT, 0))
+        assert isinstance(refused, ErrorReply) and "max_tokens must be at least 1, got 0" in refused.error
+        assert isinstance(ref.ask(Shutdown()), Bye)
         assert ref.proc.wait(timeout=30) == 0
     finally:
         ref.proc.kill()
@@ -332,25 +363,25 @@ def test_the_reference_op_leaves_the_stage_as_it_was(synth: dict[str, Worker]) -
     """A model of its own: the stage's KV cache and compiled decode are as before, and the
     reference's memory is returned once it has answered."""
     w = synth["jit0"]
-    ids = w.ask({"op": "tokenize", "request_id": 1, "prompt": PROMPT})["token_ids"]
-    w.ask({"op": "embed_and_forward", "request_id": 2, "tokens": ids, "position": 0})
-    first = w.ask({"op": "decode_step", "request_id": 3, "token_id": 7, "position": len(ids)})
-    kv = w.ask({"op": "kv_info", "request_id": 4})
-    ref = w.ask({"op": "reference", "request_id": 5, "prompt": PROMPT, "max_tokens": 4})
-    assert ref["request_id"] == 5 and len(ref["token_ids"]) == 4 and ref["prompt_token_ids"] == ids
-    assert ref["device"] and ref["load_s"] > 0 and ref["generate_s"] > 0
-    assert ref["mem_after"] <= ref["mem_before"], "the reference model's memory was not returned"
-    after = w.ask({"op": "kv_info", "request_id": 6})
-    assert from_json(KvInfo, after) == from_json(KvInfo, kv)  # every block's cache, its spans and digests
-    again = w.ask({"op": "decode_step", "request_id": 7, "token_id": 7, "position": len(ids)})
-    assert again["hidden_b64"] == first["hidden_b64"]
+    ids = w.ask(Tokenize(PROMPT)).token_ids
+    w.ask(EmbedAndForward(ids, 0))
+    first = w.ask(DecodeStep(7, len(ids)))
+    kv = w.ask(ReadKvInfo())
+    ref = w.ask(RunReference(PROMPT, 4))
+    assert len(ref.token_ids) == 4 and ref.prompt_token_ids == ids
+    assert ref.device and ref.load_s > 0 and ref.generate_s > 0
+    assert ref.mem_after <= ref.mem_before, "the reference model's memory was not returned"
+    after = w.ask(ReadKvInfo())
+    assert after == kv  # every block's cache, its spans and digests
+    again = w.ask(DecodeStep(7, len(ids)))
+    assert again.hidden == first.hidden
     for req, message in [
         ({"max_tokens": 0}, "max_tokens must be at least 1, got 0"),
         ({"max_tokens": 1000}, f"prompt of {len(ids)} tokens + max_tokens 1000 exceed the context of 128"),
         ({"prompt": 5, "max_tokens": 2}, "prompt must be a string, got int"),
     ]:
-        reply = w.ask({"op": "reference", "request_id": 8, "prompt": PROMPT, **req})
-        assert message in reply.get("error", ""), reply
+        error = w.refused({"op": "reference", "request_id": 8, "prompt": PROMPT, **req})
+        assert message in error.error, error
 
 
 @pytest.mark.parametrize(("half", "expected"), [(None, 0), ("1", 1)])
@@ -371,9 +402,9 @@ def test_on_the_cpu_a_worker_keeps_the_ggufs_dtype_unless_half_is_chosen(
         out, err = proc.communicate("", timeout=120)
     finally:
         proc.kill()
-    ready = json.loads(out.splitlines()[0]) if out else {}
-    assert ready.get("status") == "ready", err[-2000:]
-    assert ready["weights"]["half"] == expected, ready["weights"]
+    assert out, err[-2000:]
+    ready = decode_ready(json.loads(out.splitlines()[0]))
+    assert ready.weights is not None and ready.weights.half == expected, ready.weights
 
 
 def test_the_cpu_rule_for_half_sets_it_only_when_unset() -> None:

@@ -1,28 +1,24 @@
 """The process bridge: a node talks to its tinygrad worker over stdin/stdout JSON lines.
 
-    bridge = WorkerBridge([sys.executable, worker_path], env, name="pp-stage-1")
-    ready = await bridge.start(ready_timeout=300)
-    reply = await bridge.call("forward_and_sample", timeout=60, hidden=raw, position=0, seq_len=11)
+    bridge = WorkerBridge([sys.executable, worker_path], env, name=stage_name(1))
+    ready = await bridge.start(ready_timeout=300)        # pipe.Ready
+    sampled = await bridge.call(ForwardAndSample(raw, position=0, seq_len=11), timeout=60)
 
-Requests and replies are matched by ``request_id``; every wait has a deadline. If the worker
-dies, every pending call fails at once with :class:`WorkerDied`, which carries the exit status and
-the tail of the worker's stderr.
+Requests and replies are the records of ``pipe.py`` (each request names its reply's record), matched
+by ``request_id``; every wait has a deadline. If the worker dies, every pending call fails at once
+with :class:`WorkerDied`, which carries the exit status and the tail of the worker's stderr.
 
-Hidden states pass as raw bytes in the wire dtype: ``call(..., hidden=raw)`` sends them, and a
-reply that has one carries them as ``reply["hidden"]``. On the pipe they travel in the worker's
-payload framing (a JSON line with ``"payload": N``, then N raw bytes) when its ready line offers
-it (``"framing": [..., "payload"]``), else as ``hidden_b64`` (``framing="json"`` asks for that
-too); either way the worker's digests are of the same raw bytes. The worker's stdout is parsed
-where it arrives (the pipe protocol's callback resolves the call's future: no reader task in
-between), and one request is one write: calls need no lock, and a drain only when the pipe is
-full.
+Hidden states pass as raw bytes in the wire dtype (a record's ``hidden``). On the pipe they travel
+in the worker's payload framing (a JSON line with ``"payload": N``, then N raw bytes) when its ready
+line offers it, else as ``hidden_b64`` (``framing=Framing.json`` asks for that too); either way the
+worker's digests are of the same raw bytes. The worker's stdout is parsed where it arrives (the
+pipe protocol's callback resolves the call's future: no reader task in between), and one request
+is one write: calls need no lock, and a drain only when the pipe is full.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextlib
 import itertools
 import json
@@ -30,12 +26,30 @@ import logging
 import signal
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
+
+from .pipe import (
+    MAX_PAYLOAD,
+    ErrorReply,
+    Framing,
+    PipeError,
+    Ready,
+    Request,
+    Shutdown,
+    Unframeable,
+    decode_ready,
+    decode_reply,
+    encode_request,
+    is_ready,
+    payload_size,
+    reply_id,
+    worker_seconds,
+)
 
 log = logging.getLogger(__name__)
 
-_LINE_LIMIT = 256 << 20  # a prefill's hidden state in base64 is one line; also the largest payload
-FRAMINGS = ("json", "payload")  # of the hidden states on the pipe: the worker offers these, the bridge takes one
+R = TypeVar("R")
+_LINE_LIMIT = MAX_PAYLOAD  # a prefill's hidden state in base64 is one line
 
 
 def stderr_text(tail: str) -> str:
@@ -79,18 +93,19 @@ class _Protocol(asyncio.subprocess.SubprocessStreamProtocol):
 
 
 class WorkerBridge:
-    def __init__(self, argv: list[str], env: Mapping[str, str], name: str, framing: str | None = None) -> None:
-        """``framing``: "json" or "payload" for the hidden states; None: the best the worker offers."""
-        if framing not in (None, *FRAMINGS):
-            raise ValueError(f"framing must be json, payload or None (the best offered), got {framing!r}")
+    def __init__(self, argv: list[str], env: Mapping[str, str], name: str, framing: Framing | None = None) -> None:
+        """``framing``: of the hidden states; None: the best the worker offers."""
+        if framing is not None and not isinstance(framing, Framing):
+            raise ValueError(f"framing must be a Framing (json, payload) or None (the best offered), got {framing!r}")
         self.argv, self.env, self.name, self.asked = argv, dict(env), name, framing
-        self.framing = "json"  # until the worker's ready line says what it offers
+        self.framing = Framing.json  # until the worker's ready line says what it offers
         self.proc: asyncio.subprocess.Process | None = None
-        self.ready: dict[str, Any] | None = None
+        self.ready: Ready | None = None
         self.on_death: Callable[[WorkerDied], None] | None = None
         self._ids = itertools.count(1)
-        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
-        self._ready_fut: asyncio.Future[dict[str, Any]] | None = None
+        # each call's future (its reply and the worker's seconds) and the request it answers
+        self._pending: dict[int, tuple[asyncio.Future[tuple[Any, float | None]], Request[Any]]] = {}
+        self._ready_fut: asyncio.Future[Ready] | None = None
         self._stderr: deque[str] = deque(maxlen=30)
         self._tasks: list[asyncio.Task[None]] = []
         self._buf = bytearray()  # stdout not yet parsed
@@ -104,7 +119,7 @@ class WorkerBridge:
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
 
-    async def start(self, ready_timeout: float) -> dict[str, Any]:
+    async def start(self, ready_timeout: float) -> Ready:
         loop = asyncio.get_running_loop()
         self._ready_fut = loop.create_future()
         transport, protocol = await loop.subprocess_exec(
@@ -126,62 +141,52 @@ class WorkerBridge:
                 f"{self.name} worker did not report ready within {ready_timeout:.0f} s; "
                 f"{stderr_text(self.stderr_tail())}"
             ) from None
-        offered = self.ready.get("framing")
-        offered = offered if isinstance(offered, list) else ["json"]
+        offered = self.ready.framing
         if self.asked is None:
-            self.framing = "payload" if "payload" in offered else "json"
-        elif self.asked in offered or self.asked == "json":
+            self.framing = Framing.payload if Framing.payload in offered else Framing.json
+        elif self.asked in offered or self.asked is Framing.json:
             self.framing = self.asked
         else:
             await self.close()
-            raise ValueError(f"{self.name} worker offers framing {offered}, not {self.asked!r}")
+            names = [f.value for f in offered]
+            raise ValueError(f"{self.name} worker offers framing {names}, not {self.asked.value!r}")
         return self.ready
 
     def stderr_tail(self) -> str:
         return "\n".join(self._stderr)
 
-    async def call(self, op: str, timeout: float, hidden: bytes | None = None, **fields: Any) -> dict[str, Any]:
-        """One request (``hidden``: the raw bytes of its hidden state, if it sends one); a reply
-        that has a hidden state has its raw bytes as ``"hidden"`` (and ``"hidden_b64"`` only if
-        it came in JSON). Raises WorkerError (an error reply), WorkerDied, or TimeoutError."""
-        if hidden is not None and "hidden_b64" in fields:
-            raise ValueError(f"{op}: pass the hidden state once, as hidden or as hidden_b64")
+    async def call(self, request: Request[R], timeout: float) -> R:
+        """One request, answered with its reply's record. Raises WorkerError (an error reply, or
+        one that is not the record), WorkerDied, or TimeoutError."""
+        reply, _ = await self.timed_call(request, timeout)
+        return reply
+
+    async def timed_call(self, request: Request[R], timeout: float) -> tuple[R, float | None]:
+        """``call``, with the seconds the worker says it spent on the request."""
         if self.died is not None:
             raise self.died
         assert self.proc is not None and self.proc.stdin is not None
         rid = next(self._ids)
-        if self.framing == "payload" and "hidden_b64" not in fields:  # a caller's own base64 goes as JSON
-            request = {"op": op, "request_id": rid, **fields, "payload": len(hidden) if hidden else 0}
-            line = json.dumps(request).encode() + b"\n"
-            data = line + hidden if hidden else line
-        else:
-            if hidden is not None:
-                fields["hidden_b64"] = base64.b64encode(hidden).decode()
-            data = (json.dumps({"op": op, "request_id": rid, **fields}) + "\n").encode()
-        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self._pending[rid] = fut
+        data = encode_request(rid, request, self.framing)
+        fut: asyncio.Future[tuple[Any, float | None]] = asyncio.get_running_loop().create_future()
+        self._pending[rid] = (fut, request)
         stdin = self.proc.stdin
         try:
             async with asyncio.timeout(timeout):  # the write and the answer: one deadline
                 stdin.write(data)  # whole: no other call's bytes can come between
                 if stdin.transport.get_write_buffer_size() or stdin.transport.is_closing():
                     await stdin.drain()  # the pipe is full (a large prefill), or the worker is gone
-                reply = await fut
+                reply, worker_s = await fut
         except TimeoutError:
-            raise TimeoutError(f"{self.name} worker did not answer {op} within {timeout:.3g} s") from None
+            raise TimeoutError(f"{self.name} worker did not answer {request.op} within {timeout:.3g} s") from None
         except (BrokenPipeError, ConnectionResetError):
             await asyncio.sleep(0.1)  # let the watcher see the exit status
             raise self.died or WorkerDied(self.name, self.proc.returncode, self.stderr_tail()) from None
         finally:
             self._pending.pop(rid, None)
-        if "error" in reply:
-            raise WorkerError(f"{self.name} worker: {reply['error']}")
-        if "hidden_b64" in reply and "hidden" not in reply:
-            try:
-                reply["hidden"] = base64.b64decode(reply["hidden_b64"], validate=True)
-            except (binascii.Error, ValueError, TypeError):
-                raise WorkerError(f"{self.name} worker answered {op} with hidden_b64 that is not base64") from None
-        return reply
+        if isinstance(reply, ErrorReply):
+            raise WorkerError(f"{self.name} worker: {reply.error}")
+        return reply, worker_s
 
     # --- the worker's stdout, parsed as it arrives --------------------------------------------
 
@@ -197,10 +202,10 @@ class WorkerBridge:
                 head, n = self._header
                 if len(buf) < n:
                     return
-                head["hidden"] = bytes(buf[:n])
+                payload = bytes(buf[:n])
                 del buf[:n]
                 self._header = None
-                self._deliver(head)
+                self._deliver(head, payload)
                 continue
             end = buf.find(b"\n", self._scanned)
             if end < 0:
@@ -219,26 +224,36 @@ class WorkerBridge:
                 if line.strip():
                     self._stderr.append("stdout: " + line.decode(errors="replace")[:200].rstrip())
                 continue
-            if "payload" in msg:
-                n = msg.pop("payload")
-                if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= _LINE_LIMIT:
-                    self._break(f"a reply announced a payload of {str(n)[:40]!r} bytes; expected 0..{_LINE_LIMIT}")
-                    return
-                self._header = (msg, n)
+            try:
+                size = payload_size(msg)
+            except Unframeable as e:
+                self._break(f"a reply that cannot be framed: {e}")
+                return
+            if size is not None:
+                self._header = (msg, size)
                 continue
-            self._deliver(msg)
+            self._deliver(msg, None)
 
-    def _deliver(self, msg: dict[str, Any]) -> None:
+    def _deliver(self, msg: dict[str, Any], payload: bytes | None) -> None:
+        """A reply line (and its payload) to the call that waits for it, as its record."""
         if self._ready_fut is not None and not self._ready_fut.done():
-            if msg.get("status") == "ready":
-                self._ready_fut.set_result(msg)
+            if is_ready(msg):
+                try:
+                    self._ready_fut.set_result(decode_ready(msg))
+                except PipeError as e:
+                    self._ready_fut.set_exception(WorkerError(f"{self.name} worker's ready line: {e}"))
             return
-        rid = msg.get("request_id")
-        fut = self._pending.get(rid) if isinstance(rid, int) else None
-        if fut is not None and not fut.done():
-            fut.set_result(msg)
-        elif msg.get("error"):
-            log.warning("%s worker: %s", self.name, msg["error"])
+        rid = reply_id(msg)
+        call = self._pending.get(rid) if rid is not None else None
+        if call is None or call[0].done():
+            if "error" in msg:
+                log.warning("%s worker: %s", self.name, str(msg["error"])[:400])
+            return
+        fut, request = call
+        try:
+            fut.set_result((decode_reply(request.reply, msg, payload), worker_seconds(msg)))
+        except PipeError as e:
+            fut.set_exception(WorkerError(f"{self.name} worker answered {request.op} with a malformed reply: {e}"))
 
     def _break(self, why: str) -> None:
         """The worker's stdout cannot be framed any more: stop the worker (its calls then fail
@@ -257,7 +272,7 @@ class WorkerBridge:
         status = await self.proc.wait()
         await asyncio.sleep(0.05)  # the last stderr lines
         self.died = WorkerDied(self.name, status, self.stderr_tail())
-        for fut in [*self._pending.values(), self._ready_fut]:
+        for fut in [*(f for f, _ in self._pending.values()), self._ready_fut]:
             if fut is not None and not fut.done():
                 fut.set_exception(self.died)
                 fut.exception()
@@ -283,7 +298,7 @@ class WorkerBridge:
             await self.proc.wait()
         if self.proc.returncode is None:
             with contextlib.suppress(Exception):
-                await self.call("shutdown", timeout=timeout)
+                await self.call(Shutdown(), timeout=timeout)
             try:
                 await asyncio.wait_for(self.proc.wait(), timeout)
             except TimeoutError:

@@ -6,10 +6,10 @@ generated programs.
     install_program_cache()                                      # once per process
 
 **Weights.** Realizing a stage from its GGUF means building the dequantization graph of every
-tensor in Python and running it (SmolLM2 on this 2-core machine: 1.7 s to parse and build, 2-4 s to
-realize, per stage). :class:`WeightCache` keeps what that produced, the float16 tensors a stage
-owns, in one file per (model file, part, tinygrad version, ``HALF``): a header, the GGUF's
-metadata and the raw tensors. A warm load builds the model's objects from the metadata, allocates
+tensor in Python and running it, seconds per stage (docs/benchmarks.md). :class:`WeightCache`
+keeps what that produced, the float16 tensors a stage owns, in one file per (model file, part,
+tinygrad version, ``HALF``): a header, the GGUF's metadata and the raw tensors. A warm load
+builds the model's objects from the metadata, allocates
 the owned tensors and copies the bytes in: no graph, no kernel. The key is the model file's
 content (blake2b; remembered per file by its inode, size and change times), so a cache of another
 model, of a changed file, or of another tinygrad version is never used; the header repeats the
@@ -20,13 +20,13 @@ realizing waits for it (a lock beside the file) and reads what it wrote. The dir
 under ``max_bytes`` by removing the least recently used files.
 
 **Programs.** tinygrad caches compiled kernels on disk (``CACHEDB``), keyed by their source,
-but a new process still generates every kernel's source from its AST (linearize and render:
-179 programs for a SmolLM2 stage, about 3 s here). :func:`install_program_cache` stores each
+but a new process still generates every kernel's source from its AST (linearize and render,
+for every program of a stage: docs/benchmarks.md). :func:`install_program_cache` stores each
 generated ``ProgramSpec`` in the same database, keyed by the AST, the renderer and every
 tinygrad setting in effect, so a warm process skips the generation too. One step earlier, the
 kernels a graph becomes (tinygrad's schedule cache, in memory only) are kept there as well, keyed
 by the graph and the same settings: a warm process's eager calls (the prefill, the JIT's capture,
-the reference) skip the scheduling (a warm synthetic stage 0 with its reference: 3.4 s -> 2.4 s). Processes that start
+the reference) skip the scheduling. Processes that start
 together on one host (two stages, the reference beside them) would otherwise each generate and
 compile the same programs on the same cores: a lock per program (striped) makes each program once,
 and the others read it.
@@ -114,8 +114,8 @@ DIGEST_CHUNK = 32 << 20  # bytes hashed as one piece
 def body_digest(*parts: memoryview) -> str:
     """A file body's digest: each part cut into ``DIGEST_CHUNK`` pieces, each piece's BLAKE2b
     taken on its own thread (hashlib lets go of the GIL for a large buffer), and the BLAKE2b of
-    those in order. A warm load checks every byte it reads; one thread did 0.7 GB/s here, so a
-    stage of a 1B model spent 1.5 s on it, and a GPU host has the cores to share it."""
+    those in order. A warm load checks every byte it reads; on one thread that costs a large
+    stage's warm load seconds, and a GPU host has the cores to share it."""
     pieces = [p[i : i + DIGEST_CHUNK] for p in parts for i in range(0, len(p), DIGEST_CHUNK)] or [memoryview(b"")]
     workers = max(1, min(8, os.cpu_count() or 1, len(pieces)))
     if workers == 1:

@@ -44,10 +44,9 @@ import itertools
 import logging
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, TypeVar
 
 from .. import failpoints
 from ..messages import (
@@ -70,22 +69,37 @@ from ..messages import (
     ReferenceQuery,
     ReferenceResult,
     RelayProbe,
+    Span,
     StageActivation,
     StageStats,
     StageStatsQuery,
     WireDtype,
-    from_json,
 )
-from ..nodeenv import NodeEnv, inherited
+from ..nodeenv import inherited
 from ..protocol import STAGE_ACTOR, STATUS_ACTOR, stage_name, stage_names
-from ..runtime.codec import ActorAddress, MemberStatus, Message
+from ..runtime.codec import ActorAddress, Message
 from ..runtime.localproc import configure_child_logging, emit, stop_event
-from ..runtime.node import Context, Node, NodeConfig
+from ..runtime.node import Context, Node
 from ..runtime.swim import MemberEvent
-from ..runtime.transport import PeerAddr
 from .bridge import WorkerBridge, WorkerDied, WorkerError
+from .lifetime import Settings, container_env, give_up, guard_lifetime
+from .pipe import (
+    DecodeStep,
+    Detokenize,
+    EmbedAndForward,
+    Forward,
+    ForwardAndSample,
+    HiddenOut,
+    ReadKvInfo,
+    Ready,
+    Request,
+    RunReference,
+    Tokenize,
+    ready_fields,
+)
 
 log = logging.getLogger(__name__)
+R = TypeVar("R")
 
 HOP_TIMEOUT = 30.0  # a send to the next stage
 NAME_TIMEOUT = 60.0  # the spec's deadline for a name
@@ -99,12 +113,6 @@ class Busy(RuntimeError):
 
 class StageLost(ConnectionError):
     """Another stage could not be reached mid-request; the message names it and how it was found."""
-
-
-def default_worker_path() -> Path:
-    here = Path(__file__).resolve().parent.parent  # the package: pytest_ppsmoke/stage/gpu_node.py
-    installed = here / "worker" / "pp_tinygrad_worker.py"  # a wheel install
-    return installed if installed.is_file() else here.parent / "worker" / "pp_tinygrad_worker.py"
 
 
 @dataclass
@@ -152,17 +160,17 @@ class ReferenceBeside:
 
     def __init__(self, bridge: WorkerBridge, ready_timeout: float) -> None:
         self.bridge = bridge
-        self.starting: asyncio.Future[dict[str, Any]] = asyncio.ensure_future(bridge.start(ready_timeout))
+        self.starting: asyncio.Future[Ready] = asyncio.ensure_future(bridge.start(ready_timeout))
         self.starting.add_done_callback(self._started)
 
-    def _started(self, fut: asyncio.Future[dict[str, Any]]) -> None:
+    def _started(self, fut: asyncio.Future[Ready]) -> None:
         if fut.cancelled():
             return
         if fut.exception() is not None:
             log.error("the reference worker did not start: %s", fut.exception())
             return
         ready = fut.result()
-        emit({"event": "reference_ready", "pid": ready["pid"], "load_s": ready["load_s"]})
+        emit({"event": "reference_ready", "pid": ready.pid, "load_s": ready.load_s})
 
     async def ready(self, timeout: float) -> WorkerBridge:
         """The worker, once it has loaded; TimeoutError or RuntimeError (it did not start) say why."""
@@ -171,10 +179,10 @@ class ReferenceBeside:
         except (TimeoutError, WorkerDied, WorkerError, ValueError) as e:
             if not self.starting.done():
                 raise TimeoutError(
-                    f"the reference worker beside pp-stage-0 is still loading after this query's {timeout:.0f} s"
+                    f"the reference worker beside {stage_name(0)} is still loading after this query's {timeout:.0f} s"
                 ) from None
             raise RuntimeError(
-                f"the reference worker beside pp-stage-0 did not start: {e}; with reference=after the stage's "
+                f"the reference worker beside {stage_name(0)} did not start: {e}; with reference=after the stage's "
                 "worker loads the model after the request instead"
             ) from None
         return self.bridge
@@ -199,9 +207,8 @@ class StageActor:
         self.node, self.bridge, self.reference = node, bridge, reference
         self.stage, self.num_stages, self.wire = stage, num_stages, wire
         self.first, self.last = stage == 0, stage == num_stages - 1
-        self.dim: int = bridge.ready["dim"]
-        self.end_ids = set(bridge.ready["end_ids"])
-        self.max_context: int = bridge.ready["max_context"]
+        self.dim, self.max_context = bridge.ready.dim, bridge.ready.max_context
+        self.end_ids = set(bridge.ready.end_ids)
         self.name = stage_name(stage)
         self._ids = itertools.count(int(time.time() * 1000) % 1_000_000 * 1000)
         self.busy: int | None = None
@@ -226,9 +233,11 @@ class StageActor:
             self._addr_cache[name] = await self.node.resolve(name, NAME_TIMEOUT)
         return self._addr_cache[name]
 
-    def _hidden(self, reply: dict[str, Any]) -> Hidden:
+    def _hidden(self, reply: HiddenOut) -> Hidden:
         """The hidden state of a worker's reply: its raw bytes, as they go on the wire."""
-        return Hidden(int(self.wire), (reply["seq_len"], self.dim), reply["hidden"])
+        if reply.dtype is not self.wire:
+            raise ValueError(f"the worker answered in {reply.dtype.name}, the wire is {self.wire.name}")
+        return Hidden(int(self.wire), (reply.seq_len, self.dim), reply.hidden)
 
     async def _send_to(self, name: str, msg: StageActivation | NextToken) -> None:
         """A send to another stage; one that fails names that stage (StageLost)."""
@@ -238,7 +247,7 @@ class StageActor:
         except ConnectionError as e:
             raise StageLost(f"{name} unreachable mid-request: a send to it failed: {e}") from None
 
-    async def _send_activation(self, act: StageActivation, reply: dict[str, Any]) -> None:
+    async def _send_activation(self, act: StageActivation, reply: HiddenOut) -> None:
         """Send ``act``, whose hidden state the worker's ``reply`` produced; the hop's record
         carries the worker's digest of those bytes."""
         started = time.time()
@@ -250,7 +259,7 @@ class StageActor:
             started,
             round(time.time() - started, 6),
             act.request_id,
-            bytes.fromhex(reply["hidden_digest"]),
+            reply.hidden_digest,
         )
         self.stats.hops_out.append(hop)
 
@@ -268,16 +277,15 @@ class StageActor:
             frames[code] = (sent, received - 1)
         self.stats = Figures(self.stage, request_id, frames_at_start=frames)
 
-    async def _compute(self, op: str, **fields: Any) -> dict[str, Any]:
+    async def _compute(self, request: Request[R]) -> R:
         started = time.time()
-        reply = await self.bridge.call(op, COMPUTE_TIMEOUT, **fields)
-        worker_s = reply.get("worker_s")
+        reply, worker_s = await self.bridge.timed_call(request, COMPUTE_TIMEOUT)
         call = ComputeRecord(
-            op,
-            fields.get("position"),
+            request.op,
+            getattr(request, "position", None),
             started,
             round(time.time() - started, 6),  # as the node sees it: bridge included
-            float(worker_s) if isinstance(worker_s, (int, float)) else None,  # inside the worker
+            worker_s,  # inside the worker
         )
         self.stats.compute.append(call)
         return reply
@@ -297,7 +305,7 @@ class StageActor:
         if not self.first:  # free stage 0 for the next request
             with contextlib.suppress(Exception):
                 await self.node.send(
-                    await self._addr("pp-stage-0"), NextToken(request_id, 0, 0, True), timeout=HOP_TIMEOUT
+                    await self._addr(stage_name(0)), NextToken(request_id, 0, 0, True), timeout=HOP_TIMEOUT
                 )
 
     @contextlib.asynccontextmanager
@@ -364,14 +372,14 @@ class StageActor:
 
     async def _prefill(self, rid: int, prompt: str) -> None:
         async with self._ends_on_failure(rid):
-            ids = (await self._compute("tokenize", prompt=prompt))["token_ids"]
+            ids = (await self._compute(Tokenize(prompt))).token_ids
             if len(ids) + self.max_tokens - 1 > self.max_context:  # the last token is never fed back
                 raise ValueError(
                     f"prompt of {len(ids)} tokens + max_tokens {self.max_tokens} "
                     f"exceed the context of {self.max_context}"
                 )
             self.stats.prompt_token_ids = list(ids)
-            reply = await self._compute("embed_and_forward", tokens=ids, position=0, prefill=True)
+            reply = await self._compute(EmbedAndForward(ids, 0, prefill=True))
             act = StageActivation(rid, 0, len(ids), True, self._hidden(reply), self.reply_to, self.max_tokens)
             await self._send_activation(act, reply)
 
@@ -387,7 +395,7 @@ class StageActor:
             return
         async with self._ends_on_failure(msg.request_id):
             await _slow_decode()
-            reply = await self._compute("decode_step", token_id=msg.token_id, position=msg.position)
+            reply = await self._compute(DecodeStep(msg.token_id, msg.position))
             act = StageActivation(msg.request_id, msg.position, 1, False, self._hidden(reply))
             await self._send_activation(act, reply)
 
@@ -403,11 +411,8 @@ class StageActor:
         h = msg.hidden
         arrived = time.time()
 
-        def received(reply: dict[str, Any]) -> None:  # the worker's digest of the bytes it decoded
-            hop = HopRecord(
-                msg.position, msg.seq_len, len(h.data), arrived, 0.0, msg.request_id,
-                bytes.fromhex(reply["received_digest"]),
-            )  # fmt: skip
+        def received(digest: bytes | None) -> None:  # the worker's digest of the bytes it decoded
+            hop = HopRecord(msg.position, msg.seq_len, len(h.data), arrived, 0.0, msg.request_id, digest or b"")
             self.stats.activations_in.append(hop)
 
         async with self._ends_on_failure(msg.request_id):
@@ -420,15 +425,11 @@ class StageActor:
                 raise ValueError(f"decode activation with seq_len {msg.seq_len}; decode carries one position")
             if not msg.is_prefill:
                 await _slow_decode()
-            fields = {
-                "hidden": h.data,  # the bytes as received: the worker digests and decodes them
-                "position": msg.position,
-                "seq_len": msg.seq_len,
-                "prefill": msg.is_prefill,
-            }
+            # the bytes as received: the worker digests and decodes them
+            step = (h.data, msg.position, msg.seq_len, msg.is_prefill, self.wire)
             if not self.last:
-                reply = await self._compute("forward", dtype=self.wire.name, **fields)
-                received(reply)
+                reply = await self._compute(Forward(*step))
+                received(reply.received_digest)
                 await self._send_activation(
                     StageActivation(
                         msg.request_id,
@@ -442,21 +443,21 @@ class StageActor:
                     reply,
                 )
                 return
-            reply = await self._compute("forward_and_sample", dtype=self.wire.name, **fields)
-            received(reply)  # before the next activation can arrive: the records stay in order
-            token = reply["token_id"]
+            sampled = await self._compute(ForwardAndSample(*step))
+            received(sampled.received_digest)  # before the next activation can arrive: the records stay in order
+            token = sampled.token_id
             self.tokens.append(token)
             position = msg.position + msg.seq_len  # where the new token goes
             done = token in self.end_ids or len(self.tokens) >= self.max_tokens or position >= self.max_context
             if not done:  # the next step first: stage 0 computes it while this stage reports the token
-                await self._send_to("pp-stage-0", NextToken(msg.request_id, token, position, False))
+                await self._send_to(stage_name(0), NextToken(msg.request_id, token, position, False))
             emit({"event": "token", "request_id": msg.request_id, "n": len(self.tokens)})
             if len(self.tokens) == 1 and self.reply_to is not None:  # the orchestrator sees decode begin
                 self.node.send_nowait(self.reply_to, FirstToken(msg.request_id, token), HOP_TIMEOUT, STAGE_ACTOR)
             if done:
-                text = (await self._compute("detokenize", token_ids=self.tokens))["text"]
+                text = (await self._compute(Detokenize(tuple(self.tokens)))).text
                 # stage 0 first: it is free (and its figures final) before the orchestrator hears the answer
-                await self._send_to("pp-stage-0", NextToken(msg.request_id, token, position, True))
+                await self._send_to(stage_name(0), NextToken(msg.request_id, token, position, True))
                 if failpoints.on("node.empty_text"):
                     text = ""
                 assert self.reply_to is not None
@@ -482,7 +483,7 @@ class StageActor:
         return reply
 
     async def on_kv_info_query(self, msg: KvInfoQuery, ctx: Context) -> KvInfo:
-        info = from_json(KvInfo, await self.bridge.call("kv_info", 30), "the worker's kv_info")
+        info = await self.bridge.call(ReadKvInfo(), 30)
         if info.stage != self.stage:
             raise ValueError(f"the worker's kv_info is of stage {info.stage}, this node is stage {self.stage}")
         return info
@@ -519,11 +520,10 @@ class StageActor:
             left = max(0.001, deadline - time.monotonic())
             worker = self.bridge if self.reference is None else await self.reference.ready(left)
             left = max(0.001, deadline - time.monotonic())
-            reply = await worker.call("reference", left, prompt=msg.prompt, max_tokens=msg.max_tokens)
+            ref = await worker.call(RunReference(msg.prompt, msg.max_tokens), left)
         finally:
             if self.first:
                 self.reference_running = False
-        ref = from_json(ReferenceResult, reply, "the worker's reference")
         if ref.stage != self.stage:
             raise ValueError(f"the worker's reference is of stage {ref.stage}, this node is stage {self.stage}")
         return ref
@@ -550,126 +550,17 @@ class StatusActor:
     def set(self, state: str, detail: str = "") -> None:
         self.state, self.detail, self.since = state, detail, time.monotonic()
 
-    def ready(self, worker: dict[str, Any]) -> None:
+    def ready(self, worker: Ready) -> None:
         """The worker's ready line (its ``dim``, block ``range`` and ``max_context``), and how it
-        loaded (``LoadFigures``: fields, read as fields)."""
-        lo, hi = worker["range"]
-        self.worker = (worker["dim"], lo, hi, worker["max_context"])
-        self.load = LoadFigures.from_ready(worker)
+        loaded (``LoadFigures``)."""
+        blocks = worker.range or Span(0, 0)
+        self.worker = (worker.dim, blocks.start, blocks.end, worker.max_context)
+        self.load = worker.load_figures()
         self.set("ready")
 
     def on_node_status_query(self, msg: NodeStatusQuery, ctx: Context) -> NodeStatus:
         seconds = int(time.monotonic() - self.since)
         return NodeStatus(self.stage, self.state, self.detail, seconds, *self.worker, load=self.load)
-
-
-@dataclass(frozen=True)
-class Settings:
-    """What the node runs with: its environment (every value and its default: ``NodeEnv``), the
-    node's config made from it, and the worker script found."""
-
-    env: NodeEnv
-    config: NodeConfig = field(repr=False)
-    worker: Path
-
-    @property
-    def stage(self) -> int:
-        return self.env.stage
-
-    @property
-    def num_stages(self) -> int:
-        return self.env.num_stages
-
-    @property
-    def wire(self) -> WireDtype:
-        return WireDtype.parse(self.env.wire_dtype)
-
-    @property
-    def ready_timeout(self) -> float:
-        return self.env.worker_ready_timeout
-
-    @property
-    def ttl(self) -> float:  # a hard limit on the node's life
-        return self.env.ttl
-
-    @property
-    def orphan_grace(self) -> float:  # how long the node lives on once it has lost the orchestrator (the seed)
-        return self.env.orphan_grace
-
-    @classmethod
-    def from_env(cls) -> Settings:
-        """Everything the node reads from its environment, checked before anything starts."""
-        env = NodeEnv.from_env()
-        WireDtype.parse(env.wire_dtype)
-        worker = Path(env.worker) if env.worker else default_worker_path()
-        if not worker.is_file():
-            raise ValueError(f"worker script {worker} not found; set {NodeEnv.var('worker')} to pp_tinygrad_worker.py")
-        return cls(env, NodeConfig.from_nodeenv(env), worker)
-
-
-async def guard_lifetime(
-    node: Node, settings: Settings, stop: asyncio.Event, clock: Callable[[], float] = time.monotonic
-) -> None:
-    """The node's own time-to-live: it removes itself when it has lost the orchestrator for
-    ``orphan_grace`` seconds, or when ``ttl`` has passed, so that no rented GPU outlives a run
-    whose orchestrator died. On vast.ai it destroys its own instance (``NodeEnv.container_id`` and
-    ``container_api_key``, set by vast.ai's host agent); anywhere it then exits.
-
-    Where the orchestrator reaches the node (a seed given by its id alone: vast.ai, where the
-    orchestrator may sit behind a NAT), the orphan clock starts at that first contact (the seed
-    alive in the node's view): the orchestrator reaches the nodes only once every instance runs,
-    so a node on a fast host may wait for a slower one. Until then the node waits the run's
-    ``boot_window`` plus its grace, then removes itself: the orchestrator may have died during the
-    boot. Where the node dials the seed itself (a ticket, with its address), nothing keeps the
-    contact waiting, and the clock starts with the node."""
-    seed = settings.config.seed
-    peer = PeerAddr.parse(seed) if seed else None
-    seed_id = peer.id if peer is not None else None
-    reached = peer is not None and not (peer.addrs or peer.relay)  # the orchestrator dials this node
-    started = clock()
-    # the last time the orchestrator was alive in this node's view (None: it has not reached it yet)
-    seen: float | None = None if reached else started
-    contact = False
-    while True:
-        await asyncio.sleep(min(1.0, settings.orphan_grace / 4))
-        now = clock()
-        membership = getattr(node, "membership", None)  # None until the node has bound its endpoint
-        member = membership.members.get(seed_id) if membership is not None and seed_id else None
-        if member is not None and member.status in (MemberStatus.alive, MemberStatus.suspect):
-            if not contact:
-                emit({"event": "orchestrator", "after_s": round(now - started, 3)})
-            seen, contact = now, True
-        never = settings.env.boot_window + settings.orphan_grace
-        if now - started > settings.ttl:
-            reason = f"its time-to-live of {settings.ttl:g} s has passed"
-        elif seed_id and seen is None and now - started > never:
-            reason = (
-                f"the orchestrator ({seed_id[:10]}) never reached it within the boot window "
-                f"({settings.env.boot_window:g} s) plus its grace ({settings.orphan_grace:g} s)"
-            )
-        elif seed_id and seen is not None and now - seen > settings.orphan_grace:
-            reason = f"it lost the orchestrator ({seed_id[:10]}) {settings.orphan_grace:g} s ago"
-        else:
-            continue
-        log.warning("removing itself: %s", reason)
-        emit({"event": "expired", "reason": reason})
-        await destroy_own_instance(settings.env)
-        stop.set()
-        return
-
-
-async def destroy_own_instance(env: NodeEnv) -> None:
-    instance, key = env.container_id, env.container_api_key
-    if instance is None or not key:
-        return  # not on vast.ai (or its emulator): exiting is all there is to do
-    from ..cloud.vast import DEFAULT_URL, VastClient, VastError  # aiohttp's client: only a node that outlived its run
-
-    try:
-        async with VastClient(key, env.vast_url or DEFAULT_URL, timeout=10, attempts=4) as vast:
-            gone = await vast.destroy_instance(instance)
-        log.warning("destroyed own instance %s%s", instance, "" if gone else " (it was already gone)")
-    except (VastError, ValueError) as e:
-        log.error("could not destroy own instance %s: %s; exiting anyway", instance, e)
 
 
 async def _unless_stopped(coro: Any, stop: asyncio.Event) -> asyncio.Task[Any] | None:
@@ -712,12 +603,16 @@ async def run(settings: Settings) -> None:
         emit({"event": "joined", "id": node.id, "stage": stage})
         if stage == 0 and settings.env.reference == "beside":
             ref_env = {**inherited(), **worker_env.replace(worker_role="reference").to_env()}
-            beside = ReferenceBeside(WorkerBridge(argv, ref_env, "pp-stage-0's reference"), settings.ready_timeout)
+            ref_bridge = WorkerBridge(argv, ref_env, f"{stage_name(0)}'s reference")
+            beside = ReferenceBeside(ref_bridge, settings.ready_timeout)
         starting = await _unless_stopped(bridge.start(settings.ready_timeout), stop)
         if starting is None:
             return
         try:
             ready = starting.result()
+            if ready.wire_dtype is not settings.wire:
+                theirs, ours = ready.wire_dtype.name, settings.wire.name
+                raise WorkerError(f"the worker's wire dtype is {theirs}, the node's {ours}")
         except (TimeoutError, WorkerDied, WorkerError) as e:
             # stay in the cluster, failed, so that the orchestrator can ask why; the lifetime
             # guard (or the orchestrator's teardown) ends the node
@@ -732,14 +627,7 @@ async def run(settings: Settings) -> None:
             for name in stage_names(stage, num_stages):
                 node.register(name, STAGE_ACTOR)
         status.ready(ready)
-        emit(
-            {
-                "event": "ready",
-                "id": node.id,
-                **{k: v for k, v in ready.items() if k != "status"},
-                "worker_pid": ready["pid"],
-            }
-        )
+        emit({"event": "ready", "id": node.id, **ready_fields(ready), "worker_pid": ready.pid})
         await stop.wait()
     finally:
         for task in (guard, parent):
@@ -756,30 +644,15 @@ def main() -> None:
         settings = Settings.from_env()
     except ValueError as e:
         configure_child_logging("pp-gpu-node")
-        _give_up(e, _container())
+        give_up(e, container_env())
     configure_child_logging("pp-gpu-node", settings.env.log_level)
     try:
         asyncio.run(run(settings))
     except (ValueError, TimeoutError, WorkerDied, WorkerError) as e:
-        _give_up(e, settings.env)
+        give_up(e, settings.env)
     except Exception as e:
         log.error("pp-gpu-node failed unexpectedly", exc_info=True)
-        _give_up(e, settings.env, f"{type(e).__name__}: ")
-
-
-def _give_up(error: BaseException, env: NodeEnv, kind: str = "") -> NoReturn:
-    # a node that cannot serve does not keep a rented GPU: it destroys its own instance, whatever
-    # ended it (the traceback, if any, is logged first; the exit line names the error)
-    asyncio.run(destroy_own_instance(env))
-    sys.exit(f"pp-gpu-node: {kind}{error}")
-
-
-def _container() -> NodeEnv:
-    """Just what the node needs to destroy its own instance, when the rest of its environment is bad."""
-    try:
-        return NodeEnv.from_env(only=("container_id", "container_api_key", "vast_url"))
-    except ValueError:
-        return NodeEnv()
+        give_up(e, settings.env, f"{type(e).__name__}: ")
 
 
 if __name__ == "__main__":

@@ -11,9 +11,9 @@ Blocks a stage does not own are dropped before anything is realized, so they nev
 Decode (one token) runs through ``TinyJit`` with a symbolic start position, so each stage
 compiles its kernels once; prefill and the spec's uncompiled path (``jit=False``) run eagerly.
 
-The token-exact reference (:class:`ReferenceModel`: the worker's ``reference`` op, or a reference
-worker of its own) is a model of its own, run through tinygrad's ``Transformer.generate``, never
-through :class:`StageModel`.
+The token-exact reference (``reference.py``: the worker's ``reference`` op, or a reference
+worker of its own) is a model of its own, run through tinygrad's ``Transformer.generate``
+(:func:`unsplit_generate`), never through :class:`StageModel`.
 This module imports tinygrad: the node never imports it, only the worker process does.
 
 What the stage holds is read from tinygrad's own objects (:meth:`StageModel.kv_info`): for every
@@ -27,9 +27,7 @@ after prefill and now. A call flagged ``prefill`` begins a sequence: the caches 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
-import gc
 import importlib.metadata
 import os
 import re
@@ -41,12 +39,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tinygrad import Device, GlobalCounters, Tensor, TinyJit, UOp, dtypes, nn
+from tinygrad import Device, Tensor, TinyJit, UOp, dtypes, nn
 from tinygrad.apps.llm import SimpleTokenizer as _SimpleTokenizer
 from tinygrad.apps.llm import Transformer
 
-from ..messages import BlockCache, KvInfo, ReferenceResult, Span, WeightLoad, WireDtype, digest
-from ..protocol import layer_range, reference_method
+from ..messages import BlockCache, KvInfo, Span, WeightLoad, digest
+from ..protocol import layer_range
 from .cache import CacheError, Part, WeightCache, tinygrad_key
 from .catalog import ModelError, resolve_model
 
@@ -456,7 +454,7 @@ class StageModel:
         second; with the caches made, that eager call would only repeat the graph, so the JIT is
         told it has had it (``cnt``, tinygrad 0.12's count of calls) and the second step, at
         position 1, is the capture. An eager pass builds the whole stage's graph in Python: a
-        third step cost a SmolLM2 stage 0.6 s of its start here (its warm-up: 2.2 s -> 1.5 s)."""
+        third step would add one more to the stage's start."""
         if not self.jit:
             return 0.0
         started = time.monotonic()
@@ -500,9 +498,9 @@ class StageModel:
 
     def _decode_input(self, x: np.ndarray) -> Tensor:
         """A decode step's input, in a device buffer kept from step to step and written with a
-        raw copy. Creating and realizing a new tensor instead cost 5.1 ms a step on an H200
-        (tinygrad schedules the copy in Python), more than the stage's own compute
-        (bench/profile_stages.py)."""
+        raw copy. Creating and realizing a new tensor instead costs more a step than the stage's
+        own compute on a GPU (tinygrad schedules the copy in Python; bench/profile_stages.py
+        measures it)."""
         key = (x.shape, x.dtype.str)
         buf = self._inputs.get(key)
         if buf is None:
@@ -608,121 +606,6 @@ def unsplit_generate(model: Transformer, prompt_ids: list[int], max_tokens: int,
     return out
 
 
-def round_in_graph(x: Tensor, wire: WireDtype) -> Tensor:
-    """``messages.round_to_wire`` as tinygrad operations, so that a compiled ``generate`` keeps
-    running: bf16 by its bits (round to nearest, ties to even, as the codec does), f16 by a cast
-    there and back (IEEE rounding on every backend). tests/test_stages.py checks both against
-    the codec bit for bit."""
-    if wire is WireDtype.f32:
-        return x
-    if wire is WireDtype.f16:
-        return x.cast(dtypes.float16).cast(dtypes.float32)
-    bits = x.bitcast(dtypes.uint32)
-    return ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).bitcast(dtypes.float32)
-
-
-class _RoundedBlock:
-    """A stage's last block, its output rounded to the wire dtype: the hidden state as the next
-    stage receives it. Its parameters stay reachable (``nn.state`` walks ``block``)."""
-
-    def __init__(self, block: Any, wire: WireDtype) -> None:
-        self.block, self.wire = block, wire
-
-    def __call__(self, x: Tensor, start_pos: int | UOp) -> Tensor:
-        return round_in_graph(self.block(x, start_pos), self.wire)
-
-
-class ReferenceModel:
-    """The model in one piece, loaded for the token-exact reference: a Transformer of its own
-    (from the GGUF or from the weight cache's copy of the whole model, never a stage's tensors),
-    run through tinygrad's own ``Transformer.generate``. With an f32 wire that is exactly the
-    unsplit model; with bf16 or f16 its hidden state is rounded to the wire dtype after each
-    stage's last block, inside the graph. No stage code runs, so a fault in :class:`StageModel`
-    cannot hide in the reference.
-
-    Two ways to use it: :func:`run_reference` loads one, generates once and drops it (a stage's
-    worker, after the request); a reference worker (``PP_WORKER_ROLE=reference``) loads one
-    while the stages load and keeps it for the node's life."""
-
-    def __init__(
-        self,
-        name: str,
-        wire: WireDtype,
-        num_stages: int,
-        max_context: int,
-        cache: WeightCache | None = None,
-        stage: int = 0,
-    ) -> None:
-        started = time.monotonic()
-        self.stage, self.wire = stage, wire  # stage: the node whose worker runs it
-        self.mem_before = GlobalCounters.mem_used
-        self.model, kv, self.weights = realized_model(name, max_context, 0, 1, cache)
-        self.tokenizer = Tokenizer(kv)
-        if wire is not WireDtype.f32:
-            total = len(self.model.blk)
-            for boundary in range(num_stages - 1):  # not ``stage``: that names the node it runs on
-                last = layer_range(total, boundary, num_stages)[1] - 1
-                self.model.blk[last] = _RoundedBlock(self.model.blk[last], wire)
-        Tensor.realize(*nn.state.get_parameters(self.model))
-        self.load_s = time.monotonic() - started
-
-    def generate(self, prompt: str, max_tokens: int) -> ReferenceResult:
-        """The tokens a pipeline with this split and wire must produce for ``prompt``."""
-        if max_tokens < 1:
-            raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
-        ids = self.tokenizer.chat(prompt)
-        if len(ids) + max_tokens - 1 > self.model.max_context:  # the last token is never fed back
-            raise ValueError(
-                f"prompt of {len(ids)} tokens + max_tokens {max_tokens} exceed the context of {self.model.max_context}"
-            )
-        started = time.monotonic()
-        out = unsplit_generate(self.model, ids, max_tokens, self.tokenizer.end_ids)
-        return ReferenceResult(
-            self.stage,
-            reference_method(self.wire.name),
-            Device.DEFAULT,
-            tuple(ids),
-            tuple(out),
-            round(self.load_s, 4),
-            round(time.monotonic() - started, 4),
-            self.mem_before,
-            GlobalCounters.mem_used,
-            self.weights,
-        )
-
-    def drop(self) -> None:
-        """Drop the model, with its KV caches and its compiled forward (a cycle through the
-        JIT: collected here), and free the allocator's cache, so that its memory returns."""
-        del self.model
-        gc.collect()
-        free_cache = getattr(Device[Device.DEFAULT].allocator, "free_cache", None)
-        if free_cache is not None:
-            free_cache()
-
-
-def run_reference(
-    name: str,
-    prompt: str,
-    max_tokens: int,
-    wire: WireDtype,
-    num_stages: int,
-    max_context: int,
-    cache: WeightCache | None = None,
-    stage: int = 0,
-) -> ReferenceResult:
-    """The tokens a pipeline of ``num_stages`` stages with this wire must produce, by a
-    :class:`ReferenceModel` loaded afresh here and dropped before returning (so its memory
-    returns: ``mem_after`` is read after the drop); ``load_s`` is this load's."""
-    if max_tokens < 1:
-        raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
-    ref = ReferenceModel(name, wire, num_stages, max_context, cache, stage)
-    try:
-        result = ref.generate(prompt, max_tokens)
-    finally:
-        ref.drop()
-    return dataclasses.replace(result, mem_after=GlobalCounters.mem_used)
-
-
 def open_device() -> float:
     """Open tinygrad's default device (a GPU's context, its allocator, its compiler) before the
     load, so that a worker's ready line can say what that took apart from the weights; returns
@@ -738,7 +621,7 @@ CPU_DEVICES = ("CPU", "LLVM", "CLANG")  # tinygrad's CPU backends (0.12 names CP
 def native_weights_on_the_cpu(env: MutableMapping[str, str] | None = None) -> bool:
     """Weights in the GGUF's own dtype (tinygrad's ``HALF=0``) when the device is the CPU and the
     user has not chosen ``HALF``: a quantized file then dequantizes to float32, which this kind of
-    CPU runs 2-4x faster than tinygrad's default float16 (SmolLM2's decode 2.3x, measured), and the
+    CPU runs several times faster than tinygrad's default float16 (docs/benchmarks.md), and the
     token checks hold in either (the reference loads the same weights in the same process). A GPU
     keeps float16. Call it before anything reads ``HALF`` (tinygrad caches what it read); True
     when it set it."""
