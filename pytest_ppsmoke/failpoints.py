@@ -62,7 +62,7 @@ class Kind:
     show: Callable[[Any], str]
 
 
-def _flag(v: Any) -> bool:
+def _on_off(v: Any) -> bool:
     if v is True or v in ("", "on"):
         return True
     if v is False or v == "off":
@@ -147,7 +147,7 @@ def _partitions(v: Any) -> dict[int, tuple[str, float]]:
 DIRECTIONS = ("both", "in", "out")  # a partition's direction, from the cut-off node's side
 LOST_STATES = ("offline", "exited")  # how vast.ai shows a host that died: unreachable, or its container gone
 
-FLAG = Kind("nothing, 'on' or 'off'", _flag, lambda v: "")
+FLAG = Kind("nothing, 'on' or 'off'", _on_off, lambda v: "")
 COUNT = Kind("an integer >= 0", _count, str)
 SECONDS = Kind("a number of seconds >= 0", _seconds, lambda v: f"{v:g}")
 NUMBERS = Kind("integers >= 0, comma-separated (e.g. 1,2)", _numbers, lambda v: ",".join(map(str, sorted(v))))

@@ -366,7 +366,7 @@ PART_FIELDS = ("wall_s", "imports_s", "device_s", "build_s", "warm_up_s")
 @wire_struct
 @dataclass(frozen=True)
 class LoadFigures:
-    """A worker's load, from its ready line (``from_ready``): its weights and its programs, and
+    """A worker's load, from its ready line (``stage.pipe.Ready.load_figures``): its weights and its programs, and
     the parts of its start: ``wall_s`` from the process's start to the ready line, of which
     ``imports_s`` (Python and tinygrad's imports), ``device_s`` (opening the device), the
     weights' seconds, ``build_s`` (the stage's split) and ``warm_up_s`` (capturing the decode
@@ -379,18 +379,6 @@ class LoadFigures:
     device_s: F64 = 0.0
     build_s: F64 = 0.0
     warm_up_s: F64 = 0.0
-
-    @classmethod
-    def from_ready(cls, ready: dict[str, Any]) -> LoadFigures:
-        """The figures of a worker's ready line (``weights``, ``programs``: either may be absent;
-        so may the parts)."""
-        w, p = ready.get("weights"), ready.get("programs")
-        parts = {k: float(v) for k in PART_FIELDS if isinstance(v := ready.get(k), (int, float))}
-        return cls(
-            from_json(WeightLoad, w, "weights") if w is not None else None,
-            from_json(ProgramCounts, p, "programs") if p is not None else None,
-            **parts,
-        )
 
     def parts(self) -> str:
         """``12.19 s: imports 1.20, device 0.85, weights 3.29, split 0.10, warm-up 5.01, the rest

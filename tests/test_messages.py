@@ -10,6 +10,7 @@ import pytest
 
 from pytest_ppsmoke import messages, protocol
 from pytest_ppsmoke.runtime import codec
+from pytest_ppsmoke.stage import pipe
 
 pytestmark = pytest.mark.local
 
@@ -88,7 +89,8 @@ def test_wire_dtype_covers_exactly_the_one_list() -> None:
 def test_a_workers_load_figures_come_from_its_ready_line_and_make_one_line_for_people() -> None:
     weights = {"source": "cache", "seconds": 0.984, "nbytes": 9, "path": "/c/x.weights", "note": "", "dtype": "f16"}
     programs = {"hits": 41, "misses": 0, "seconds": 0.2, "errors": []}
-    load = messages.LoadFigures.from_ready({"status": "ready", "weights": weights, "programs": programs})
+    base = {"status": "ready", "pid": 1, "stage": 0, "model": "m", "wire_dtype": "bf16", "max_context": 8, "load_s": 1}
+    load = pipe.decode_ready({**base, "weights": weights, "programs": programs}).load_figures()
     assert load.weights == messages.WeightLoad("cache", 0.984, 9, "/c/x.weights", "", "f16", 1)
     assert load.programs == messages.ProgramCounts(41, 0)
     assert load.describe() == "weights from the cache in 0.98 s, f16; programs: 41 cached, 0 generated"
@@ -96,6 +98,6 @@ def test_a_workers_load_figures_come_from_its_ready_line_and_make_one_line_for_p
         messages.WeightLoad("gguf", 2.0, 9, note="weight cache not used", dtype="f32", half=0)
     )
     assert native.describe() == "weights from the GGUF in 2.00 s, f32 (HALF=0) (weight cache not used)"
-    assert messages.LoadFigures.from_ready({"status": "ready", "programs": None}) == messages.LoadFigures()
-    with pytest.raises(messages.RecordError, match=r"weights\.seconds: f64 field needs a finite number"):
-        messages.LoadFigures.from_ready({"weights": {**weights, "seconds": "0.98"}})
+    assert pipe.decode_ready({**base, "programs": None}).load_figures() == messages.LoadFigures()
+    with pytest.raises(ValueError, match=r"weights\.seconds"):
+        pipe.decode_ready({**base, "weights": {**weights, "seconds": "0.98"}})

@@ -124,7 +124,7 @@ def find(method: str, path: str) -> Operation | None:
     return None
 
 
-def _field(parts: Iterator[Any] | Any) -> str:
+def _json_path(parts: Iterator[Any] | Any) -> str:
     out = ""
     for p in parts:
         out += "[]" if isinstance(p, int) else (f".{p}" if out else str(p))
@@ -138,7 +138,7 @@ def _schema_errors(schema: Any, op: Operation, instance: Any) -> list[tuple[str,
     out = []
     for e in jsonschema.Draft4Validator(root).iter_errors(instance):
         for err in e.context or [e]:  # an anyOf (nullable) names the branch that failed
-            field = _field(err.absolute_path)
+            field = _json_path(err.absolute_path)
             if err.validator == "required":
                 missing = re.match(r"'([^']+)' is a required property", err.message)
                 field = (
