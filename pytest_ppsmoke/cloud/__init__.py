@@ -1,1 +1,1 @@
-"""Renting GPUs: the vast.ai client, its emulator ``pp-fake-vast``, and the deployment lifecycle."""
+"""Renting GPUs: the vast.ai client, its emulator ``pp-fake-vast``, the rental of one run's instances."""

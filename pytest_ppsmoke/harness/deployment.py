@@ -87,6 +87,7 @@ class Deployment(Resource):
         self.swim_timing: dict[str, Any] = {}  # the round trips measured after converge, and SWIM's timing
         self._began = time.monotonic()  # the instances' timelines count from here
         self._tasks: list[asyncio.Task[None]] = []
+        self._seed_up: asyncio.Future[None] | None = None  # the seed's start, from the rent on
         self._changed = asyncio.Event()  # an instance reached a step, or failed
 
     def __repr__(self) -> str:
@@ -159,6 +160,8 @@ class Deployment(Resource):
         try:
             await self.rental.wait_running(inst)
             self._stamp(inst, "running")
+            assert self._seed_up is not None
+            await asyncio.shield(self._seed_up)  # the orchestrator's own endpoint, bound
             await reach.join(seed, inst, c, self._stamp, self.instances)
             await self._loaded(inst)
         except PhaseError as e:
@@ -221,17 +224,18 @@ class Deployment(Resource):
                 swim=c.swim,
             )
         )
-        if c.transport == "local":  # the creates carry the seed's ticket: its address, once bound
-            await self.seed.start()
+        # the creates carry the seed's ticket (local: its address, once bound), or its id alone
+        # (wan: it binds, and waits for a relay, while they go out; each instance's steps wait
+        # for it before they reach the node)
+        self._seed_up = asyncio.ensure_future(self.seed.start())
+        try:
+            if c.transport == "local":
+                await asyncio.shield(self._seed_up)
             await self._rent_all(offers)
-        else:  # the creates carry its id alone: it binds, and waits for a relay, while they go out
-            starting = asyncio.ensure_future(self.seed.start())
-            try:
-                await self._rent_all(offers)
-            finally:
-                if not starting.done():
-                    await asyncio.wait([starting])
-            starting.result()
+        finally:
+            if not self._seed_up.done():
+                await asyncio.wait([self._seed_up])
+        self._seed_up.result()
         self._tasks.append(asyncio.ensure_future(self._watch_hosts()))
         self._done("rent", t, self.rental.rent_line())
 
