@@ -11,6 +11,8 @@ nodes' logs (``tests/smoke.py``). The signals during each phase: ``test_signals.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -45,6 +47,7 @@ from pytest_ppsmoke.runtime.transport import TransportError
 from pytest_ppsmoke.stage.gpu_node import StageActor
 from pytest_ppsmoke.stage.pipe import Ready
 
+from .helpers import run_cli
 from .smoke import KEY, Smoke, assert_nothing_left
 
 pytestmark = pytest.mark.local
@@ -436,3 +439,35 @@ async def test_an_instance_is_reached_joined_and_loaded_while_another_host_still
         finally:
             await dep.close()
     assert [i.state for i in dep.instances] == ["destroyed", "destroyed"]
+
+
+async def test_a_failed_converge_then_every_destroy_failing_still_names_converge_last(
+    emulator: Callable[[str], Any], tmp_path: Path
+) -> None:
+    """The first cause stays the cause: after a run that never converges, every destroy fails too;
+    the report's error and the command's last line are converge's, the teardown's is a warning."""
+    fake, smoke, report = await failed_run(
+        emulator, tmp_path, "vast.no_join=1;vast.destroy_fails=0:9,1:9", "--converge-timeout", "8"
+    )
+    last = smoke.stderr.strip().splitlines()[-1]
+    assert last.startswith("pp-smoke-run: failed at converge: 2 of 3 members alive after 8 s"), smoke.stderr[-2000:]
+    assert report["failed_phase"] == "converge" and report["error"].startswith("converge: 2 of 3 members alive")
+    assert report["teardown_error"] and "was NOT destroyed" in report["teardown_error"]
+    assert "pp-smoke-run: WARNING: teardown: " in smoke.stderr
+    async with Smoke(fake, tmp_path, mode="--reap") as reaper:  # what the failed destroys left
+        assert await reaper.finish(60) == 0, reaper.stderr
+    await assert_nothing_left(fake, smoke, 2)
+
+
+def test_a_failure_before_the_first_phase_is_the_runs_error_not_no_text(tmp_path: Path) -> None:
+    """A run that cannot even set up (an emulator started apart that does not answer) says why in
+    its last line and its report, rather than the later "no text came back"."""
+    report = tmp_path / "r.json"
+    env = {**os.environ, "VAST_API_KEY": KEY}
+    done = run_cli("--local", "--vast-url", "http://127.0.0.1:9", "--network", "wan", "--report", str(report), env=env)
+    assert done.returncode == 1, done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("pp-smoke-run: failed at rent: could not ask the emulator at http://127.0.0.1:9"), last
+    figures = json.loads(report.read_text())
+    assert figures["failed_phase"] == "rent" and "could not ask the emulator" in figures["error"]
+    assert figures["creates_sent"] == 0 and KEY not in done.stderr + report.read_text()

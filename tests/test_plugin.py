@@ -342,3 +342,35 @@ def test_ctrl_c_runs_the_finalizers_and_destroys_everything(
     assert all(i["final_state"] == "destroyed" for i in figures["instances"])
     assert figures["emulator"]["live_instances"] == []
     assert node_processes(tag) == []
+
+
+CLUSTER = """
+import pytest
+pytestmark = pytest.mark.local
+
+def test_cluster(ppsmoke_cluster):
+    pass
+"""
+
+
+def test_a_failed_converge_then_failing_destroys_name_converge_in_the_junit_message(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, synth_model: str
+) -> None:
+    """The first cause stays the cause in the JUnit XML: the test fails with converge's message, not
+    with the teardown's failed destroys that came after it."""
+    pytester.makepyfile(CLUSTER)
+    tag = f"plugin-{os.getpid()}-converge"
+    monkeypatch.setenv(TEST_TAG, tag)
+    monkeypatch.setenv("PP_FAILPOINTS", "vast.no_join=1;vast.destroy_fails=0:9,1:9")
+    report, junit = pytester.path / "r.json", pytester.path / "out.xml"
+    pytester.runpytest_subprocess(
+        "-m", "local", "-p", "no:cacheprovider", "--ppsmoke-model", synth_model, "--ppsmoke-converge-timeout", "8",
+        "--ppsmoke-report", str(report), f"--junitxml={junit}",
+    )  # fmt: skip
+    figures = json.loads(report.read_text())
+    assert figures["failed_phase"] == "converge" and figures["teardown_error"], figures["error"]
+    case = ET.parse(junit).getroot().find(".//testcase[@name='test_cluster']")
+    assert case is not None
+    said = [e.get("message", "") for e in case if e.tag in ("error", "failure")]
+    assert said and "the local deployment failed at converge: 2 of 3 members alive" in said[0], said
+    assert "NOT destroyed" not in said[0]

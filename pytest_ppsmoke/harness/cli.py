@@ -167,12 +167,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pp-smoke-run: {api}", file=sys.stderr)
     if r.teardown_error:  # said apart, also after an earlier failure: something may still be billing
         print(f"pp-smoke-run: WARNING: {r.teardown_error}", file=sys.stderr)
-    if not r.ok and r.error != r.teardown_error:
-        print(f"pp-smoke-run: failed at {r.headline()}", file=sys.stderr)
     print(
         f"pp-smoke-run: {r.destroyed()} of {len(r.instances)} instance(s) destroyed; cost ${r.cost_usd:.4f}",
         file=sys.stderr,
     )
+    if not r.ok and r.error != r.teardown_error:  # the first cause, last: what a user reads first
+        print(f"pp-smoke-run: failed at {r.headline()}", file=sys.stderr)
     if settings.report:
         settings.report.write_text(json.dumps(r.to_json(), indent=2) + "\n")
     return r.exit_code

@@ -142,8 +142,13 @@ class SmokeRun(Resource):
         emulator, or a vast.ai API), and make the deployment on it."""
         s = self.settings
         self.started = time.monotonic()
-        # no retry of the client's waits past the steps' deadline
-        place = await open_place(s, deadline=self.started + s.phases_budget)
+        try:  # no retry of the client's waits past the steps' deadline
+            place = await open_place(s, deadline=self.started + s.phases_budget)
+        except Exception as e:  # the run's first cause: in the report before anything closes
+            failure = e if isinstance(e, PhaseError) else PhaseError(self.phase, f"{type(e).__name__}: {e}")
+            self.failure, self.failed_step = failure, "rent"
+            self.report.fail(failure.phase, in_face(str(failure), self.face))
+            raise failure from None if failure is e else e
         self.vast, self.fake = place.vast, place.fake
         self.report.vast_url, self.report.network = place.url, place.network
         self.deployment = place.deployment(on_phase=self.on_phase)
