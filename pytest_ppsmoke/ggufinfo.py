@@ -127,22 +127,28 @@ def _start(f: BinaryIO, path: Path) -> tuple[int, int, int]:
     return version, tensors, count
 
 
+def _values(f: BinaryIO, count: int, path: Path, keys: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """``count`` key-value pairs from where ``f`` stands, or only ``keys`` (reading stops once all
+    are found)."""
+    out: dict[str, Any] = {}
+    for _ in range(count):
+        key = _string(f, path)
+        (kind,) = struct.unpack("<I", _read(f, 4, path))
+        value = _value(f, kind, path)
+        if keys is None or key in keys:
+            out[key] = value
+            if keys is not None and all(k in out for k in keys):
+                break
+    return out
+
+
 def metadata(path: str | Path, keys: tuple[str, ...] | None = None) -> dict[str, Any]:
     """The header's scalar and string values (arrays as None), or only ``keys`` (reading stops
     once all are found). GGUFError if the file is not GGUF v2 or v3."""
     path = Path(path)
-    out: dict[str, Any] = {}
     with path.open("rb") as f:
         _, _, count = _start(f, path)
-        for _ in range(count):
-            key = _string(f, path)
-            (kind,) = struct.unpack("<I", _read(f, 4, path))
-            value = _value(f, kind, path)
-            if keys is None or key in keys:
-                out[key] = value
-                if keys is not None and all(k in out for k in keys):
-                    break
-    return out
+        return _values(f, count, path, keys)
 
 
 def header(path: str | Path) -> Header:
@@ -151,11 +157,7 @@ def header(path: str | Path) -> Header:
     path = Path(path)
     with path.open("rb") as f:
         version, n_tensors, count = _start(f, path)
-        meta: dict[str, Any] = {}
-        for _ in range(count):
-            key = _string(f, path)
-            (kind,) = struct.unpack("<I", _read(f, 4, path))
-            meta[key] = _value(f, kind, path)
+        meta = _values(f, count, path)
         tensors = []
         for _ in range(n_tensors):
             name = _string(f, path)
