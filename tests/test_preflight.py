@@ -1,7 +1,8 @@
-"""The pre-flight: before the first create, the key, the image in its registry, the stages, the
-offers and the credit, each refused in one line with nothing rented; and the emulator's hosts
-pulling images as vast.ai's do (a missing or private image stays ``loading``, its error in
-``status_msg``, and the run ends on that message, not after 60 polls).
+"""The pre-flight: before the first create, the key, the image in its registry, the model (its
+blocks against the stages, a GGUF cut short), the offers and the credit, each refused in one line
+with nothing rented; and the emulator's hosts pulling images as vast.ai's do (a missing or
+private image stays ``loading``, its error in ``status_msg``, and the run ends on that message,
+not after 60 polls).
 
 The registry is real: Debian's ``docker-registry`` on a loopback port (``tests/registry.py``),
 one open and one behind htpasswd (a private image), filled by ``buildah push``."""
@@ -26,9 +27,10 @@ from pytest_ppsmoke.cloud.vastrecords import NeverRuns
 from pytest_ppsmoke.ggufinfo import block_count, metadata
 from pytest_ppsmoke.harness.deployment import Deployment, RunConfig
 from pytest_ppsmoke.protocol import PhaseError
+from pytest_ppsmoke.stage.catalog import MODELS, declared, model_names, resolve_model
 
 from . import registry
-from .helpers import SLEEPER, SYNTH, run_cli
+from .helpers import SLEEPER, SMOLLM2, SYNTH, run_cli
 
 pytestmark = pytest.mark.local
 KEY = "vk-preflight-0123456789abcdef"
@@ -176,6 +178,21 @@ def test_the_orchestrator_reads_a_ggufs_blocks_without_tinygrad(synth_model: str
         block_count(bad)
 
 
+def test_the_catalogue_declares_every_model_tinygrad_loads_with_its_blocks(smollm2: str) -> None:
+    """One declaration per model: the names and URLs are tinygrad's table, which the stages load
+    from, and the blocks known without the file are the file's where it is here (SmolLM2's)."""
+    from tinygrad.apps.llm import models
+
+    assert {m.name: m.file for m in MODELS if m.package is None} == models
+    assert model_names() == [m.name for m in MODELS] and model_names()[0] == smollm2
+    assert all(m.blocks >= 1 for m in MODELS)
+    entry = declared(smollm2)
+    assert entry is not None and entry.blocks == block_count(resolve_model(smollm2)) == SMOLLM2.blocks
+    llama = declared("llama3.2:1b")
+    assert llama is not None and llama.blocks == 16  # meta-llama/Llama-3.2-1B-Instruct: 16 layers
+    assert declared("/data/m.gguf") is None
+
+
 # --- the pre-flight in a deployment: nothing is created ----------------------------------------
 
 
@@ -208,6 +225,47 @@ async def test_a_run_that_cannot_succeed_is_refused_before_any_create(
         assert e.value.phase == "preflight" and expected in str(e.value), str(e.value)
         assert creates(fake) == [] and dep.creates_sent == 0 and dep.seed is None  # nothing rented, nothing started
         assert [p for _, p, _ in fake.requests][:1] == ["/api/v0/users/current"]  # the key first
+
+
+@pytest.mark.parametrize(
+    ("model", "stages", "blocks"), [("smollm2:135m", 40, 30), ("smollm2:135m", 99, 30), ("llama3.2:1b", 17, 16)]
+)
+async def test_a_named_models_blocks_refuse_more_stages_before_the_offer_search(
+    model: str, stages: int, blocks: int
+) -> None:
+    """A name the catalogue declares: its blocks, known without the file, before any offer is
+    searched (the line names the blocks, not the offers), downloaded or rented."""
+    async with FakeVast(api_key=KEY, node_argv=SLEEPER) as fake, VastClient(KEY, fake.url) as vast:
+        dep = Deployment(vast, RunConfig(model=model, num_stages=stages, check_image="not asked"))
+        with pytest.raises(PhaseError) as e:
+            await dep.rent()
+        assert e.value.phase == "preflight"
+        assert str(e.value) == (
+            f"preflight: <setting:model> {model!r} has {blocks} block(s), fewer than the {stages} stages; "
+            f"lower <setting:num_stages> to at most {blocks}"
+        )
+        assert [p for _, p, _ in fake.requests] == ["/api/v0/users/current"]  # no offer search, no create
+
+
+@pytest.fixture
+def cut_model(synth_model: str, tmp_path: Path) -> tuple[Path, int]:
+    """The session's synthetic GGUF cut to half its size, and that size."""
+    cut = tmp_path / "cut.gguf"
+    whole = Path(synth_model).read_bytes()
+    cut.write_bytes(whole[: len(whole) // 2])
+    return cut, len(whole) // 2
+
+
+async def test_a_gguf_cut_short_is_refused_naming_the_file_before_any_create(cut_model: tuple[Path, int]) -> None:
+    cut, size = cut_model
+    async with FakeVast(api_key=KEY, node_argv=SLEEPER) as fake, VastClient(KEY, fake.url) as vast:
+        dep = Deployment(vast, RunConfig(model=str(cut), check_image="not asked"))
+        with pytest.raises(PhaseError) as e:
+            await dep.rent()
+        assert e.value.phase == "preflight"
+        assert f"<setting:model> '{cut}': {cut} is cut short: " in str(e.value)
+        assert f"but the file has {size:,} bytes" in str(e.value)
+        assert creates(fake) == [] and dep.creates_sent == 0
 
 
 async def test_a_run_that_can_succeed_records_what_the_preflight_found(regs: Registries) -> None:
@@ -253,6 +311,41 @@ def test_the_command_refuses_in_one_line_in_seconds_and_creates_nothing(
             assert line.startswith(f"pp-smoke-run: {expected}"), line
             assert "Traceback" not in done.stderr and key not in done.stderr + done.stdout
             assert creates(fake) == []  # the emulator's record: no create was sent
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("case", ["default model", "llama3.2:1b", "cut gguf"])
+def test_the_command_refuses_a_model_that_cannot_run_in_one_line(cut_model: tuple[Path, int], case: str) -> None:
+    """The model's blocks against the stage count, or a GGUF cut short: one line, exit 1, no
+    create, nothing downloaded (the named model's blocks are the catalogue's)."""
+    cut = cut_model[0]
+    args, expected = {
+        "default model": (
+            ["--num-stages", "40"],
+            "failed at preflight: --model 'smollm2:135m' has 30 block(s), fewer than the 40 stages; "
+            "lower --num-stages to at most 30",
+        ),
+        "llama3.2:1b": (
+            ["--model", "llama3.2:1b", "--num-stages", "17"],
+            "failed at preflight: --model 'llama3.2:1b' has 16 block(s), fewer than the 17 stages; "
+            "lower --num-stages to at most 16",
+        ),
+        "cut gguf": (
+            ["--model", str(cut)],
+            f"failed at preflight: --model '{cut}': {cut} is cut short",
+        ),
+    }[case]
+
+    async def main() -> None:
+        async with FakeVast(api_key=KEY, node_argv=SLEEPER) as fake:
+            env = {**os.environ, "VAST_API_KEY": KEY}
+            done = await asyncio.to_thread(run_cli, "--local", "--vast-url", fake.url, *args, env=env, timeout=60)
+            assert done.returncode == 1, done.stderr
+            (line,) = [ln for ln in done.stderr.splitlines() if "failed at" in ln]
+            assert line.startswith(f"pp-smoke-run: {expected}"), line
+            assert "Traceback" not in done.stderr
+            assert creates(fake) == [] and not [p for _, p, _ in fake.requests if p.startswith("/api/v0/bundles")]
 
     asyncio.run(main())
 

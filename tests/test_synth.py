@@ -1,13 +1,16 @@
-"""pp-synth-gguf: the files it writes load as llama models with a working tokenizer."""
+"""pp-synth-gguf: the files it writes load as llama models with a working tokenizer, and pass the
+pre-flight's check that a GGUF holds every tensor."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from pytest_ppsmoke.ggufinfo import GGUFError, check_complete
 from pytest_ppsmoke.stage.model import Tokenizer, load_model
 from pytest_ppsmoke.stage.synth import SHAPES, Shape, write
 
@@ -63,3 +66,18 @@ def test_the_command_refuses_what_it_cannot_write(tmp_path: Path) -> None:
         [*run, str(tmp_path / "m.gguf"), "--shape", "tiny", "--blocks", "2"], capture_output=True, text=True
     )
     assert out.returncode == 0 and "M parameters" in out.stderr and (tmp_path / "m.gguf").stat().st_size > 100_000
+
+
+def test_its_files_hold_every_tensor_and_a_cut_one_is_refused(tmp_path: Path) -> None:
+    """The pre-flight's check of a GGUF (``ggufinfo.check_complete``) passes what it writes and
+    refuses it cut to half."""
+    path = tmp_path / "tiny.gguf"
+    write(path, SHAPES["tiny"], seed=3)
+    h = check_complete(path)
+    assert len(h.tensors) > 0 and h.data_end() <= h.file_size
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(path.read_bytes()[: h.file_size // 2])
+    with pytest.raises(
+        GGUFError, match=rf"^{re.escape(str(cut))} is cut short: .* but the file has {h.file_size // 2:,} bytes"
+    ):
+        check_complete(cut)

@@ -6,8 +6,10 @@ A run that cannot succeed should cost nothing. Before :meth:`Deployment.rent` se
 1. **The key.** ``GET /api/v0/users/current``: a 401 or 403 means vast.ai refused it.
 2. **The image**, where asked (``check_image``): the image's registry, as a pull asks it
    (:mod:`.oci`): it exists, anonymous hosts may pull it, and it has a ``linux/amd64`` manifest.
-3. **The stages**, where the orchestrator can know the model's blocks (a GGUF file on this
-   machine): at least one block per stage.
+3. **The model**, where the orchestrator can know its blocks without the file (a name the
+   catalogue declares, :mod:`..stage.catalog`) or from its header (a GGUF file on this machine,
+   whose tensors must also lie within it: a file cut short is refused): at least one block per
+   stage.
 4. **The offers**: enough match the query for every stage (the search the rent then uses).
 5. **The credit**: the account's ``credit`` covers the worst case, the chosen offers' $/h for the
    whole budget.
@@ -23,8 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..ggufinfo import GGUFError, block_count
+from ..ggufinfo import GGUFError, blocks_of, check_complete
 from ..protocol import PhaseError, setting
+from ..stage.catalog import declared
 from .oci import ImageInfo, ImageProblem, ImageRef, inspect_image, on_loopback
 from .vast import VastClient
 from .vastrecords import Offer, OfferQuery, SearchQuotaExceeded, VastError
@@ -143,15 +146,20 @@ async def _key(vast: VastClient) -> float | None:
 
 
 def _blocks(model: str, num_stages: int) -> int | None:
-    """The model's blocks where it is a GGUF file here (None otherwise); PhaseError if fewer
+    """The model's blocks: a catalogue name's declared count, or a GGUF file's here, whose header
+    is read and whose tensors must lie within the file (None for a URL); PhaseError if fewer
     than the stages."""
-    path = Path(model).expanduser()
-    if path.suffix != ".gguf" or not path.is_file():
-        return None
-    try:
-        blocks = block_count(path)
-    except (GGUFError, OSError) as e:
-        raise _fail(f"{setting('model')} {model!r}: {e}") from None
+    entry = declared(model)
+    if entry is not None:
+        blocks = entry.blocks
+    else:
+        path = Path(model).expanduser()
+        if path.suffix != ".gguf" or not path.is_file():
+            return None
+        try:
+            blocks = blocks_of(check_complete(path).metadata, path)
+        except (GGUFError, OSError) as e:
+            raise _fail(f"{setting('model')} {model!r}: {e}") from None
     if blocks < num_stages:
         raise _fail(
             f"{setting('model')} {model!r} has {blocks} block(s), fewer than the {num_stages} stages; "
