@@ -57,7 +57,7 @@ def test_the_load_line_says_what_each_stage_does_and_for_how_long() -> None:
     ]
     # stage 1 said "loading for 11 s" at 13.0 s into the run; it is now 14.0 s
     line = live_line("load", 12.34, 2, insts, {1: (loading(1, 11), 13.0)}, at=14.0)
-    assert line == "load 12.3 s: stage 0 ready 4.1 s, stage 1 loading 12.0 s"
+    assert line == "load 12.3 s: stage 0 ready 4.1 s, stage 1 loading 12 s"
 
 
 def test_each_waiting_phase_names_its_step_or_the_wait() -> None:
@@ -74,6 +74,15 @@ def test_each_waiting_phase_names_its_step_or_the_wait() -> None:
     joined = instance(0, rented=1.0, running=2.0, reached=4.0, joined=4.5)
     assert stage_doing("converge", 0, joined, None, at) == "stage 0 joined 2.5 s"
     assert stage_doing("load", 0, joined, None, at) == "stage 0 loading 0.5 s"  # no status yet: since it joined
+
+
+def test_a_stages_load_count_never_runs_back_as_its_statuses_come() -> None:
+    inst = instance(0, rented=0.1, running=0.2, reached=0.3, joined=0.4)
+    # the node counts whole seconds: 1.9 s in, it says 1; a second later 2.9 s, it says 2
+    seen = [stage_doing("load", 0, inst, (loading(0, 1), 10.0), 10.0 + d) for d in (0.0, 0.5, 0.99)]
+    seen += [stage_doing("load", 0, inst, (loading(0, 2), 11.0), 11.0 + d) for d in (0.0, 0.5, 0.99, 1.2)]
+    counts = [int(line.split()[-2]) for line in seen]
+    assert counts == sorted(counts) and counts[0] == 1 and counts[-1] == 3
 
 
 def test_other_phases_show_their_clock_and_a_narrow_terminal_cuts_the_line() -> None:
@@ -128,7 +137,7 @@ def test_the_live_line_reads_the_runs_instances_and_statuses() -> None:
     p.watch(run)
     p.start("load")
     clock.now += 1.5
-    assert p.line() == "load 1.5 s: stage 0 ready 4.1 s, stage 1 loading 7.5 s"
+    assert p.line() == "load 1.5 s: stage 0 ready 4.1 s, stage 1 loading 7 s"
 
 
 def status(stage: int, weights: WeightLoad | None, misses: int) -> NodeStatus:

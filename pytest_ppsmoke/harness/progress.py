@@ -61,10 +61,11 @@ def stage_doing(
     phase: str, stage: int, inst: RentedInstance | None, status: tuple[NodeStatus, float] | None, at: float
 ) -> str:
     """What one stage's instance is doing in ``phase`` (one of :data:`WAITS`), and for how long:
-    ``stage 1 loading 12 s``, or, once it has reached the step the phase waits for, how long that
-    took (``stage 0 ready 4.1 s``). ``at``: the seconds since the rent began (the instances'
-    timelines count from it); ``status``: the stage's last ``NodeStatus`` during the load, and
-    when it came (the same seconds)."""
+    ``stage 1 booting 3.2 s``, ``stage 1 loading 12 s`` (what its node said, in whole seconds),
+    or, once it has reached the step the phase waits for, how long that took (``stage 0 ready
+    4.1 s``). ``at``: the seconds since the rent began (the instances' timelines count from it);
+    ``status``: the stage's last ``NodeStatus`` during the load, and when it came (the same
+    seconds)."""
     step, (done, since, waiting) = PHASE_STEP[phase], WAITS[phase]
     if inst is None:
         return f"stage {stage} {waiting}"
@@ -78,8 +79,10 @@ def stage_doing(
     elif phase == "converge" and "reached" in timeline:
         word, seconds = "joining", at - timeline["reached"]
     elif phase == "load" and status is not None:
+        # the node's whole seconds in its state, and the time since it said so: counted in whole
+        # seconds too, the sum never runs back when the next status comes
         st, came = status
-        word, seconds = st.state, st.seconds + (at - came)  # the node's count, and the time since it said so
+        return f"stage {stage} {st.state} {int(st.seconds + max(0.0, at - came))} s"
     return f"stage {stage} {word} {max(0.0, seconds):.1f} s"
 
 
