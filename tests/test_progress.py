@@ -87,6 +87,11 @@ def test_a_stages_load_count_never_runs_back_as_its_statuses_come() -> None:
 
 def test_other_phases_show_their_clock_and_a_narrow_terminal_cuts_the_line() -> None:
     assert live_line("decode", 3.21, 2, [instance(0), instance(1)]) == "decode 3.2 s"
+    gone, failed = instance(0, "destroyed"), instance(1, "running")
+    failed.destroy_error = "HTTP 500"
+    assert live_line("teardown", 0.5, 3, [gone, failed, instance(2, "running")]) == (
+        "teardown 0.5 s: stage 0 destroyed, stage 1 not destroyed, stage 2 destroying"
+    )
     insts = [instance(s, rented=0.1 * s) for s in range(8)]
     full = live_line("rent", 1.0, 8, insts, at=2.0)
     cut = live_line("rent", 1.0, 8, insts, at=2.0, width=40)

@@ -86,6 +86,12 @@ def stage_doing(
     return f"stage {stage} {word} {max(0.0, seconds):.1f} s"
 
 
+def teardown_word(inst: RentedInstance) -> str:
+    if inst.state == "destroyed":
+        return "destroyed"
+    return "not destroyed" if inst.destroy_error else "destroying"
+
+
 def live_line(
     phase: str,
     phase_s: float,
@@ -96,14 +102,17 @@ def live_line(
     width: int = 0,
 ) -> str:
     """The live line: the phase and its clock, and while the run waits on its instances (rent to
-    load) what each stage's is doing (:func:`stage_doing`). ``width``: the terminal's columns, the
-    line cut to fit them (a line that wraps cannot be redrawn in place); 0 leaves it whole."""
+    load) what each stage's is doing (:func:`stage_doing`), in the teardown whether it is gone.
+    ``width``: the terminal's columns, the line cut to fit them (a line that wraps cannot be
+    redrawn in place); 0 leaves it whole."""
     line = f"{phase} {phase_s:.1f} s"
     if phase in WAITS:
         by_stage = {i.stage: i for i in instances}
         line += ": " + ", ".join(
             stage_doing(phase, s, by_stage.get(s), (statuses or {}).get(s), at) for s in range(num_stages)
         )
+    elif phase == "teardown" and instances:
+        line += ": " + ", ".join(f"stage {i.stage} {teardown_word(i)}" for i in instances)
     if width and len(line) >= width:
         line = line[: max(0, width - 2)] + "…"
     return line
