@@ -171,16 +171,17 @@ def test_the_caches_a_cold_load_wrote_are_said_once_with_their_size_and_how_to_c
     out, err = io.StringIO(), io.StringIO()
     p = Progress(out, err, live=False, clock=Clock())
     dep = SimpleNamespace(began=0.0, instances=[], statuses={}, ready=dict(enumerate(cold)))
-    run: Any = SimpleNamespace(deployment=dep, settings=SimpleNamespace(num_stages=2, local=True))
+    run: Any = SimpleNamespace(deployment=dep, settings=SimpleNamespace(num_stages=2, local=True, runtime="processes"))
     p.watch(run)
     p("load", 1.0)
     p("load", 1.0)
     assert err.getvalue().count("cache: ") == 1 and f"rm -rf {weights}" in err.getvalue()
-    err = io.StringIO()
-    quiet = Progress(io.StringIO(), err, live=False)
-    quiet.watch(SimpleNamespace(deployment=dep, settings=SimpleNamespace(local=False)))  # type: ignore[arg-type]
-    quiet("load", 1.0)
-    assert err.getvalue() == ""  # vast.ai's instances keep their caches on their own disks
+    for elsewhere in (SimpleNamespace(local=False), SimpleNamespace(local=True, runtime="image")):
+        err = io.StringIO()
+        quiet = Progress(io.StringIO(), err, live=False)
+        quiet.watch(SimpleNamespace(deployment=dep, settings=elsewhere))  # type: ignore[arg-type]
+        quiet("load", 1.0)
+        assert err.getvalue() == ""  # vast.ai's instances and containers keep their caches on their own disks
 
 
 def test_the_program_cache_is_where_tinygrad_looks() -> None:

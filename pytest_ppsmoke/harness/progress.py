@@ -285,10 +285,13 @@ class Progress:
             self.clear()
 
     def say_cache(self) -> None:
-        """Once, in a run on this machine whose load wrote to its caches: where they are, their
-        size, and how to clear them (stderr)."""
+        """Once, in a run whose nodes are processes of this machine (not vast.ai's hosts, not
+        containers with disks of their own), when its load wrote to their caches: where they
+        are, their size, and how to clear them (stderr)."""
         run = self.run
-        if self.cache_said or run is None or run.deployment is None or not run.settings.local:
+        if self.cache_said or run is None or run.deployment is None:
+            return
+        if not run.settings.local or run.settings.runtime != "processes":
             return
         grown = grown_caches(run.deployment.ready.values(), program_cache_path())
         if grown:
