@@ -4,6 +4,7 @@ the cache line said once. The real run's lines: tests/test_cli.py."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,6 +16,7 @@ from pytest_ppsmoke.cloud.rental import RentedInstance
 from pytest_ppsmoke.cloud.vastrecords import Offer
 from pytest_ppsmoke.harness.progress import (
     CLEAR,
+    REFRESH,
     Progress,
     cache_line,
     grown_caches,
@@ -190,3 +192,20 @@ def test_the_program_cache_is_where_tinygrad_looks() -> None:
     from tinygrad.helpers import CACHEDB
 
     assert program_cache_path() == Path(CACHEDB)
+
+
+def test_the_live_line_is_drawn_while_the_run_runs_and_taken_away_at_its_end() -> None:
+    assert REFRESH <= 1.0  # at least once a second
+
+    async def run(live: bool) -> str:
+        err = io.StringIO()
+        p = Progress(io.StringIO(), err, live=live, clock=Clock())
+        p.start("boot")
+        async with p.live():
+            for _ in range(3):
+                await asyncio.sleep(0)  # the redrawing task's first turn
+        return err.getvalue()
+
+    drawn = asyncio.run(run(True))
+    assert drawn.count(CLEAR + "boot 0.0 s") >= 2 and drawn.endswith("boot 0.0 s" + CLEAR)
+    assert asyncio.run(run(False)) == "[   0.00s] start boot\n"

@@ -106,7 +106,7 @@ def live_line(
     ``width``: the terminal's columns, the line cut to fit them (a line that wraps cannot be
     redrawn in place); 0 leaves it whole."""
     line = f"{phase} {phase_s:.1f} s"
-    if phase in WAITS:
+    if phase in WAITS and num_stages:
         by_stage = {i.stage: i for i in instances}
         line += ": " + ", ".join(
             stage_doing(phase, s, by_stage.get(s), (statuses or {}).get(s), at) for s in range(num_stages)
