@@ -247,7 +247,10 @@ class Progress:
         now = self.clock()
         at = now - dep.began
         statuses = {s: (st, came - dep.began) for s, (st, came) in dep.statuses.items()}
-        width = shutil.get_terminal_size().columns
+        try:  # the terminal stderr is drawn on, which stdout (redirected) may not be
+            width = os.get_terminal_size(self.err.fileno()).columns
+        except (OSError, ValueError):
+            width = shutil.get_terminal_size().columns
         return live_line(phase, now - self.phase_started, run.settings.num_stages, dep.instances, statuses, at, width)
 
     def draw(self) -> None:
