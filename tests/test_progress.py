@@ -209,3 +209,16 @@ def test_the_live_line_is_drawn_while_the_run_runs_and_taken_away_at_its_end() -
     drawn = asyncio.run(run(True))
     assert drawn.count(CLEAR + "boot 0.0 s") >= 2 and drawn.endswith("boot 0.0 s" + CLEAR)
     assert asyncio.run(run(False)) == "[   0.00s] start boot\n"
+
+    async def ended() -> str:  # the phase's line is out: nothing more to show until the next one
+        err = io.StringIO()
+        p = Progress(io.StringIO(), err, live=True, clock=Clock())
+        p.start("teardown")
+        p("teardown", 0.1)
+        p.start("teardown")  # set again after its line (the deployment's next phase after it)
+        async with p.live():
+            for _ in range(3):
+                await asyncio.sleep(0)
+        return err.getvalue()
+
+    assert asyncio.run(ended()) == CLEAR + "teardown 0.0 s" + CLEAR

@@ -199,7 +199,8 @@ class Progress:
         self.live_line = self.err.isatty() if live is None else live  # redrawn in place, or start lines
         self.clock = clock
         self.started = clock()
-        self.phase: str | None = None  # the phase under way, as last started
+        self.phase: str | None = None  # the phase last started
+        self.running = False  # it has not ended yet: the live line shows it
         self.phase_started = self.started
         self.answered = False  # the answer has been printed
         self.cache_said = False
@@ -216,6 +217,8 @@ class Progress:
     def __call__(self, phase: str, seconds: float, detail: str = "") -> None:
         """A phase has ended: its line on stdout (the driver's ``on_phase``)."""
         self.clear()
+        if phase == self.phase:
+            self.running = False
         line = f"{self.stamp()} {phase:<9} {seconds:8.3f}s"
         print(f"{line}  {detail}" if detail else line, file=self.out, flush=True)
         if phase == "load":
@@ -225,7 +228,7 @@ class Progress:
         """A phase has begun (the driver's ``on_start``; said once however often it is set)."""
         if phase == self.phase:
             return
-        self.phase, self.phase_started = phase, self.clock()
+        self.phase, self.phase_started, self.running = phase, self.clock(), True
         if self.live_line:
             self.draw()
         else:
@@ -274,7 +277,7 @@ class Progress:
 
         async def redraw() -> None:
             while True:
-                if self.phase is not None:
+                if self.running:
                     self.draw()
                 await asyncio.sleep(REFRESH)
 
