@@ -32,11 +32,13 @@ def test_local_run_says_hello_reports_everything_and_leaves_nothing(tmp_path: Pa
     assert out.returncode == 0, out.stderr[-3000:]
     for phase in ("preflight", "rent", "boot", "converge", "load", "resolve", "prefill", "decode", "teardown"):
         assert f"] {phase}" in out.stdout
+        assert f"] start {phase}\n" in out.stderr  # without a terminal: a line as each phase starts
     report = json.loads(report_path.read_text())
     assert report["ok"] is True and report["exit_code"] == 0 and report["error"] is None
     assert report["reference"]["state"] == "off" and report["reference"]["token_ids"] == []
     assert "reference" not in report["timings"] and "reference" not in out.stdout
     assert report["text"].strip() and report["text"] in out.stdout
+    assert out.stdout.index(report["text"]) < out.stdout.index("] teardown")  # the answer as soon as it came
     assert 1 <= len(report["token_ids"]) <= 16 and len(report["prompt_token_ids"]) > 5
     ids = [i["id"] for i in report["instances"]]
     half = SYNTH.blocks // 2

@@ -22,14 +22,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import signal
 import sys
-import time
 
 from ..protocol import PhaseError
 from .driver import SmokeRun
+from .progress import Progress
 from .settings import OPTIONS, STEPS, VAST_URL, SettingError, Settings, read
 
 log = logging.getLogger(__name__)
@@ -85,17 +86,6 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Settings]:
     return args, settings
 
 
-class Progress:
-    """A line per phase as it ends, timed from the start of the command."""
-
-    def __init__(self) -> None:
-        self.started = time.monotonic()
-
-    def __call__(self, phase: str, seconds: float, detail: str = "") -> None:
-        line = f"[{time.monotonic() - self.started:7.2f}s] {phase:<9} {seconds:8.3f}s"
-        print(f"{line}  {detail}" if detail else line, flush=True)
-
-
 async def do_reap(settings: Settings, run_id: str | None) -> int:
     from ..cloud.rental import reap
     from ..cloud.vast import VastClient, VastError
@@ -115,13 +105,16 @@ async def do_reap(settings: Settings, run_id: str | None) -> int:
     return 0 if all(e["destroyed"] for e in swept) else 1
 
 
-async def execute(run: SmokeRun) -> None:
-    """The run, with SIGINT/SIGTERM/SIGHUP cancelling it into its teardown."""
+async def execute(run: SmokeRun, progress: Progress | None = None) -> None:
+    """The run, with SIGINT/SIGTERM/SIGHUP cancelling it into its teardown; ``progress``: its live
+    line (on a terminal) while it runs."""
     task = asyncio.current_task()
     assert task is not None
     loop = asyncio.get_running_loop()
 
     def stop(sig: signal.Signals) -> None:
+        if progress is not None:
+            progress.clear()
         phase = run.phase
         run.fail(phase, f"{phase}: interrupted by {sig.name}")
         if run.tearing_down:  # let the teardown finish: cutting it short would leak instances
@@ -132,13 +125,14 @@ async def execute(run: SmokeRun) -> None:
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         loop.add_signal_handler(sig, stop, sig)
-    try:
-        await run.start()
-        await run.step(STEPS[-1])
-    except (PhaseError, asyncio.CancelledError):
-        pass  # in the report
-    finally:
-        await asyncio.shield(run.close())
+    async with progress.live() if progress is not None else contextlib.nullcontext():
+        try:
+            await run.start()
+            await run.step(STEPS[-1])
+        except (PhaseError, asyncio.CancelledError):
+            pass  # in the report
+        finally:
+            await asyncio.shield(run.close())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -150,16 +144,18 @@ def main(argv: list[str] | None = None) -> int:
         from ..layout.cli import grid_from_settings  # the layout package loads only for a grid
 
         return grid_from_settings(settings)
-    run = SmokeRun(settings, on_phase=Progress())
+    progress = Progress(live=None if not args.verbose else False)  # -v's log lines would break a live line
+    run = SmokeRun(settings, on_phase=progress, on_start=progress.start, on_answer=progress.answer)
+    progress.watch(run)
     try:
-        asyncio.run(execute(run))
+        asyncio.run(execute(run, progress))
     except KeyboardInterrupt:
         run.fail(run.phase, f"{run.phase}: interrupted")
     except Exception as e:  # a bug or an unexpected failure: still a clear line and a report
         run.fail(run.phase, f"{run.phase}: {type(e).__name__}: {e}")
     r = run.report
     r.finish()
-    if r.text:
+    if r.text and not progress.answered:
         print(r.text)  # the answer, even when something failed afterwards (a destroy)
     if r.reference.state in ("failed", "skipped") or r.reference.match is False:
         print(f"pp-smoke-run: WARNING: {r.reference.line()}", file=sys.stderr)

@@ -81,8 +81,11 @@ class Deployment(Resource):
         self.keys = ClusterKeys(1 + config.num_stages)
         self.names: dict[str, Any] = {}
         self.ready: dict[int, NodeStatus] = {}  # each stage's ready status: dim, blocks, context
+        # each stage's last status during the load, and when it came (monotonic): the progress line's
+        self.statuses: dict[int, tuple[NodeStatus, float]] = {}
         self.timings: dict[str, float] = {}
-        self.phase = "rent"  # the phase under way: named when something interrupts it
+        self.on_start: Callable[[str], None] | None = None  # told each phase as it begins
+        self._phase = "rent"
         self.lost: asyncio.Future[PhaseError] | None = None  # the first failure: an instance's, or a host lost
         self.swim_timing: dict[str, Any] = {}  # the round trips measured after converge, and SWIM's timing
         self._began = time.monotonic()  # the instances' timelines count from here
@@ -92,6 +95,22 @@ class Deployment(Resource):
 
     def __repr__(self) -> str:
         return f"Deployment({self.run_id}, {len(self.instances)} instances)"
+
+    @property
+    def phase(self) -> str:
+        """The phase under way: named when something interrupts it; ``on_start`` hears each one set."""
+        return self._phase
+
+    @phase.setter
+    def phase(self, phase: str) -> None:
+        self._phase = phase
+        if self.on_start is not None:
+            self.on_start(phase)
+
+    @property
+    def began(self) -> float:
+        """When the rent began (monotonic): the instances' timelines count from it."""
+        return self._began
 
     # the rental's, as the driver and the tests read them
     @property
@@ -133,9 +152,9 @@ class Deployment(Resource):
         """The phase's time, and its line; from the line on, an interruption is the next phase's
         (the user has seen this one end)."""
         self.timings[phase] = round(time.monotonic() - started, 4)
-        self.phase = NEXT_PHASE.get(phase, self.phase)
         if self.on_phase is not None:
             self.on_phase(phase, self.timings[phase], detail)
+        self.phase = NEXT_PHASE.get(phase, self.phase)
 
     async def start(self) -> None:
         await self.rent()
@@ -176,7 +195,11 @@ class Deployment(Resource):
 
     async def _loaded(self, inst: RentedInstance) -> None:
         assert self.seed is not None
-        self.ready[inst.stage] = await reach.loaded(self.seed, inst, self.config)
+
+        def seen(st: NodeStatus) -> None:
+            self.statuses[inst.stage] = (st, time.monotonic())
+
+        self.ready[inst.stage] = await reach.loaded(self.seed, inst, self.config, seen)
         self._stamp(inst, "loaded")
 
     async def _every(self, step: str) -> None:

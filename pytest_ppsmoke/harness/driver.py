@@ -89,10 +89,20 @@ async def _unless_lost(step: Awaitable[None], dep: Deployment) -> None:
 
 
 class SmokeRun(Resource):
-    def __init__(self, settings: Settings, on_phase: OnPhase | None = None, face: str = "cli") -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        on_phase: OnPhase | None = None,
+        face: str = "cli",
+        *,
+        on_start: Callable[[str], None] | None = None,
+        on_answer: Callable[[str], None] | None = None,
+    ) -> None:
         self.settings = settings
         self.face = face  # whose flags the report's messages name: pp-smoke-run's (cli) or the plugin's (pytest)
-        self.on_phase = on_phase
+        self.on_phase = on_phase  # each phase as it ends: its name, seconds and line
+        self.on_start = on_start  # each phase as it begins
+        self.on_answer = on_answer  # the text, as soon as it has come back (before the reference and teardown)
         s = settings
         self.report = Report(s.mode, s.model, s.prompt, s.max_tokens, s.num_stages, s.wire_dtype)
         self.started: float | None = None
@@ -152,6 +162,7 @@ class SmokeRun(Resource):
         self.vast, self.fake = place.vast, place.fake
         self.report.vast_url, self.report.network = place.url, place.network
         self.deployment = place.deployment(on_phase=self.on_phase)
+        self.deployment.on_start = self.on_start
         self.report.run_id = self.deployment.run_id
 
     # --- the steps -------------------------------------------------------------------------
@@ -222,20 +233,22 @@ class SmokeRun(Resource):
         assert dep is not None and dep.seed is not None
 
         def prefilled(seconds: float) -> None:
-            dep.phase = "decode"
             if self.on_phase is not None:
                 self.on_phase("prefill", seconds, "first token sampled")
+            dep.phase = "decode"
 
         # a failure names each stage it involves with its instance: the nodes know stages only by name
         result = await run_inference(
             dep.seed, s.num_stages, s.prompt, s.max_tokens, max(1.0, self.remaining()), prefilled, dep.places()
         )
         self.result = result
-        if s.reference:
-            dep.phase = "reference"  # from the decode line on, an interruption is the reference's
         if self.on_phase is not None:
             t = result.timings
             self.on_phase("decode", t["decode"], f"{t['decode_tokens_per_s']} tokens/s")
+        if self.on_answer is not None:
+            self.on_answer(result.text)
+        if s.reference:
+            dep.phase = "reference"  # from the decode line on, an interruption is the reference's
         r = self.report
         kv = {k.stage: k for k in result.kv}
         r.split = [

@@ -146,10 +146,13 @@ async def time_swim(seed: Node, instances: list[RentedInstance], config: RunConf
     }
 
 
-async def loaded(seed: Node, inst: RentedInstance, config: RunConfig) -> NodeStatus:
+async def loaded(
+    seed: Node, inst: RentedInstance, config: RunConfig, on_status: Callable[[NodeStatus], None] | None = None
+) -> NodeStatus:
     """``inst``'s node says its worker is ready (``NodeStatus``), within the load deadline from its
     joining; PhaseError("load") naming the stage and the instance when it failed, dropped out of
-    the cluster, or was not ready in time (with what it last said)."""
+    the cluster, or was not ready in time (with what it last said). ``on_status``: told each status
+    as it arrives (what the progress line shows of the load)."""
     timeout = config.load_timeout
     # the node has the same deadline for its worker, from its own start, and says why it failed
     # (the worker's stderr); a few seconds more here let that answer arrive
@@ -167,6 +170,8 @@ async def loaded(seed: Node, inst: RentedInstance, config: RunConfig) -> NodeSta
         else:
             assert isinstance(st, NodeStatus)
             last = st
+            if on_status is not None:
+                on_status(st)
             if st.state == "ready":
                 return st
             if st.state == "failed":

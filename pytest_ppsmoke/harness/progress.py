@@ -1,0 +1,305 @@
+"""What ``pp-smoke-run`` says while it runs: a line per phase, the answer, the cache.
+
+    progress = Progress()                                    # stdout for the record, stderr for the rest
+    run = SmokeRun(settings, on_phase=progress, on_start=progress.start, on_answer=progress.answer)
+    progress.watch(run)
+    async with progress.live(): ...                          # on a terminal: the live line, redrawn
+
+Every phase ends with its line on stdout, ``[elapsed] phase seconds detail``, timed from the
+start of the command (what tests and logs read). While a phase runs, stderr says what it is doing:
+
+- on a terminal, one line redrawn in place (``\\r`` and clear to the end of the line) every
+  :data:`REFRESH` seconds: the phase, its clock, and what each stage's instance is doing and for
+  how long (``load 12.3 s: stage 0 ready 4.1 s, stage 1 loading 12 s``); it is cleared before
+  anything else is printed;
+- elsewhere (a log, CI), a line as each phase starts, ``[elapsed] start phase``, which no phase
+  line's ``] phase `` can be mistaken for.
+
+The answer is printed on stdout as soon as it has come back, before the reference and the
+teardown. The first time a load writes to the caches on this machine (a stage's weights realized
+from the GGUF, programs generated), one line on stderr says where they are, how large they have
+grown and how to clear them.
+
+A small piece of its own rather than a terminal library: one line on stderr is all it draws, the
+phase lines must stay plain on stdout (a live display that takes both streams over would change
+them), and the main install stays free of another dependency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
+
+from .deployment import PHASE_STEP
+
+if TYPE_CHECKING:
+    from ..cloud.rental import RentedInstance
+    from ..messages import NodeStatus
+    from .driver import SmokeRun
+
+REFRESH = 0.25  # seconds between two drawings of the live line
+CLEAR = "\r\x1b[K"  # back to the start of the line, and clear it
+# the phases that wait on every instance (the step each waits for: PHASE_STEP), as a stage's goes
+# through one: the word for that step once reached, the step its time in the phase counts from
+# ("": the rent's start), and the word for the wait
+WAITS = {
+    "rent": ("rented", "", "renting"),
+    "boot": ("running", "rented", "booting"),
+    "converge": ("joined", "running", "starting"),
+    "load": ("ready", "joined", "loading"),
+}
+
+
+def stage_doing(
+    phase: str, stage: int, inst: RentedInstance | None, status: tuple[NodeStatus, float] | None, at: float
+) -> str:
+    """What one stage's instance is doing in ``phase`` (one of :data:`WAITS`), and for how long:
+    ``stage 1 booting 3.2 s``, ``stage 1 loading 12 s`` (what its node said, in whole seconds),
+    or, once it has reached the step the phase waits for, how long that took (``stage 0 ready
+    4.1 s``). ``at``: the seconds since the rent began (the instances' timelines count from it);
+    ``status``: the stage's last ``NodeStatus`` during the load, and when it came (the same
+    seconds)."""
+    step, (done, since, waiting) = PHASE_STEP[phase], WAITS[phase]
+    if inst is None:
+        return f"stage {stage} {waiting}"
+    timeline = inst.timeline
+    start = timeline.get(since, 0.0) if since else 0.0
+    if step in timeline:
+        return f"stage {stage} {done} {max(0.0, timeline[step] - start):.1f} s"
+    word, seconds = waiting, at - start
+    if phase == "boot" and inst.state:
+        word = f"{waiting} ({inst.state})"  # vast.ai's word for it
+    elif phase == "converge" and "reached" in timeline:
+        word, seconds = "joining", at - timeline["reached"]
+    elif phase == "load" and status is not None:
+        # the node's whole seconds in its state, and the time since it said so: counted in whole
+        # seconds too, the sum never runs back when the next status comes
+        st, came = status
+        return f"stage {stage} {st.state} {int(st.seconds + max(0.0, at - came))} s"
+    return f"stage {stage} {word} {max(0.0, seconds):.1f} s"
+
+
+def teardown_word(inst: RentedInstance) -> str:
+    if inst.state == "destroyed":
+        return "destroyed"
+    return "not destroyed" if inst.destroy_error else "destroying"
+
+
+def live_line(
+    phase: str,
+    phase_s: float,
+    num_stages: int,
+    instances: Sequence[RentedInstance] = (),
+    statuses: dict[int, tuple[NodeStatus, float]] | None = None,
+    at: float = 0.0,
+    width: int = 0,
+) -> str:
+    """The live line: the phase and its clock, and while the run waits on its instances (rent to
+    load) what each stage's is doing (:func:`stage_doing`), in the teardown whether it is gone.
+    ``width``: the terminal's columns, the line cut to fit them (a line that wraps cannot be
+    redrawn in place); 0 leaves it whole."""
+    line = f"{phase} {phase_s:.1f} s"
+    if phase in WAITS and num_stages:
+        by_stage = {i.stage: i for i in instances}
+        line += ": " + ", ".join(
+            stage_doing(phase, s, by_stage.get(s), (statuses or {}).get(s), at) for s in range(num_stages)
+        )
+    elif phase == "teardown" and instances:
+        line += ": " + ", ".join(f"stage {i.stage} {teardown_word(i)}" for i in instances)
+    if width and len(line) >= width:
+        line = line[: max(0, width - 2)] + "…"
+    return line
+
+
+# --- the caches on this machine -----------------------------------------------------------------
+
+
+def program_cache_path(environ: dict[str, str] | None = None) -> Path:
+    """Where tinygrad keeps its disk cache (the nodes' programs and schedules), as tinygrad finds
+    it from the environment (``CACHEDB``, ``XDG_CACHE_HOME``), without importing tinygrad."""
+    env = os.environ if environ is None else environ
+    if env.get("CACHEDB"):
+        return Path(env["CACHEDB"]).expanduser().absolute()
+    root = env.get("XDG_CACHE_HOME") or os.path.expanduser(
+        "~/Library/Caches" if sys.platform == "darwin" else "~/.cache"
+    )
+    return Path(root, "tinygrad", "cache.db").absolute()
+
+
+def grown_caches(ready: Iterable[NodeStatus], programs: Path) -> list[Path]:
+    """The caches a load wrote to: the weight cache's directory of each stage that realized its
+    weights from the GGUF and wrote them (``WeightLoad.path``), and ``programs`` (tinygrad's
+    database) where a stage generated programs; only those that exist on this machine."""
+    found: list[Path] = []
+    for st in ready:
+        load = st.load
+        if load is None:
+            continue
+        if load.weights is not None and load.weights.source == "gguf" and load.weights.path:
+            found.append(Path(load.weights.path).parent)
+        if load.programs is not None and load.programs.misses:
+            found.append(programs)
+    return [p for p in dict.fromkeys(found) if p.exists()]
+
+
+def size_of(path: Path) -> int:
+    """Bytes in a file, or in the files under a directory (those that vanish meanwhile: none)."""
+    if path.is_file():
+        return path.stat().st_size
+    total = 0
+    for p in path.rglob("*"):
+        with contextlib.suppress(OSError):
+            if p.is_file():
+                total += p.stat().st_size
+    return total
+
+
+def human(nbytes: int) -> str:
+    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("kB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} B"
+
+
+def tilde(path: Path) -> str:
+    home = Path.home()
+    return f"~/{path.relative_to(home)}" if path.is_relative_to(home) and path != home else str(path)
+
+
+def cache_line(grown: Sequence[tuple[Path, int]]) -> str:
+    """``cache: ~/.cache/ppsmoke/weights grew to 1.2 GB (rm -rf ~/.cache/ppsmoke/weights to clear)``,
+    for each cache that grew (path, bytes)."""
+    sizes = ", ".join(f"{tilde(p)} {'grew ' if i == 0 else ''}to {human(n)}" for i, (p, n) in enumerate(grown))
+    return f"cache: {sizes} (rm -rf {' '.join(tilde(p) for p, _ in grown)} to clear)"
+
+
+# --- the printer ----------------------------------------------------------------------------------
+
+
+class Progress:
+    """The phase lines, the start lines or the live line, the answer and the cache line of one run."""
+
+    def __init__(
+        self,
+        out: TextIO | None = None,
+        err: TextIO | None = None,
+        *,
+        live: bool | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.out = sys.stdout if out is None else out
+        self.err = sys.stderr if err is None else err
+        self.live_line = self.err.isatty() if live is None else live  # redrawn in place, or start lines
+        self.clock = clock
+        self.started = clock()
+        self.phase: str | None = None  # the phase last started
+        self.running = False  # it has not ended yet: the live line shows it
+        self.phase_started = self.started
+        self.answered = False  # the answer has been printed
+        self.cache_said = False
+        self.run: SmokeRun | None = None
+        self._drawn = False
+
+    def watch(self, run: SmokeRun) -> None:
+        """The run whose instances the live line describes, and whose load the cache line reads."""
+        self.run = run
+
+    def stamp(self) -> str:
+        return f"[{self.clock() - self.started:7.2f}s]"
+
+    def __call__(self, phase: str, seconds: float, detail: str = "") -> None:
+        """A phase has ended: its line on stdout (the driver's ``on_phase``)."""
+        self.clear()
+        if phase == self.phase:
+            self.running = False
+        line = f"{self.stamp()} {phase:<9} {seconds:8.3f}s"
+        print(f"{line}  {detail}" if detail else line, file=self.out, flush=True)
+        if phase == "load":
+            self.say_cache()
+
+    def start(self, phase: str) -> None:
+        """A phase has begun (the driver's ``on_start``; said once however often it is set)."""
+        if phase == self.phase:
+            return
+        self.phase, self.phase_started, self.running = phase, self.clock(), True
+        if self.live_line:
+            self.draw()
+        else:
+            print(f"{self.stamp()} start {phase}", file=self.err, flush=True)
+
+    def answer(self, text: str) -> None:
+        """The text has come back: on stdout at once (the driver's ``on_answer``)."""
+        self.clear()
+        print(text, file=self.out, flush=True)
+        self.answered = True
+
+    def line(self) -> str:
+        """The live line now."""
+        phase = self.phase or "start"
+        run = self.run
+        dep = run.deployment if run is not None else None
+        if run is None or dep is None:
+            return live_line(phase, self.clock() - self.phase_started, 0)
+        now = self.clock()
+        at = now - dep.began
+        statuses = {s: (st, came - dep.began) for s, (st, came) in dep.statuses.items()}
+        try:  # the terminal stderr is drawn on, which stdout (redirected) may not be
+            width = os.get_terminal_size(self.err.fileno()).columns
+        except (OSError, ValueError):
+            width = shutil.get_terminal_size().columns
+        return live_line(phase, now - self.phase_started, run.settings.num_stages, dep.instances, statuses, at, width)
+
+    def draw(self) -> None:
+        self.err.write(CLEAR + self.line())
+        self.err.flush()
+        self._drawn = True
+
+    def clear(self) -> None:
+        """Take the live line away, before anything else is printed."""
+        if self._drawn:
+            self.err.write(CLEAR)
+            self.err.flush()
+            self._drawn = False
+
+    @contextlib.asynccontextmanager
+    async def live(self) -> AsyncIterator[None]:
+        """While the block runs, on a terminal: the live line, redrawn every :data:`REFRESH` seconds."""
+        if not self.live_line:
+            yield
+            return
+
+        async def redraw() -> None:
+            while True:
+                if self.running:
+                    self.draw()
+                await asyncio.sleep(REFRESH)
+
+        task = asyncio.ensure_future(redraw())
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            self.clear()
+
+    def say_cache(self) -> None:
+        """Once, in a run whose nodes are processes of this machine (not vast.ai's hosts, not
+        containers with disks of their own), when its load wrote to their caches: where they
+        are, their size, and how to clear them (stderr)."""
+        run = self.run
+        if self.cache_said or run is None or run.deployment is None:
+            return
+        if not run.settings.local or run.settings.runtime != "processes":
+            return
+        grown = grown_caches(run.deployment.ready.values(), program_cache_path())
+        if grown:
+            self.cache_said = True
+            print(cache_line([(p, size_of(p)) for p in grown]), file=self.err, flush=True)
