@@ -4,6 +4,7 @@
     pp-smoke-run --local --report r.json  # the same lifecycle against the vast.ai emulator, on loopback
     pp-smoke-run --reap                   # destroy every instance this tool labelled
     pp-smoke-run --local --grid small     # a layout grid instead: measured, fitted, reported (--grid-out)
+    pp-smoke-run --check                  # what this machine can run, and what to install for the rest
 
 The lifecycle: rent one instance per stage (cheapest matching offers), boot (each instance
 running), converge (1 + N members under SWIM), load (every worker ready), resolve the stage
@@ -15,7 +16,8 @@ does not depend on it (the spec's token-exact test does).
 
 Exit status: 0 when the response is non-empty and every instance was destroyed; 1 when a phase
 failed (the message names it), when a destroy failed, or on SIGINT/SIGTERM/SIGHUP (everything
-rented is destroyed first); 2 for bad arguments.
+rented is destroyed first); 2 for bad arguments, or a tool the run needs that this machine lacks
+(one line that says what to install, before anything starts; ``--check`` lists them all).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import time
 
 from ..protocol import PhaseError
 from .driver import SmokeRun
-from .settings import OPTIONS, STEPS, VAST_URL, SettingError, Settings, read
+from .settings import OPTIONS, STEPS, VAST_URL, SettingError, Settings, in_face, read
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +50,9 @@ def parser() -> argparse.ArgumentParser:
         "--local", action="store_true", help="this machine: the vast.ai emulator, nodes on loopback, CPU tinygrad"
     )
     mode.add_argument("--reap", action="store_true", help="destroy every instance labelled by pp-smoke-run")
+    mode.add_argument(
+        "--check", action="store_true", help="say what this machine can run and what to install for the rest"
+    )
     groups = {name: p.add_argument_group(title) for name, title in GROUPS.items()}
     for opt in OPTIONS:
         if opt.cli is None:
@@ -71,6 +76,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Settings]:
         p.error(str(e))
     if (args.vastai or args.reap or settings.vast_url) and not settings.api_key:
         p.error("a vast.ai API key is needed: set VAST_API_KEY or pass --api-key")
+    if args.check:
+        return args, settings
     if not args.reap:
         from ..stage.catalog import ModelError, model_names, resolve_model
 
@@ -82,6 +89,11 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Settings]:
                 resolve_model(settings.model)
         except ModelError as e:
             p.error(str(e))
+    if args.local and settings.grid == "off":
+        from .check import refusal  # a tool this run needs and this machine lacks: nothing starts
+
+        if (why := refusal(settings)) is not None:
+            p.error(in_face(why, "cli"))
     return args, settings
 
 
@@ -144,6 +156,11 @@ async def execute(run: SmokeRun) -> None:
 def main(argv: list[str] | None = None) -> int:
     args, settings = parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr)
+    if args.check:
+        from .check import report
+
+        print("\n".join(report()))
+        return 0
     if args.reap:
         return asyncio.run(do_reap(settings, args.run_id))
     if settings.grid != "off":
