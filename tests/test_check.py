@@ -1,11 +1,13 @@
 """What this machine can run (``pp-smoke-run --check``), and a run that needs a tool this machine
 lacks refused before anything starts, in one line that says what to install: by the command line
 (status 2, as for a bad argument) and by the plugin (the session's first test fails with it). The
-tool is made unfindable by a PATH without it."""
+tool is made unfindable by a PATH without it. And a pre-flight that gets no answer from vast.ai
+names the fixes on this machine: its network, its proxy, ``--vast-url``."""
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -96,3 +98,15 @@ def test_a_run_on_an_emulator_started_apart_or_on_vastai_asks_nothing_of_this_ma
     )
     vast = read({"mode": "vastai", "runtime": "image", "api_key": "k"}, env={}, face="cli")
     assert check.refusal(apart) is None and check.refusal(vast) is None
+
+
+def test_a_preflight_that_gets_no_answer_from_vastai_names_the_fixes() -> None:
+    with socket.socket() as s:  # a port on loopback that nothing listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    out = run_cli("--vastai", "--api-key", "vk-test", "--vast-url", url, timeout=120)
+    assert out.returncode == 1, out.stderr
+    [line] = [x for x in out.stderr.splitlines() if "failed at preflight" in x]
+    assert line.startswith(f"pp-smoke-run: failed at preflight: cannot reach vast.ai at {url} ("), line
+    assert "check this machine's network and its proxy (HTTPS_PROXY), or point --vast-url at the API" in line
+    assert "0 of 0 instance(s) destroyed" in out.stderr
