@@ -124,12 +124,14 @@ def test_the_spec_collects_with_the_main_install(main_install: Path, tmp_path: P
     assert "warning" not in out.lower(), out[-3000:]  # no unknown ini key of a dev tool, no plugin's complaint
 
 
+@pytest.mark.parametrize("where", ["the checkout", "another folder"])
 def test_the_spec_on_vastai_without_an_answer_ends_at_the_preflight_in_one_line(
-    main_install: Path, tmp_path: Path
+    main_install: Path, tmp_path: Path, where: str
 ) -> None:
+    """From the checkout too: the suite's own settings (local, conftest.py) are not the user's."""
     url = f"http://127.0.0.1:{_closed_port()}"
     args = ("--vastai-key=vk-test", "--vast-url", url, "--pyargs", "pytest_ppsmoke.spec", "-m", "vastai", "-q")
-    done = _pytest(main_install, tmp_path, *args)
+    done = _pytest(main_install, ROOT if where == "the checkout" else tmp_path, *args)
     out = done.stdout + done.stderr
     assert done.returncode == 1, out[-3000:]
     [line] = [x for x in out.splitlines() if "failed at preflight:" in x]
