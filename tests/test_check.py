@@ -38,7 +38,10 @@ def _without(tools: tuple[str, ...], tmp_path: Path) -> dict[str, str]:
 
 
 def test_check_says_for_each_mode_ok_or_what_to_install(tmp_path: Path) -> None:
-    out = run_cli("--check", env=_without(("iptables-restore", "buildah"), tmp_path), timeout=60)
+    env = _without(("iptables-restore", "buildah"), tmp_path)
+    env.pop("VAST_API_KEY", None)
+    env["VAST_URL"] = "http://127.0.0.1:1"  # a report of this machine: no key asked for
+    out = run_cli("--check", env=env, timeout=60)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert len(lines) == len(check.NEEDS) and not out.stderr, out.stdout + out.stderr

@@ -74,10 +74,10 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Settings]:
         settings = read(flags, face="cli")
     except SettingError as e:
         p.error(str(e))
+    if args.check:  # a report of this machine: no key, no model
+        return args, settings
     if (args.vastai or args.reap or settings.vast_url) and not settings.api_key:
         p.error("a vast.ai API key is needed: set VAST_API_KEY or pass --api-key")
-    if args.check:
-        return args, settings
     if not args.reap:
         from ..stage.catalog import ModelError, model_names, resolve_model
 
