@@ -1,97 +1,79 @@
-"""The suite's session: the two models, tinygrad's device, and a check after every test module
-that none of the processes it started (nodes, workers, emulators) is left running.
+"""What pytest loads in this checkout, for the project's own suite and for a user's run alike.
 
-Every process a test module starts inherits ``PPSMOKE_TEST_TAG=<session>-<module>`` (the
-emulator's node processes inherit it, tests/test_image.py's runtime passes it into its containers,
-and the nodes pass it to their workers), so a leak is found by its
-tag, never confused with another run on the same machine, and killed so that it cannot slow or
-disturb the tests after it.
+pytest loads this file for any session whose rootdir is the checkout: the project's suite
+(``python -m pytest -m local``, ``pytest tests/test_x.py``) and a user's ``pytest --pyargs
+pytest_ppsmoke.spec`` started here, which must run with the main install only (no pytest-xdist,
+pytest-asyncio or hypothesis). So this file holds no fixture and imports nothing beyond pytest;
+for the suite alone (a session not started with ``--pyargs``) it
+
+- registers the suite's session plugin, ``tests/suite.py`` (its models, tinygrad's device, the
+  check that no process is left behind), after checking that the dev tools it needs are here;
+- runs the test files on two workers more than the cores, each file on one worker, in the order
+  ``tests/suite.py`` sorts them (``-n auto --dist loadfile --no-loadscope-reorder``), unless the
+  command line says ``-n`` itself (``-n 0``: in this process);
+- runs the shipped spec as the suite runs it (:data:`SUITE_SETTINGS`), where neither the command
+  line nor the option's environment variable says otherwise.
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import os
-import signal
-import sys
-import time
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Generator
 
 import pytest
 
-from tests.helpers import SMOLLM2, SYNTH, SYNTH_SEED, TEST_TAG, tagged_processes
+pytest_plugins = ["pytester"]  # pytest's own: the plugin's tests run inner sessions with it
 
-pytest_plugins = ["pytester"]
+DEV_TOOLS = ("xdist", "pytest_asyncio", "hypothesis")  # what the suite imports that the main install lacks
+DEV_INSTALL = "pip install -c constraints.txt -e '.[dev]'"
+ASYNCIO_INI = ("asyncio_mode", "asyncio_default_fixture_loop_scope")  # pyproject.toml's keys for pytest-asyncio
 
-SESSION_TAG = f"pytest-{os.getpid()}"
-
-# The suite starts some 400 interpreters (nodes, workers, pp-smoke-run, the emulator, inner pytest
-# sessions, xdist's workers). Where the environment says PYTHONDONTWRITEBYTECODE (as container
-# images often do), each of them compiles the package anew, and pytest rewrites the asserts of
-# every test module it imports again: a collection of the suite took 8 s instead of 4. The suite
-# writes its bytecode (__pycache__, which git ignores), for this process and all it starts.
-if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None:
-    sys.dont_write_bytecode = False
-
-# Every call the emulator answers, in this process and in every pp-smoke-run, pytest and emulator
-# the suite starts, is held against vast.ai's own description of its API (cloud/emulator/apidoc.py):
-# one that breaks it (and that the allow-list beside the description does not explain) fails.
-os.environ["PP_EMULATOR_OPENAPI"] = "strict"
-
-# pytester points HOME at each test's own directory, so that an inner session reads no user
-# configuration. The caches under HOME went with it: every inner session that ran the spec, and
-# every pp-smoke-run, node and worker it started, found tinygrad's database (programs, schedules)
-# and the weight cache empty and made them anew (a cold suite generated 753 programs, most of
-# them the synthetic model's, again in each such session). The caches are the machine's, as they
-# are for a user's runs: XDG_CACHE_HOME, which tinygrad and the weight cache both follow, names
-# this session's own. A test that wants a cold cache names one of its own (CACHEDB,
-# PP_WEIGHT_CACHE), as tests/test_cache.py does.
-os.environ.setdefault("XDG_CACHE_HOME", str(Path.home() / ".cache"))
-
-# The files whose tests take longest, first: under xdist a file goes to one worker whole, so a long
-# file that starts last is the suite's tail. xdist hands files out in this order only with
-# --no-loadscope-reorder (pyproject.toml): its default reorders them by their number of tests,
-# which sent test_codec's 79 quick ones first and test_layout_grid's 3 long ones near the end.
-# Ordered by their times in a cold run on a fresh machine (JUnit, 2026-12-02: test_worker 182 s,
-# test_lifecycle 123 s, test_layout_grid 102 s, ... test_xdist 15 s). test_worker starts SmolLM2
-# workers and the uncompiled split, which on a cold machine generate the most programs.
-LONGEST_FIRST = (
-    "tests/test_worker.py",
-    "tests/test_lifecycle.py",
-    "tests/test_layout_grid.py",
-    "tests/test_cache.py",
-    "tests/test_stages.py",
-    "tests/test_pipeline.py",
-    "tests/test_signals.py",
-    "pytest_ppsmoke/spec/test_spec.py",
-    "tests/test_plugin.py",
-    "tests/test_network_run.py",
-    "tests/test_internet.py",
-    "tests/test_layers.py",
-    "tests/test_cli.py",
-    "tests/test_codec.py",
-    "tests/test_preflight.py",
-    "tests/test_image.py",
-    "tests/test_driver.py",
-    "tests/test_vast.py",
-    "tests/test_budget.py",
-    "tests/test_bridge.py",
-    "tests/test_membership.py",
-    "tests/test_fake_vast.py",
-    "tests/test_xdist.py",
-)
+# The suite's run of the spec tests: local, since a VAST_API_KEY in a developer's environment must
+# not rent GPUs for the suite; 24 tokens, since the claims hold at any length and CPU decode is
+# slow. Not pyproject.toml's ini keys: a user's run from this folder would read those too.
+SUITE_SETTINGS = {"mode": "local", "max_tokens": "24"}
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(LONGEST_FIRST)))  # stable: files stay whole
+def own_suite(config: pytest.Config) -> bool:
+    """Whether the session is the project's suite, not a user's run of the shipped spec."""
+    return not config.option.pyargs
 
 
-@pytest.hookimpl(
-    optionalhook=True
-)  # pytest-xdist's hook: the main install has no xdist (pytest --pyargs from elsewhere)
+def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
+    # Without pytest-asyncio its ini keys in pyproject.toml are unknown: pytest would warn on
+    # every run of the spec from here. Declared, they are read by nothing.
+    if not pluginmanager.has_plugin("asyncio"):
+        for name in ASYNCIO_INI:
+            parser.addini(name, "pytest-asyncio's (a dev tool): the suite's async tests")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_cmdline_main(config: pytest.Config) -> Generator[None, object, object]:
+    if own_suite(config) and config.pluginmanager.has_plugin("ppsmoke"):
+        from pytest_ppsmoke.harness.settings import OPTIONS  # the table only (standard library)
+
+        env = {o.name: o.env for o in OPTIONS}
+        for name, value in SUITE_SETTINGS.items():
+            dest = f"ppsmoke_{name}"
+            if getattr(config.option, dest, None) is None and not (env[name] and env[name] in os.environ):
+                setattr(config.option, dest, value)
+    # before xdist's own hook, which turns -n into its workers (a worker's config says -n nothing
+    # again, and has workerinput: it must not start workers of its own)
+    if (
+        own_suite(config)
+        and config.pluginmanager.has_plugin("xdist")
+        and not hasattr(config, "workerinput")
+        and config.option.numprocesses is None
+    ):
+        config.option.numprocesses = "auto"
+        if config.option.dist == "no":
+            config.option.dist = "loadfile"
+        config.option.loadscopereorder = False
+    return (yield)
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: the main install has no xdist
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto``: two workers more than the cores. Many tests mostly wait (a node's boot, a SWIM
     timeout, a rate limit's penalty, an emulated network's delay), and a worker that waits leaves
@@ -99,119 +81,13 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return (os.cpu_count() or 1) + 2
 
 
-LEAK_GRACE = 20.0  # seconds a module's processes get to exit after its last fixture is torn down
-
-
-@pytest.fixture(scope="session")
-def synth_model(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The path of the session's synthetic GGUF (``tests.helpers.SYNTH``), written once: the
-    model of every test that checks orchestration rather than tokens or text."""
-    from pytest_ppsmoke.stage.synth import write
-
-    path = tmp_path_factory.mktemp("models") / f"synth-{SYNTH.blocks}x{SYNTH.dim}-seed{SYNTH_SEED}.gguf"
-    write(path, SYNTH, SYNTH_SEED)
-    return str(path)
-
-
-@pytest.fixture(scope="session")
-def smollm2() -> str:
-    """SmolLM2's model name, once it is known to be installed: the model of the tests of tokens
-    and text. Without it they fail with the command that installs it."""
-    from pytest_ppsmoke.stage.catalog import ModelError, resolve_model
-
-    try:
-        resolve_model(SMOLLM2.name)
-    except ModelError as e:
-        pytest.fail(f"{e} (the tests of tokens and text run on SmolLM2)", pytrace=False)
-    return SMOLLM2.name
-
-
-def _tinygrad_devices() -> list[str]:
-    """The device names tinygrad reads from the environment (its ``runtime/ops_*.py``), found
-    without importing tinygrad."""
-    spec = importlib.util.find_spec("tinygrad")
-    if spec is None or not spec.submodule_search_locations:
-        return []
-    runtime = Path(next(iter(spec.submodule_search_locations))) / "runtime"
-    return [p.stem.removeprefix("ops_").upper() for p in runtime.glob("ops_*.py")]
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _tinygrad_on_the_cpu(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Without a device in the environment, every process that starts tinygrad probes all its
-    backends first (about 1.5 s here, in each worker of each cluster). A session with no ``gpu``
-    test and no device chosen names the CPU, which is what that probe finds on such a machine.
-    ``HALF=0`` (unless the environment says otherwise) keeps each GGUF's own dtype: SmolLM2's
-    quantized weights dequantize to float32, on this CPU 2.6-4x faster than float16, and the claims
-    hold in either. The synthetic model is float16 in its file, so the orchestration tests still
-    run float16, as do the node image's containers (tests/test_image.py)."""
-    chosen = os.environ.get("DEV") or any(os.environ.get(d) == "1" for d in _tinygrad_devices())
-    if chosen or any(item.get_closest_marker("gpu") for item in request.session.items):
-        yield
+def pytest_configure(config: pytest.Config) -> None:
+    if not own_suite(config):
         return
-    os.environ["CPU"] = "1"
-    ours = "HALF" not in os.environ
-    os.environ.setdefault("HALF", "0")
-    try:
-        yield
-    finally:
-        os.environ.pop("CPU", None)
-        if ours:
-            os.environ.pop("HALF", None)
-
-
-def _reap(prefix: str, grace: float) -> str:
-    """Waits up to ``grace`` for the processes tagged ``prefix...`` to exit; kills those that did
-    not and says which they were ("" if none)."""
-    deadline = time.monotonic() + grace
-    while (left := tagged_processes(prefix)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    lines = []
-    for pid, tag in sorted(left.items()):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            cmd = "?"
-        lines.append(f"  pid {pid} ({tag}): {cmd.strip()[:200]}")
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    return "\n".join(lines)
-
-
-def _holds_the_plugins_session(module: pytest.Module) -> bool:
-    """The plugin's session fixtures outlive the module that starts them (the test that tears
-    them down runs last in the session): its processes are checked at the session's end."""
-    return any(
-        name.startswith("ppsmoke_")
-        for item in module.session.items
-        if item.nodeid.startswith(module.nodeid + "::")
-        for name in getattr(item, "fixturenames", ())
-    )
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _no_process_left_by_the_module(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Tags what the module starts; after its last fixture, nothing with the tag may be running."""
-    tag = f"{SESSION_TAG}-{request.module.__name__}"
-    before = os.environ.get(TEST_TAG)
-    os.environ[TEST_TAG] = tag
-    try:
-        yield tag
-    finally:
-        if before is None:
-            os.environ.pop(TEST_TAG, None)
-        else:
-            os.environ[TEST_TAG] = before
-    if _holds_the_plugins_session(request.node):
-        return
-    left = _reap(tag, LEAK_GRACE)
-    if left:
-        pytest.fail(f"{request.module.__name__} left processes running (now killed):\n{left}", pytrace=False)
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _no_process_left_by_the_session() -> Iterator[None]:
-    yield
-    left = _reap(SESSION_TAG + "-", LEAK_GRACE)
-    if left:
-        pytest.fail(f"the session left processes running (now killed):\n{left}", pytrace=False)
+    missing = [name for name in DEV_TOOLS if importlib.util.find_spec(name) is None]
+    if missing:
+        raise pytest.UsageError(
+            f"the project's suite needs the dev install ({', '.join(missing)} missing): {DEV_INSTALL}; "
+            "the shipped spec runs without it: pytest --pyargs pytest_ppsmoke.spec"
+        )
+    config.pluginmanager.import_plugin("tests.suite")

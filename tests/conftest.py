@@ -7,8 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
-from hypothesis import settings
 
 from pytest_ppsmoke.cloud.emulator.server import FakeVast
 from pytest_ppsmoke.runtime.node import Node, NodeConfig
@@ -18,14 +16,8 @@ from .smoke import KEY, TAG, Smoke
 
 NodeFactory = Callable[..., "AsyncIterator[Node]"]
 
-# The property tests check values, never time: hypothesis's per-example deadline (200 ms) is a
-# wall-clock assertion, and on 2 cores shared with the suite's clusters one example of a message
-# round trip took 298 ms (a flaky failure). Each test keeps its own number of examples.
-settings.register_profile("suite", deadline=None)
-settings.load_profile("suite")
 
-
-@pytest_asyncio.fixture
+@pytest.fixture
 async def nodes() -> AsyncIterator[Callable[..., object]]:
     """Start in-process nodes on loopback; every one is closed after the test, in reverse."""
     started: list[Node] = []
@@ -59,7 +51,7 @@ def repo_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return wheel
 
 
-@pytest_asyncio.fixture
+@pytest.fixture
 async def emulator(synth_model: str, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Callable[[str], Any]]:
     """Starts emulators (``start(faults)``) in the test's event loop, all closed after the test;
     their nodes carry ``tests.smoke.TAG``, and every ``Smoke`` run of the test uses the session's

@@ -104,7 +104,7 @@ def test_local_run_says_hello_reports_everything_and_leaves_nothing(tmp_path: Pa
         (["--local", "--load-timeout", "-1"], "--load-timeout must be a positive number, got '-1'"),
         (["--local", "--model", "gpt5:1t"], "unknown model 'gpt5:1t'; expected one of smollm2:135m"),
         (["--local", "--min-reliability", "2"], "--min-reliability must be a number between 0 and 1, got '2'"),
-        ([], "one of the arguments --vastai --local --reap is required"),
+        ([], "one of the arguments --vastai --local --reap --check is required"),
         (["--vastai"], "a vast.ai API key is needed: set VAST_API_KEY or pass --api-key"),
         (["--reap"], "a vast.ai API key is needed"),
         (

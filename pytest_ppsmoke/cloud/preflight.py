@@ -120,7 +120,7 @@ async def find_offers(vast: VastClient, query: OfferQuery, num_stages: int, phas
     except SearchQuotaExceeded as e:  # its own words: a daily quota, not a failed search
         raise PhaseError(phase, str(e)) from None
     except VastError as e:
-        raise PhaseError(phase, f"searching offers failed: {e}") from None
+        raise PhaseError(phase, unreachable(vast, e) if e.status == 0 else f"searching offers failed: {e}") from None
     if len(offers) < num_stages:
         raise PhaseError(
             phase,
@@ -128,6 +128,15 @@ async def find_offers(vast: VastClient, query: OfferQuery, num_stages: int, phas
             f"Relax {setting('gpu_ram')}, {setting('max_price')} or {setting('min_reliability')}",
         )
     return offers
+
+
+def unreachable(vast: VastClient, e: VastError) -> str:
+    """A call that got no answer (connection refused, a name that does not resolve, a timeout):
+    where it went, why, and the fixes."""
+    return (
+        f"cannot reach vast.ai at {vast.base_url} ({e}); check this machine's network and its proxy "
+        f"(HTTPS_PROXY), or point {setting('vast_url')} at the API"
+    )
 
 
 async def _key(vast: VastClient) -> float | None:
@@ -140,6 +149,8 @@ async def _key(vast: VastClient) -> float | None:
                 f"vast.ai refused the API key (HTTP {e.status}); check {setting('api_key')} "
                 "(the key on vast.ai's Account page)"
             ) from None
+        if e.status == 0:
+            raise _fail(unreachable(vast, e)) from None
         raise _fail(f"asking vast.ai for the account failed: {e}") from None
     credit = user.get("credit")
     return float(credit) if isinstance(credit, (int, float)) and not isinstance(credit, bool) else None

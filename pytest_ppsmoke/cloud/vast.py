@@ -216,6 +216,9 @@ class VastClient:
             self._session = aiohttp.ClientSession(
                 headers={"Authorization": f"Bearer {self._key}", "Accept": "application/json"},
                 timeout=aiohttp.ClientTimeout(total=self.timeout),
+                # vast.ai's API through the environment's proxy (HTTPS_PROXY, NO_PROXY), as curl
+                # takes it; an emulator's plain HTTP never (HTTP_PROXY is not meant for it)
+                trust_env=self.base_url.startswith("https://"),
             )
         return self._session
 

@@ -4,6 +4,7 @@
     pp-smoke-run --local --report r.json  # the same lifecycle against the vast.ai emulator, on loopback
     pp-smoke-run --reap                   # destroy every instance this tool labelled
     pp-smoke-run --local --grid small     # a layout grid instead: measured, fitted, reported (--grid-out)
+    pp-smoke-run --check                  # what this machine can run, and what to install for the rest
 
 The lifecycle: rent one instance per stage (cheapest matching offers), boot (each instance
 running), converge (1 + N members under SWIM), load (every worker ready), resolve the stage
@@ -15,7 +16,8 @@ does not depend on it (the spec's token-exact test does).
 
 Exit status: 0 when the response is non-empty and every instance was destroyed; 1 when a phase
 failed (the message names it), when a destroy failed, or on SIGINT/SIGTERM/SIGHUP (everything
-rented is destroyed first); 2 for bad arguments.
+rented is destroyed first); 2 for bad arguments, or a tool the run needs that this machine lacks
+(one line that says what to install, before anything starts; ``--check`` lists them all).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import sys
 from ..protocol import PhaseError
 from .driver import SmokeRun
 from .progress import Progress
-from .settings import OPTIONS, STEPS, VAST_URL, SettingError, Settings, read
+from .settings import OPTIONS, STEPS, VAST_URL, SettingError, Settings, in_face, read
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +51,9 @@ def parser() -> argparse.ArgumentParser:
         "--local", action="store_true", help="this machine: the vast.ai emulator, nodes on loopback, CPU tinygrad"
     )
     mode.add_argument("--reap", action="store_true", help="destroy every instance labelled by pp-smoke-run")
+    mode.add_argument(
+        "--check", action="store_true", help="say what this machine can run and what to install for the rest"
+    )
     groups = {name: p.add_argument_group(title) for name, title in GROUPS.items()}
     for opt in OPTIONS:
         if opt.cli is None:
@@ -70,6 +75,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Settings]:
         settings = read(flags, face="cli")
     except SettingError as e:
         p.error(str(e))
+    if args.check:  # a report of this machine: no key, no model
+        return args, settings
     if (args.vastai or args.reap or settings.vast_url) and not settings.api_key:
         p.error("a vast.ai API key is needed: set VAST_API_KEY or pass --api-key")
     if not args.reap:
@@ -83,6 +90,11 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Settings]:
                 resolve_model(settings.model)
         except ModelError as e:
             p.error(str(e))
+    if args.local and settings.grid == "off":
+        from .check import refusal  # a tool this run needs and this machine lacks: nothing starts
+
+        if (why := refusal(settings)) is not None:
+            p.error(in_face(why, "cli"))
     return args, settings
 
 
@@ -138,6 +150,11 @@ async def execute(run: SmokeRun, progress: Progress | None = None) -> None:
 def main(argv: list[str] | None = None) -> int:
     args, settings = parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr)
+    if args.check:
+        from .check import report
+
+        print("\n".join(report()))
+        return 0
     if args.reap:
         return asyncio.run(do_reap(settings, args.run_id))
     if settings.grid != "off":

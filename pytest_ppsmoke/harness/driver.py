@@ -37,6 +37,7 @@ from ..cloud.vast import VastClient, going_away
 from ..protocol import PhaseError, stage_name
 from ..runtime.errors import RemoteError
 from ..runtime.resource import Resource
+from .check import refusal
 from .deployment import Deployment
 from .pipeline import InferenceResult, request_reference, run_inference
 from .report import ReferenceFigures, Report
@@ -152,6 +153,8 @@ class SmokeRun(Resource):
         emulator, or a vast.ai API), and make the deployment on it."""
         s = self.settings
         self.started = time.monotonic()
+        if (why := refusal(s)) is not None:  # a tool this machine lacks: refused before anything starts
+            self._failed(STEPS[0], PhaseError("preflight", why))
         try:  # no retry of the client's waits past the steps' deadline
             place = await open_place(s, deadline=self.started + s.phases_budget)
         except Exception as e:  # the run's first cause: in the report before anything closes
