@@ -334,7 +334,7 @@ class Settings:
         "prompts=32,128;stages=1,2;networks=loopback,wan;weights=native",
         checks.Check("a grid", _grid),
         group="reports",
-        metavar="GRID",
+        metavar="{off,small,ITEMS}",
     )
     grid_out: Path = option(  # noqa: RUF009
         Path("ppsmoke-layout"), "the layout report's directory", _PATH, group="reports", metavar="DIR"
@@ -363,7 +363,7 @@ class Settings:
         "each node behind NAT, on the transport's internet mode (docs/network.md)",
         checks.Check("a network description", _network),
         group="network",
-        metavar="NETWORK",
+        metavar="PROFILE",
     )
     port: int = option(
         DIRECT_PORT,
@@ -371,7 +371,6 @@ class Settings:
         "only); offers must have a direct port",
         _PORT,
         group="network",
-        metavar="PORT",
     )
     relay: str = option(
         "",
@@ -395,7 +394,7 @@ class Settings:
         checks.choice(RUNTIMES, "runtime"),
         group="local",
     )
-    image: str = option(DEFAULT_IMAGE, "the node image", _TEXT, group="instances", metavar="IMAGE")
+    image: str = option(DEFAULT_IMAGE, "the node image", _TEXT, group="instances", metavar="IMAGE:TAG")
     disk: float = option(OfferQuery.disk_gb, "disk per instance, GB", _POSITIVE, group="instances", metavar="GB")
     gpu_ram: float = option(
         OfferQuery.gpu_ram_gb, "least GPU RAM per instance, GB", _POSITIVE, group="instances", metavar="GB"
