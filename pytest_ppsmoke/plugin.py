@@ -90,8 +90,7 @@ class _State:
 
 def _group(parser: pytest.Parser, name: str) -> pytest.OptionGroup:
     """The help's group of the options of one task (:data:`GROUPS`)."""
-    title = GROUPS.get(name, name)
-    return parser.getgroup(f"ppsmoke-{name}", f"pytest-ppsmoke: {title}")
+    return parser.getgroup(f"ppsmoke-{name}", f"pytest-ppsmoke: {GROUPS[name]}")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -51,8 +51,7 @@ def parser() -> argparse.ArgumentParser:
         if opt.cli is None:
             continue
         env = f"; env {opt.env}" if opt.env else ""
-        where = groups.get(opt.group, groups["run"])
-        where.add_argument(opt.cli, dest=opt.name, default=None, metavar=opt.metavar, help=opt.help + env)
+        groups[opt.group].add_argument(opt.cli, dest=opt.name, default=None, metavar=opt.metavar, help=opt.help + env)
     groups["run"].add_argument("--run-id", metavar="RUN_ID", help="--reap: only this run's instances")
     p.add_argument("-v", "--verbose", action="store_true", help="log membership, stage and API events to stderr")
     return p

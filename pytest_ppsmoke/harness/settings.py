@@ -172,7 +172,9 @@ class Option:
     it is; :attr:`help` adds its default from the value. ``cli`` is the ``pp-smoke-run`` flag (None:
     not there); ``pytest`` the plugin's flag (None: not there), whose ini key is the flag with
     ``--`` dropped and ``-`` as ``_`` unless ``ini`` is False (a secret would get committed).
-    ``default`` None with a ``default_text``: the mode decides it (:meth:`Settings.resolve`)."""
+    ``default`` None with a ``default_text``: the mode decides it (:meth:`Settings.resolve`).
+    ``group``: the task the help lists it under (:data:`GROUPS`); ``metavar``: its value as the
+    help writes it (``{bf16,f16,f32}``, ``N``, ``SECONDS``)."""
 
     name: str
     about: str
@@ -228,7 +230,7 @@ def option(
     """A :class:`Settings` field that is an option: its default (``dataclasses.MISSING``: the mode
     decides it, ``default_text`` says how) and the rest of its :class:`Option`. ``group``: a key
     of :data:`GROUPS`; ``metavar``: how the help writes its value (default: its check's kind's,
-    :func:`metavar`)."""
+    :func:`metavar_of`)."""
     value = None if default is MISSING else default
     spec = Option("", about, check, value, cli, pytest, env, ini, group, default_text, metavar or metavar_of(check))
     if default is MISSING:
@@ -506,6 +508,8 @@ class Settings:
 
 def _declared(f: dataclasses.Field[Any]) -> Option:
     spec: Option = f.metadata["option"]
+    if spec.group not in GROUPS:
+        raise ValueError(f"option {f.name}: group {spec.group!r} is not one of {', '.join(GROUPS)}")
     flag = f.name.replace("_", "-")
     return dataclasses.replace(
         spec,
