@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from .harness.settings import OPTIONS, STEPS, SettingError, Settings, read
+from .harness.settings import GROUPS, OPTIONS, STEPS, SettingError, Settings, plain, read
 from .nodeids import XDIST_SUFFIX, plain_nodeid
 
 if TYPE_CHECKING:
@@ -85,20 +85,35 @@ class _State:
         self.current: str = ""  # the test being set up
         self.failed_in: str | None = None  # the test whose setup showed the failure
         self.teardown_reported = False
+        self.recorded: set[str] = set()  # the JUnit properties already on a test: each goes on one
+
+
+def _group(parser: pytest.Parser, name: str) -> pytest.OptionGroup:
+    """The help's group of the options of one task (:data:`GROUPS`)."""
+    return parser.getgroup(f"ppsmoke-{name}", f"pytest-ppsmoke: {GROUPS[name]}")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("ppsmoke", "pipeline-parallel smoke test (pytest-ppsmoke)")
+    """The settings table's options, grouped by task as ``pp-smoke-run --help`` groups them, each
+    with its values as the metavar (its choices, N, SECONDS, URL...), the real variable it reads
+    and its ini key."""
+    for name in GROUPS:  # the groups in the table's order of tasks, whichever option comes first
+        _group(parser, name)
     for opt in OPTIONS:
         if opt.pytest is None:
             continue
         env = f"; env {opt.env}" if opt.env else ""
         ini = f"; ini {opt.ini_name}" if opt.ini_name else ""
-        group.addoption(
-            opt.pytest, dest="ppsmoke_" + opt.name, default=None, choices=opt.choices, help=f"{opt.help}{env}{ini}"
+        _group(parser, opt.group).addoption(
+            opt.pytest,
+            dest="ppsmoke_" + opt.name,
+            default=None,
+            choices=opt.choices,
+            metavar=opt.metavar,
+            help=plain(f"{opt.help}{env}{ini}"),
         )
         if opt.ini_name:
-            parser.addini(opt.ini_name, help=opt.help + (f" (env {opt.env} overrides)" if opt.env else ""))
+            parser.addini(opt.ini_name, help=plain(opt.help + (f" (env {opt.env} overrides)" if opt.env else "")))
 
 
 def read_settings(config: pytest.Config) -> Settings:
@@ -227,12 +242,21 @@ def _spent(session: SmokeSession) -> str:
     return f"the session's budget of {s.budget:g} s is spent ({s.teardown_timeout:g} s of it kept for the teardown)"
 
 
-def pytest_runtest_teardown(item: pytest.Item) -> None:
-    """Every test that used the session carries its figures as JUnit properties."""
-    session = item.config.stash[STATE].session
-    if session is None or not _uses_session(item):
-        return
-    item.user_properties.extend(session.report.properties())
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    """The run's figures as JUnit properties, each once: a step's on the first test that saw the
+    step done, the run's end's (its cost, the API's counts, the teardown) on the test during whose
+    teardown the run ended. After the session's finalizers, which the last test's teardown runs."""
+    try:
+        yield
+    finally:
+        state = item.config.stash[STATE]
+        session = state.session
+        if session is not None and (session.closed or _uses_session(item)):
+            for step, name, value in session.report.figures():
+                if name not in state.recorded and (session.closed or step in session.run.done):
+                    state.recorded.add(name)
+                    item.user_properties.append((name, value))
 
 
 # --- fixtures ----------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ from pytest_ppsmoke.cloud.emulator.server import FakeVast
 from pytest_ppsmoke.runtime.node import Node, NodeConfig
 
 from .helpers import PYTESTER_INI, TEST_TAG
-from .smoke import KEY, TAG, Smoke
+from .smoke import KEY, TAG, Smoke, is_report, report_problems
 
 NodeFactory = Callable[..., "AsyncIterator[Node]"]
 
@@ -78,3 +79,23 @@ def _pytester_ini(request: pytest.FixtureRequest) -> None:
     its own ini starts from it)."""
     if "pytester" in request.fixturenames:
         request.getfixturevalue("pytester").makeini(PYTESTER_INI)
+
+
+@pytest.fixture(autouse=True)
+def _reports_match_the_schema(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every run's JSON report that a test writes (under its ``tmp_path`` or its pytester
+    project) matches the schema the package ships (``harness/report.schema.json``): checked
+    after the test, whatever the test itself read of it."""
+    places = [request.getfixturevalue(f) for f in ("tmp_path",) if f in request.fixturenames]
+    if "pytester" in request.fixturenames:
+        places.append(request.getfixturevalue("pytester").path)
+    yield
+    for place in places:
+        for path in sorted(Path(place).rglob("*.json")):
+            try:
+                found = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue  # not JSON, or written half: not a report
+            if is_report(found):
+                problems = report_problems(found)
+                assert not problems, f"{path} does not match the report's schema: {problems}"

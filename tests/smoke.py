@@ -83,7 +83,32 @@ class Smoke:
         return rc
 
     def report(self) -> dict[str, Any]:
-        return json.loads(self.report_path.read_text())  # type: ignore[no-any-return]
+        return report_of(self.report_path)
+
+
+def report_problems(report: Any) -> list[str]:
+    """What makes ``report`` (a parsed JSON report) not one of the shipped schema's: each problem
+    with its place in the report; none when it validates."""
+    import jsonschema  # a dev dependency: only the suite validates
+
+    from pytest_ppsmoke.harness.report import schema
+
+    validator = jsonschema.Draft202012Validator(schema())
+    return [f"{'/'.join(map(str, e.absolute_path)) or '(top)'}: {e.message}" for e in validator.iter_errors(report)]
+
+
+def is_report(value: Any) -> bool:
+    """Whether a parsed JSON file is a run's report (pp-smoke-run --report, --ppsmoke-report)
+    rather than another JSON file a test writes (a layout grid, a saved fit)."""
+    return isinstance(value, dict) and {"mode", "exit_code", "instances", "timings"} <= set(value)
+
+
+def report_of(path: Path) -> dict[str, Any]:
+    """The report at ``path``, checked against the shipped schema."""
+    report: dict[str, Any] = json.loads(path.read_text())
+    problems = report_problems(report)
+    assert not problems, f"{path} does not match the report's schema: {problems}"
+    return report
 
 
 async def assert_nothing_left(fake: FakeVast, smoke: Smoke, created: int) -> None:

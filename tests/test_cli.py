@@ -115,9 +115,63 @@ def test_local_run_says_hello_reports_everything_and_leaves_nothing(tmp_path: Pa
     ],
 )
 def test_bad_arguments_say_what_was_expected(args: list[str], message: str) -> None:
+    """One line that says what was wrong and a pointer to --help: no usage block first."""
     out = run(*args, timeout=60)
     assert out.returncode == 2
     assert message in out.stderr
+    lines = out.stderr.splitlines()
+    assert len(lines) <= 3 and "usage:" not in out.stderr, out.stderr
+    assert lines[-1] == "pp-smoke-run --help lists the options"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "pp-layout: error: the following arguments are required: command"),
+        (["grid"], "pp-layout grid: error: the following arguments are required: --out"),
+        (["grid", "--out", "x", "--stages", "0"], "argument --stages: expected positive integers, got '0'"),
+        (["grid", "--out", "x", "--wires", "f8"], "'f8' names an unknown wire dtype 'f8'; expected one of bf16"),
+        (["predict", "layout.json", "--network", "wan", "--bogus"], "unrecognized arguments: --bogus"),
+    ],
+)
+def test_pp_layouts_bad_arguments_are_one_line_and_a_pointer_to_help(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pytest_ppsmoke.layout.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(args)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "usage:" not in err and len(err.splitlines()) <= 3, err
+    assert err.splitlines()[-1].endswith("--help lists the options")
+
+
+def test_the_help_is_grouped_by_task_and_shows_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``pp-smoke-run --help``: every option in its task's group (none in a catch-all), its
+    choices or a value as its metavar (never its name in capitals), the variable it reads, and
+    the description without RST backticks."""
+    from pytest_ppsmoke.harness import cli
+    from pytest_ppsmoke.harness.settings import GROUPS, OPTIONS
+
+    monkeypatch.setenv("COLUMNS", "10000")
+    p = cli.parser()
+    text = p.format_help()
+    assert "``" not in text and "`" not in text
+    titles = {g.title: g for g in p._action_groups}
+    for opt in OPTIONS:
+        if opt.cli is None:
+            continue
+        [action] = [a for a in p._actions if a.dest == opt.name]
+        assert action in titles[GROUPS[opt.group]]._group_actions, opt.name
+        assert action.metavar == opt.metavar and opt.metavar not in (opt.name.upper(), ""), opt.name
+        if opt.env:
+            assert f"env {opt.env}" in (action.help or ""), opt.name
+    catch_all = [a.dest for a in titles["options"]._group_actions]
+    assert catch_all == ["help", "verbose"]
+    words = set(text.split())
+    assert {"--wire-dtype", "{bf16,f16,f32}", "--max-tokens", "N", "--budget", "SECONDS", "--vast-url", "URL"} <= words
+    assert "WIRE_DTYPE" not in text and "MAX_TOKENS" not in text
 
 
 def _start(tmp_path: Path, model: str) -> tuple[subprocess.Popen[str], Path]:

@@ -4,12 +4,14 @@ shows once, as one line."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -19,9 +21,12 @@ import pytest
 from pytest_ppsmoke import protocol
 from pytest_ppsmoke.cloud.rental import STEPS
 from pytest_ppsmoke.harness import cli, driver
-from pytest_ppsmoke.harness.report import Report
+from pytest_ppsmoke.harness.report import SCHEMA_VERSION, ReferenceFigures, Report, schema
 from pytest_ppsmoke.harness.settings import OPTIONS, WIRE_DTYPES, Settings
+from pytest_ppsmoke.harness.settings import STEPS as RUN_STEPS
 from pytest_ppsmoke.messages import ReferenceResult
+
+from .smoke import report_problems
 
 pytestmark = pytest.mark.local
 
@@ -82,7 +87,8 @@ def test_the_cli_and_the_plugin_write_the_same_report(
     result.assert_outcomes(passed=1)
     a, b = json.loads(from_cli.read_text()), json.loads(from_plugin.read_text())
     assert _keys(a) == _keys(b)
-    assert set(a) == {f.name for f in Report.__dataclass_fields__.values()}
+    assert set(a) == {"schema_version", *(f.name for f in dataclasses.fields(Report))}
+    assert a["schema_version"] == b["schema_version"] == SCHEMA_VERSION
     for r in (a, b):
         assert r["ok"] is True and r["exit_code"] == 0 and r["error"] is None
         assert (r["mode"], r["model"], r["prompt"], r["max_tokens"]) == ("local", synth_model, "hi", 4)
@@ -106,6 +112,78 @@ def test_the_cli_and_the_plugin_write_the_same_report(
     assert (a["reference"]["loaded"], b["reference"]["loaded"]) == ("after", "beside")
     assert a["reference"]["mem_after"] <= a["reference"]["mem_before"]
     assert b["reference"]["mem_after"] > b["reference"]["mem_before"]
+
+
+# a field's annotation as the schema types it (an X | None also allows null)
+JSON_TYPES = {
+    "str": "string",
+    "int": "integer",
+    "float": "number",
+    "bool": "boolean",
+    "list": "array",
+    "dict": "object",
+}
+
+
+def _types(annotation: str) -> set[str]:
+    """The JSON types an annotation allows: ``list[int] | None`` -> array, null."""
+    kinds = {part.strip().split("[")[0] for part in annotation.split("|")}
+    return {"null" if k == "None" else JSON_TYPES.get(k, k) for k in kinds}
+
+
+def _allowed(prop: dict[str, Any]) -> set[str]:
+    """The JSON types a property's schema allows (its type, or its enum's or const's values')."""
+    if "type" in prop:
+        return {prop["type"]} if isinstance(prop["type"], str) else set(prop["type"])
+    values = prop.get("enum", [prop.get("const")])
+    return {"null" if v is None else JSON_TYPES[type(v).__name__] for v in values}
+
+
+def test_the_shipped_schema_names_every_key_the_report_writes_with_its_type() -> None:
+    """harness/report.schema.json, shipped as package data: every field of Report (and of its
+    reference) with the type its annotation gives, ``schema_version`` first, no other key."""
+    s = schema()
+    assert s["additionalProperties"] is False and s["properties"]["schema_version"]["const"] == SCHEMA_VERSION
+    for record, where in ((Report, s), (ReferenceFigures, s["properties"]["reference"])):
+        fields = {f.name: str(f.type) for f in dataclasses.fields(record)}
+        expected = set(fields) | ({"schema_version"} if record is Report else set())
+        assert set(where["properties"]) == expected == set(where["required"]), record
+        assert where["additionalProperties"] is False
+        for name, annotation in fields.items():
+            if name == "reference":
+                assert where["properties"][name]["type"] == "object"
+                continue
+            assert _allowed(where["properties"][name]) <= _types(annotation), (name, annotation)
+    pyproject = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
+    assert "report.schema.json" in pyproject["tool"]["setuptools"]["package-data"]["pytest_ppsmoke.harness"]
+
+
+def test_a_report_validates_and_an_unknown_key_is_refused() -> None:
+    report = Report("local", "smollm2:135m", "hi", 4, 2, "bf16")
+    assert report_problems(report.to_json()) == []  # before anything ran
+    report.fail("converge", "converge: 1 of 3 members alive")
+    report.reference = ReferenceFigures(state="failed", detail="the node is gone")
+    report.finish()
+    assert report_problems(report.to_json()) == []
+    assert report_problems({**report.to_json(), "extra": 1}) == [
+        "(top): Additional properties are not allowed ('extra' was unexpected)"
+    ]
+    assert report_problems({**report.to_json(), "max_tokens": "4"}) == ["max_tokens: '4' is not of type 'integer'"]
+
+
+def test_each_figure_has_the_step_after_which_it_is_final() -> None:
+    """The JUnit properties: each name once, each with a driver step (or the run's end)."""
+    report = Report("local", "m", "hi", 4, 2, "bf16", error="rent: no offers")
+    report.timings = {"rent": 1.0, "decode": 2.0, "total": 3.0, "teardown": 0.5}
+    report.vast_api = {"calls": 3, "retries": 0}
+    figures = report.figures()
+    names = [name for _, name, _ in figures]
+    assert len(names) == len(set(names)) and [(n, v) for _, n, v in figures] == report.properties()
+    step = {name: s for s, name, _ in figures}
+    assert set(step.values()) <= {"", *RUN_STEPS}
+    assert (step["ppsmoke_time_rent"], step["ppsmoke_time_decode"], step["ppsmoke_text"]) == ("rent", "infer", "infer")
+    assert step["ppsmoke_time_total"] == step["ppsmoke_cost_usd"] == step["ppsmoke_error"] == step["ppsmoke_vast_calls"]
+    assert step["ppsmoke_time_total"] == ""
 
 
 def test_one_table_makes_both_faces_options() -> None:

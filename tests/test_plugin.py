@@ -88,6 +88,40 @@ def test_the_help_shows_each_options_default(pytester: pytest.Pytester, monkeypa
             assert " ".join(opt.help[opt.help.rindex("(default") :].split()) in text, opt.name
 
 
+def test_the_help_groups_the_options_by_task_with_values_and_real_variables(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``pytest --help``: the options in a group per task, each with a value as its metavar (its
+    choices, N, SECONDS, URL...), never the option's name in capitals, and the variable it really
+    reads; no RST backticks."""
+    from pytest_ppsmoke.harness.settings import GROUPS, OPTIONS
+
+    monkeypatch.setenv("COLUMNS", "10000")
+    pytester.makeini(PYTESTER_INI)
+    lines = pytester.runpytest("--help").stdout.lines
+    titles = [f"pytest-ppsmoke: {title}:" for title in GROUPS.values()]
+    assert [line for line in lines if line.startswith("pytest-ppsmoke:")] == titles
+    section = ""
+    for line in lines:
+        if line and not line.startswith(" "):
+            section = line
+        for opt in OPTIONS:
+            if opt.pytest and line.strip().startswith(f"{opt.pytest}="):
+                assert section == f"pytest-ppsmoke: {GROUPS[opt.group]}:", (opt.name, section)
+                assert line.split()[0] == f"{opt.pytest}={opt.metavar}", line
+                assert opt.metavar not in (opt.name.upper(), "PPSMOKE_" + opt.name.upper()), line
+    text = "\n".join(lines)
+    for opt in OPTIONS:
+        if opt.pytest and opt.env:
+            assert f"env {opt.env}" in text, opt.name
+    words = set(text.split())
+    assert {"--ppsmoke-wire-dtype={bf16,f16,f32}", "--ppsmoke-max-tokens=N", "--vastai-key=KEY"} <= words
+    assert {"--ppsmoke-converge-timeout=SECONDS", "--vast-url=URL", "VAST_API_KEY"} <= words
+    assert "PPSMOKE_API_KEY" not in text
+    ours = [line for line in lines if "ppsmoke" in line]
+    assert not any("``" in line for line in ours)
+
+
 @pytest.mark.parametrize(
     ("args", "ini", "message"),
     [
@@ -198,8 +232,9 @@ def test_the_spec_suite_passes_and_junit_carries_the_figures(
     distinctive key and pushes back as vast.ai does: rate limits (scaled down: create 0.4 s apart
     or a 1.5 s penalty, show 0.2 s apart), the cheapest offer taken between search and create, and
     destroyed instances that stay listed on their way out. Every spec test passes, the teardown
-    claim included; every test carries the figures, what the API cost among them; the key is
-    nowhere. On the synthetic model, whose random weights make no words: the test of coherent text
+    claim included; the JUnit XML carries the figures, what the API cost among them; the key is
+    nowhere. Every figure appears once in the JUnit XML, on the test it belongs to. On the
+    synthetic model, whose random weights make no words: the test of coherent text
     is left out here (the suite runs the spec tests on SmolLM2 too, ``testpaths``)."""
     pushback = "vast.rate_limit=create:0.4:1.5,show:0.2;vast.race_offers=1:404;vast.destroy_linger=60"
     emulator = subprocess.Popen(
@@ -214,6 +249,7 @@ def test_the_spec_suite_passes_and_junit_carries_the_figures(
             "--pyargs", "pytest_ppsmoke.spec", "-m", "local", "-p", "no:cacheprovider", "--ppsmoke-mode", "local",
             "--vast-url", url, "--vastai-key", KEY, "--ppsmoke-max-tokens", "12", f"--junitxml={xml}", "-rA",
             "--ppsmoke-model", synth_model, "-k", "not test_output_is_coherent_text",
+            "--ppsmoke-report", str(tmp_path / "report.json"),  # checked against the schema (conftest.py)
         )  # fmt: skip
     finally:
         emulator.terminate()
@@ -227,27 +263,46 @@ def test_the_spec_suite_passes_and_junit_carries_the_figures(
     assert "orchestrator frames in decode: received InferenceResponse 1; sent nothing (membership:" in out
     text = xml.read_text()
     assert KEY not in text and KEY not in out and "vk-JUNIT" not in text
-    cases = ET.fromstring(text).iter("testcase")
-    for case in cases:
+    root = ET.fromstring(text)
+    names = [p.get("name") for p in root.iter("property")]  # the suite's and every test case's
+    assert names and len(names) == len(set(names)), sorted({n for n in names if names.count(n) > 1})
+    props: dict[str, str] = {}  # each figure, once
+    on: dict[str, str] = {}  # the test that carries it
+    for case in root.iter("testcase"):
         if case.find("skipped") is not None:  # the layout grid's test, not asked for: no deployment
             assert case.get("name") == "test_layout_grid_fits_its_cost_model_and_writes_the_report"
+            assert case.find("properties") is None
             continue
-        props = {p.get("name"): p.get("value") for p in case.iter("property")}
-        assert props["ppsmoke_mode"] == "local" and props["ppsmoke_run_id"], case.get("name")
-        assert float(props["ppsmoke_time_rent"]) >= 0 and float(props["ppsmoke_cost_usd"]) > 0
-        assert len(props["ppsmoke_instances"].split(",")) == 2
-        assert props["ppsmoke_offers_skipped"] == "4100068"  # the cheapest, raced away
-        assert int(props["ppsmoke_vast_rate_limited"]) >= 1 and float(props["ppsmoke_vast_retry_wait_s"]) > 0
-        if case.get("name") in (
-            "test_tokens_equal_the_unsplit_reference",
-            "test_teardown_leaves_no_instance_with_the_runs_label",
-        ):
-            assert float(props["ppsmoke_time_decode_tokens_per_s"]) > 0
-            assert props["ppsmoke_hop_pp-stage-0->pp-stage-1_decode_bytes"] == f"[{hop}]"
-            assert props["ppsmoke_text"] and len(props["ppsmoke_token_ids"].split(",")) == 12
-            assert props["ppsmoke_reference_state"] == "done" and props["ppsmoke_reference_match"] == "True"
-            assert props["ppsmoke_reference_token_ids"] == props["ppsmoke_token_ids"]
-            assert float(props["ppsmoke_time_reference"]) > 0
+        for p in case.iter("property"):
+            props[str(p.get("name"))], on[str(p.get("name"))] = str(p.get("value")), str(case.get("name"))
+    assert props["ppsmoke_mode"] == "local" and props["ppsmoke_run_id"]
+    assert float(props["ppsmoke_time_rent"]) >= 0 and float(props["ppsmoke_cost_usd"]) > 0
+    assert len(props["ppsmoke_instances"].split(",")) == 2
+    assert props["ppsmoke_offers_skipped"] == "4100068"  # the cheapest, raced away
+    assert int(props["ppsmoke_vast_rate_limited"]) >= 1 and float(props["ppsmoke_vast_retry_wait_s"]) > 0
+    assert float(props["ppsmoke_time_decode_tokens_per_s"]) > 0
+    assert props["ppsmoke_hop_pp-stage-0->pp-stage-1_decode_bytes"] == f"[{hop}]"
+    assert props["ppsmoke_text"] and len(props["ppsmoke_token_ids"].split(",")) == 12
+    assert props["ppsmoke_reference_state"] == "done" and props["ppsmoke_reference_match"] == "True"
+    assert props["ppsmoke_reference_token_ids"] == props["ppsmoke_token_ids"]
+    assert float(props["ppsmoke_time_reference"]) > 0
+    # each on the test it belongs to: a step's figures on the first test (in the order they ran,
+    # which a reordering plugin may shuffle) that saw the step done, the run's end's on the test
+    # that tore the deployment down (always last)
+    ran = [str(c.get("name")) for c in root.iter("testcase") if c.find("skipped") is None]
+    converge = "test_cluster_converges_to_all_members_with_one_view"  # the one test that needs no more than load
+    inference = [n for n in ran if n not in (converge, "test_stage_names_resolve_to_their_stages")]
+    assert {on[n] for n in ("ppsmoke_mode", "ppsmoke_time_rent", "ppsmoke_time_load", "ppsmoke_instances")} == {
+        ran[0]
+    }, on
+    assert on["ppsmoke_time_resolve"] == next(n for n in ran if n != converge), on
+    assert on["ppsmoke_text"] == on["ppsmoke_time_decode"] == inference[0], on
+    reference = "test_tokens_equal_the_unsplit_reference"
+    assert {on[n] for n in ("ppsmoke_reference_match", "ppsmoke_time_reference")} == {reference}, on
+    last = "test_teardown_leaves_no_instance_with_the_runs_label"
+    assert ran[-1] == last and {on[n] for n in ("ppsmoke_cost_usd", "ppsmoke_time_total", "ppsmoke_vast_calls")} == {
+        last
+    }, on
 
 
 LOST = """

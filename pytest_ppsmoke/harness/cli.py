@@ -33,19 +33,18 @@ import sys
 from ..protocol import PhaseError
 from .driver import SmokeRun
 from .progress import Progress
-from .settings import OPTIONS, STEPS, VAST_URL, SettingError, Settings, in_face, read
+from .settings import GROUPS, OPTIONS, STEPS, VAST_URL, Parser, SettingError, Settings, in_face, read
 
 log = logging.getLogger(__name__)
 
-GROUPS = {"instances": "instances", "deadlines": "deadlines (the spec's by default)"}
-
 
 def parser() -> argparse.ArgumentParser:
-    """The flags, generated from the settings table (all read as text, checked by the table)."""
-    p = argparse.ArgumentParser(
-        prog="pp-smoke-run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    mode = p.add_mutually_exclusive_group(required=True)
+    """The flags, generated from the settings table (all read as text, checked by the table) and
+    grouped by task (``GROUPS``), each with its values as the metavar. A bad argument is one line
+    and a pointer to ``--help`` (``settings.Parser``)."""
+    p = Parser(prog="pp-smoke-run", usage="%(prog)s (--local | --vastai | --reap) [options]", description=__doc__)
+    groups = {name: p.add_argument_group(title) for name, title in GROUPS.items()}
+    mode = groups["run"].add_mutually_exclusive_group(required=True)
     mode.add_argument("--vastai", action="store_true", help="rent real GPUs on vast.ai")
     mode.add_argument(
         "--local", action="store_true", help="this machine: the vast.ai emulator, nodes on loopback, CPU tinygrad"
@@ -54,14 +53,12 @@ def parser() -> argparse.ArgumentParser:
     mode.add_argument(
         "--check", action="store_true", help="say what this machine can run and what to install for the rest"
     )
-    groups = {name: p.add_argument_group(title) for name, title in GROUPS.items()}
     for opt in OPTIONS:
         if opt.cli is None:
             continue
         env = f"; env {opt.env}" if opt.env else ""
-        where = groups.get(opt.group, p)
-        where.add_argument(opt.cli, dest=opt.name, default=None, metavar=opt.name.upper(), help=opt.help + env)
-    p.add_argument("--run-id", help="--reap: only this run's instances")
+        groups[opt.group].add_argument(opt.cli, dest=opt.name, default=None, metavar=opt.metavar, help=opt.help + env)
+    groups["run"].add_argument("--run-id", metavar="RUN_ID", help="--reap: only this run's instances")
     p.add_argument("-v", "--verbose", action="store_true", help="log membership, stage and API events to stderr")
     return p
 

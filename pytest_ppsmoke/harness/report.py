@@ -2,16 +2,26 @@
 what the terminal summary prints and what the JUnit properties carry. One type, filled by the
 driver as the run goes, so that every face of the tool writes the same keys.
 
+The JSON report carries ``schema_version`` (:data:`SCHEMA_VERSION`); ``report.schema.json``,
+beside this module and shipped with the package (:func:`schema`), is its JSON Schema: every key
+with its type, no other key at the top. A key removed, renamed or given another type makes the
+next version.
+
 This module imports only the standard library (the plugin's terminal summary uses it).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
+from importlib import resources
 from typing import Any
 
 from ..protocol import stage_name
+
+SCHEMA_VERSION = 1
+SCHEMA_FILE = "report.schema.json"  # beside this module, in the package
 
 PHASES = ("preflight", "rent", "boot", "converge", "load", "resolve", "prefill", "decode", "reference", "teardown")
 
@@ -147,38 +157,46 @@ class Report:
         return sum(i.get("final_state") in ("destroyed", "destroying") for i in self.instances)
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The JSON report: ``schema_version`` first, then every field (``report.schema.json``)."""
+        return {"schema_version": SCHEMA_VERSION, **dataclasses.asdict(self)}
 
-    def properties(self) -> list[tuple[str, Any]]:
-        """The figures as JUnit properties."""
-        out: list[tuple[str, Any]] = [("ppsmoke_mode", self.mode), ("ppsmoke_run_id", self.run_id)]
-        out += [(f"ppsmoke_time_{k}", v) for k, v in sorted(self.timings.items())]
+    def figures(self) -> list[tuple[str, str, Any]]:
+        """The figures as JUnit properties, each with the driver step after which it is final
+        (``""``: the run's end, the teardown included): ``(step, name, value)``. The plugin puts
+        each on the first test that saw its step done, once (a figure of the run's end, on the
+        test during which the run ended)."""
+        out: list[tuple[str, str, Any]] = [("rent", "ppsmoke_mode", self.mode), ("rent", "ppsmoke_run_id", self.run_id)]
+        out += [(_TIMING_STEP.get(k, ""), f"ppsmoke_time_{k}", v) for k, v in sorted(self.timings.items())]
         for hop, phases in sorted(self.hops.items()):
             for phase, h in phases.items():
-                out.append((f"ppsmoke_hop_{hop}_{phase}_bytes", h["bytes_each"]))
-                out.append((f"ppsmoke_hop_{hop}_{phase}_median_s", h["median_s"]))
-        out.append(("ppsmoke_text", self.text or ""))
-        out.append(("ppsmoke_token_ids", ",".join(map(str, self.token_ids))))
+                out.append(("infer", f"ppsmoke_hop_{hop}_{phase}_bytes", h["bytes_each"]))
+                out.append(("infer", f"ppsmoke_hop_{hop}_{phase}_median_s", h["median_s"]))
+        out.append(("infer", "ppsmoke_text", self.text or ""))
+        out.append(("infer", "ppsmoke_token_ids", ",".join(map(str, self.token_ids))))
         ref = self.reference
-        out.append(("ppsmoke_reference_state", ref.state))
+        out.append(("reference", "ppsmoke_reference_state", ref.state))
         if ref.state == "done":
-            out.append(("ppsmoke_reference_token_ids", ",".join(map(str, ref.token_ids))))
-            out.append(("ppsmoke_reference_match", ref.match))
-            out.append(("ppsmoke_reference_where", f"{stage_name(ref.stage)} {ref.device}: {ref.method}"))
+            out.append(("reference", "ppsmoke_reference_token_ids", ",".join(map(str, ref.token_ids))))
+            out.append(("reference", "ppsmoke_reference_match", ref.match))
+            out.append(("reference", "ppsmoke_reference_where", f"{stage_name(ref.stage)} {ref.device}: {ref.method}"))
         elif ref.detail:
-            out.append(("ppsmoke_reference_detail", ref.detail))
+            out.append(("reference", "ppsmoke_reference_detail", ref.detail))
         a = self.vast_api
         out += [
-            (f"ppsmoke_vast_{k}", a[k])
+            ("", f"ppsmoke_vast_{k}", a[k])
             for k in ("calls", "rate_limited", "retries", "retry_wait_s", "pace_wait_s")
             if k in a
         ]
-        out.append(("ppsmoke_offers_skipped", ",".join(str(o["offer"]) for o in self.offers_skipped)))
-        out.append(("ppsmoke_instances", ",".join(str(i["id"]) for i in self.instances)))
-        out.append(("ppsmoke_cost_usd", self.cost_usd))
+        out.append(("rent", "ppsmoke_offers_skipped", ",".join(str(o["offer"]) for o in self.offers_skipped)))
+        out.append(("rent", "ppsmoke_instances", ",".join(str(i["id"]) for i in self.instances)))
+        out.append(("", "ppsmoke_cost_usd", self.cost_usd))
         if self.error:
-            out.append(("ppsmoke_error", self.error))
+            out.append(("", "ppsmoke_error", self.error))
         return out
+
+    def properties(self) -> list[tuple[str, Any]]:
+        """The figures as JUnit properties, each once."""
+        return [(name, value) for _, name, value in self.figures()]
 
     def summary(self) -> list[str]:
         """The lines of the terminal summary."""
@@ -211,6 +229,29 @@ class Report:
         failed = f"; failed at {self.failed_phase or 'the start'} (the error is shown above)" if self.error else ""
         lines.append(f"cost ${self.cost_usd:.4f}{failed}")
         return lines
+
+
+# the driver step after which a timing is final (prefill and decode: the inference step's)
+_TIMING_STEP = {
+    "preflight": "rent",
+    "rent": "rent",
+    "boot": "boot",
+    "converge": "converge",
+    "load": "load",
+    "resolve": "resolve",
+    "prefill": "infer",
+    "decode": "infer",
+    "decode_tokens_per_s": "infer",
+    "inference": "infer",
+    "reference": "reference",
+}
+
+
+def schema() -> dict[str, Any]:
+    """The JSON Schema of :meth:`Report.to_json` (``report.schema.json``, shipped in the package)."""
+    text = resources.files(__package__).joinpath(SCHEMA_FILE).read_text()
+    found: dict[str, Any] = json.loads(text)
+    return found
 
 
 def _ranges(ranges: list[list[int]]) -> str:

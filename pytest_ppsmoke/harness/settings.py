@@ -23,7 +23,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from .. import DEFAULT_IMAGE, checks
 from ..cloud.emulator.registry import NAMES as RUNTIMES  # the emulator's runtimes (stdlib only)
@@ -104,6 +104,65 @@ def _shown(check: checks.Check[Any], default: Any) -> str:
     return repr(text) if " " in text else text
 
 
+# the tasks the help groups the options by, in the order it shows them: an option's ``group`` is a key
+GROUPS = {
+    "run": "the run",
+    "model": "the model, its stages and the request",
+    "network": "the network between the orchestrator and the nodes",
+    "instances": "instances (vast.ai)",
+    "local": "local emulator",
+    "deadlines": "deadlines (the spec's by default)",
+    "reports": "reports and the layout grid",
+}
+
+
+def metavar_of(check: checks.Check[Any]) -> str:
+    """How the help writes a value of ``check``'s kind: its choices, N for a count, KEY for a
+    secret, PATH, X for another number, TEXT; an option names its own where these say too little
+    (SECONDS, URL, GB)."""
+    if check.choices:
+        return "{" + ",".join(check.choices) + "}"
+    if check.secret:
+        return "KEY"
+    if check.types == (int,):
+        return "N"
+    if Path in check.types:
+        return "PATH"
+    if float in check.types:
+        return "X"
+    return "TEXT"
+
+
+def plain(text: str) -> str:
+    """A docstring's text as a terminal shows it: ``literal`` and `name` without their backticks,
+    :role:`target` as the target."""
+    text = re.sub(r":\w+:`~?([^`]*)`", r"\1", text)
+    return re.sub(r"``([^`]*)``|`([^`]*)`", lambda m: m[1] if m[1] is not None else m[2], text)
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """The description as written (its examples keep their lines), every text in :func:`plain` words."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return super()._fill_text(plain(text), width, indent)
+
+    def _expand_help(self, action: argparse.Action) -> str:
+        return plain(super()._expand_help(action))
+
+
+class Parser(argparse.ArgumentParser):
+    """A command's parser that answers a bad argument in one line and a pointer to ``--help``
+    (argparse's own first prints the whole usage); exit status 2, as argparse's. Its sub-commands'
+    parsers are of this class too."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n{self.prog} --help lists the options\n")
+
+
 _BY_NAME = "<by name>"  # a flag spelled from the option's name: --max-tokens, --ppsmoke-max-tokens
 
 
@@ -113,7 +172,9 @@ class Option:
     it is; :attr:`help` adds its default from the value. ``cli`` is the ``pp-smoke-run`` flag (None:
     not there); ``pytest`` the plugin's flag (None: not there), whose ini key is the flag with
     ``--`` dropped and ``-`` as ``_`` unless ``ini`` is False (a secret would get committed).
-    ``default`` None with a ``default_text``: the mode decides it (:meth:`Settings.resolve`)."""
+    ``default`` None with a ``default_text``: the mode decides it (:meth:`Settings.resolve`).
+    ``group``: the task the help lists it under (:data:`GROUPS`); ``metavar``: its value as the
+    help writes it (``{bf16,f16,f32}``, ``N``, ``SECONDS``)."""
 
     name: str
     about: str
@@ -125,6 +186,7 @@ class Option:
     ini: bool = True
     group: str = "run"
     default_text: str = ""
+    metavar: str = ""
 
     @property
     def help(self) -> str:
@@ -162,11 +224,15 @@ def option(
     ini: bool = True,
     group: str = "run",
     default_text: str = "",
+    metavar: str = "",
     repr: bool = True,
 ) -> Any:
     """A :class:`Settings` field that is an option: its default (``dataclasses.MISSING``: the mode
-    decides it, ``default_text`` says how) and the rest of its :class:`Option`."""
-    spec = Option("", about, check, None if default is MISSING else default, cli, pytest, env, ini, group, default_text)
+    decides it, ``default_text`` says how) and the rest of its :class:`Option`. ``group``: a key
+    of :data:`GROUPS`; ``metavar``: how the help writes its value (default: its check's kind's,
+    :func:`metavar_of`)."""
+    value = None if default is MISSING else default
+    spec = Option("", about, check, value, cli, pytest, env, ini, group, default_text, metavar or metavar_of(check))
     if default is MISSING:
         return field(repr=repr, metadata={"option": spec})
     return field(default=default, repr=repr, metadata={"option": spec})
@@ -189,6 +255,7 @@ class Settings:
         checks.choice(MODES, "mode"),
         cli=None,  # pp-smoke-run says --local or --vastai
         env="PPSMOKE_MODE",
+        group="run",
         default_text="vastai when a key is given, else local",
     )
     api_key: str = option(
@@ -199,6 +266,7 @@ class Settings:
         pytest="--vastai-key",
         env="VAST_API_KEY",
         ini=False,
+        group="run",
         repr=False,
     )
     vast_url: str | None = option(
@@ -207,37 +275,48 @@ class Settings:
         checks.text(),
         pytest="--vast-url",
         env="VAST_URL",
+        group="run",
         default_text=f"{VAST_URL}; local: an embedded emulator",
+        metavar="URL",
     )
     model: str = option(
         MISSING,
         "a model name or a GGUF path",
         _TEXT,
+        group="model",
         default_text=f"{LOCAL_MODEL} local, {VASTAI_MODEL} on vast.ai",
+        metavar="NAME|PATH",
     )
-    prompt: str = option("Say hello", "the prompt", _TEXT)
-    max_tokens: int = option(64, "tokens to generate", checks.integers(1))
-    num_stages: int = option(NODE.num_stages, "pipeline stages", checks.integers(2), pytest="--ppsmoke-stages")
+    prompt: str = option("Say hello", "the prompt", _TEXT, group="model")
+    max_tokens: int = option(64, "tokens to generate", checks.integers(1), group="model")
+    num_stages: int = option(
+        NODE.num_stages, "pipeline stages", checks.integers(2), pytest="--ppsmoke-stages", group="model"
+    )
     wire_dtype: str = option(
         NODE.wire_dtype,
         "hidden states on the wire: " + ", ".join(WIRE_DTYPES),
         checks.choice(WIRE_DTYPES, "wire dtype"),
+        group="model",
     )
     preflight: bool = option(
         True,
         "the checks before the first create: the key, the credit, the image in its registry, the offers, the "
         "stages (off skips them, for a registry this machine cannot reach)",
         _ON_OFF,
+        group="run",
     )
     budget: float = option(
         BUDGET,
         "seconds for the whole run, start to exit, teardown included; rent to decode get it less --teardown-timeout",
         _POSITIVE,
+        group="deadlines",
+        metavar="SECONDS",
     )
     reference: bool = option(
         True,
         "after the request, run the model in one piece on stage 0's node and compare tokens: on or off",
         _ON_OFF,
+        group="model",
     )
     reference_load: str = option(
         "auto",
@@ -246,17 +325,22 @@ class Settings:
         "a time until then), or auto (beside on GPUs, after on this machine's CPU, where a third process "
         "takes the cores the stages load on)",
         checks.choice(("auto", *REFERENCES), "reference load"),
+        group="model",
     )
     # option() makes a dataclasses.field, which ruff knows for str, int, float and bool fields only
-    report: Path | None = option(None, "write the run's JSON report here", _PATH)  # noqa: RUF009
+    report: Path | None = option(None, "write the run's JSON report here", _PATH, group="reports")  # noqa: RUF009
     grid: str = option(
         "off",
         "measure a layout grid, fit its cost model and write the report (pp-smoke-run: instead of the smoke "
         "run; pytest: as a test of the session): off, small, or items such as "
         "prompts=32,128;stages=1,2;networks=loopback,wan;weights=native",
         checks.Check("a grid", _grid),
+        group="reports",
+        metavar="{off,small,ITEMS}",
     )
-    grid_out: Path = option(Path("ppsmoke-layout"), "the layout report's directory", _PATH)  # noqa: RUF009
+    grid_out: Path = option(  # noqa: RUF009
+        Path("ppsmoke-layout"), "the layout report's directory", _PATH, group="reports", metavar="DIR"
+    )
     # auto; "": the node's default directory; "off"; or a directory
     weight_cache: str = option(
         "auto",
@@ -264,11 +348,14 @@ class Settings:
         "(~/.cache/ppsmoke/weights on this machine, where a warm load is a read; off on vast.ai, where every "
         "instance is new, so the cache would be written and never read)",
         _TEXT,
+        group="model",
+        metavar="{auto,off,DIR}",
     )
     program_cache: bool = option(
         NODE.program_cache,
         "each node keeps tinygrad's generated programs and schedules in tinygrad's disk cache: on or off",
         _ON_OFF,
+        group="model",
     )
     network: str = option(
         "loopback",
@@ -277,42 +364,63 @@ class Settings:
         "overrides (e.g. 'wan;host->1=far'); internet, internet-far: wan and far with the orchestrator and "
         "each node behind NAT, on the transport's internet mode (docs/network.md)",
         checks.Check("a network description", _network),
+        group="network",
+        metavar="PROFILE",
     )
     port: int = option(
         DIRECT_PORT,
         "the UDP port each create asks vast.ai to forward, for a direct path to its node (0: none, relays "
         "only); offers must have a direct port",
         _PORT,
-        group="instances",
+        group="network",
     )
     relay: str = option(
         "",
         "the relays of the orchestrator and the nodes when a path is not direct: default (n0's), off, or a "
         "dedicated relay's URL",
         checks.Check("a relay setting", _relay),
-        group="instances",
+        group="network",
+        metavar="{default,off,URL}",
     )
-    gpus: str = option("", "local: this machine's GPUs (e.g. 0,1), one per instance in turn", checks.text())
+    gpus: str = option(
+        "",
+        "local: this machine's GPUs (e.g. 0,1), one per instance in turn",
+        checks.text(),
+        group="local",
+        metavar="I,J,...",
+    )
     runtime: str = option(
         "processes",
         "local: an instance is a node process (processes) or the image, run by buildah "
         "(image; build it first: python -m pytest_ppsmoke.cloud.image)",
         checks.choice(RUNTIMES, "runtime"),
+        group="local",
     )
-    image: str = option(DEFAULT_IMAGE, "the node image", _TEXT, group="instances")
-    disk: float = option(OfferQuery.disk_gb, "disk per instance, GB", _POSITIVE, group="instances")
-    gpu_ram: float = option(OfferQuery.gpu_ram_gb, "least GPU RAM per instance, GB", _POSITIVE, group="instances")
+    image: str = option(DEFAULT_IMAGE, "the node image", _TEXT, group="instances", metavar="IMAGE:TAG")
+    disk: float = option(OfferQuery.disk_gb, "disk per instance, GB", _POSITIVE, group="instances", metavar="GB")
+    gpu_ram: float = option(
+        OfferQuery.gpu_ram_gb, "least GPU RAM per instance, GB", _POSITIVE, group="instances", metavar="GB"
+    )
     max_price: float = option(
-        OfferQuery.max_dph, "most $/hour per instance, its disk (--disk) included", _POSITIVE, group="instances"
+        OfferQuery.max_dph,
+        "most $/hour per instance, its disk (--disk) included",
+        _POSITIVE,
+        group="instances",
+        metavar="USD",
     )
     min_reliability: float = option(
-        OfferQuery.min_reliability, "least host reliability, 0..1", checks.numbers(least=0, most=1), group="instances"
+        OfferQuery.min_reliability,
+        "least host reliability, 0..1",
+        checks.numbers(least=0, most=1),
+        group="instances",
+        metavar="0..1",
     )
     min_cuda: float = option(
         OfferQuery.min_cuda,
         "least CUDA version the host supports (the default is the one the image's NVRTC makes PTX for)",
         checks.numbers(),
         group="instances",
+        metavar="VERSION",
     )
     polls: int = option(
         BOOT_POLLS,
@@ -328,19 +436,33 @@ class Settings:
         group="deadlines",
         default_text=f"{BOOT_POLL_INTERVAL:g}; local {LOCAL_POLL_INTERVAL:g}, {IMAGE_POLL_INTERVAL:g} with "
         "--runtime image",
+        metavar="SECONDS",
     )
-    converge_timeout: float = option(CONVERGE_TIMEOUT, "SWIM convergence, seconds", _POSITIVE, group="deadlines")
-    load_timeout: float = option(NODE.worker_ready_timeout, "workers ready, seconds", _POSITIVE, group="deadlines")
-    resolve_timeout: float = option(RESOLVE_TIMEOUT, "stage names, seconds", _POSITIVE, group="deadlines")
+    converge_timeout: float = option(
+        CONVERGE_TIMEOUT, "SWIM convergence, seconds", _POSITIVE, group="deadlines", metavar="SECONDS"
+    )
+    load_timeout: float = option(
+        NODE.worker_ready_timeout, "workers ready, seconds", _POSITIVE, group="deadlines", metavar="SECONDS"
+    )
+    resolve_timeout: float = option(
+        RESOLVE_TIMEOUT, "stage names, seconds", _POSITIVE, group="deadlines", metavar="SECONDS"
+    )
     teardown_timeout: float = option(
         60.0,
         "destroying everything, seconds; kept back from the budget for the teardown",
         _POSITIVE,
         group="deadlines",
+        metavar="SECONDS",
     )
-    node_ttl: float = option(NODE.ttl, "a node's own time-to-live, seconds", _POSITIVE, group="deadlines")
+    node_ttl: float = option(
+        NODE.ttl, "a node's own time-to-live, seconds", _POSITIVE, group="deadlines", metavar="SECONDS"
+    )
     orphan_grace: float = option(
-        NODE.orphan_grace, "how long a node outlives a lost orchestrator, seconds", _POSITIVE, group="deadlines"
+        NODE.orphan_grace,
+        "how long a node outlives a lost orchestrator, seconds",
+        _POSITIVE,
+        group="deadlines",
+        metavar="SECONDS",
     )
 
     @property
@@ -386,6 +508,8 @@ class Settings:
 
 def _declared(f: dataclasses.Field[Any]) -> Option:
     spec: Option = f.metadata["option"]
+    if spec.group not in GROUPS:
+        raise ValueError(f"option {f.name}: group {spec.group!r} is not one of {', '.join(GROUPS)}")
     flag = f.name.replace("_", "-")
     return dataclasses.replace(
         spec,
@@ -437,7 +561,7 @@ def add_option(
         type=parse,
         default=None if required else value,
         required=required,
-        metavar=flag.lstrip("-").replace("-", "_").upper(),
+        metavar=f"{opt.metavar},..." if many else opt.metavar,
         help=help,
     )
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from .. import checks
 from ..harness.gridspec import WEIGHTS, GridSpec, grid_spec
-from ..harness.settings import add_option, in_face
+from ..harness.settings import Parser, add_option, in_face
 from .grid import HOLD_OUT, hold_out, new_grid, run_grid
 from .points import Grid
 
@@ -118,15 +118,17 @@ def main(argv: list[str] | None = None) -> None:
     # grid's (GridSpec). The rest are the grid's own: lists of prompt lengths, stage counts (1:
     # unsplit) and network profile names (a network description may hold commas), the repeats, the
     # weights, the hold-out and the prediction's inputs.
-    p = argparse.ArgumentParser(prog="pp-layout", description=__doc__.split("\n\n")[0])
+    p = Parser(prog="pp-layout", description=__doc__.split("\n\n")[0])  # a bad argument: one line
     sub = p.add_subparsers(dest="command", required=True)
     g = sub.add_parser("grid", help="measure a grid on this machine, then write the report")
     add_option(g, "model", default=_GRID.model)
-    g.add_argument("--prompts", type=_ints, default=_GRID.prompts, help="prompt lengths in tokens")
-    g.add_argument("--stages", type=_ints, default=_GRID.stages, help="stage counts (1: unsplit)")
-    g.add_argument("--networks", type=_names, default=_GRID.networks, help="network profiles")
+    g.add_argument("--prompts", type=_ints, default=_GRID.prompts, metavar="N,...", help="prompt lengths in tokens")
+    g.add_argument("--stages", type=_ints, default=_GRID.stages, metavar="N,...", help="stage counts (1: unsplit)")
+    g.add_argument("--networks", type=_names, default=_GRID.networks, metavar="NAME,...", help="network profiles")
     add_option(g, "wire_dtype", "--wires", many=True, default=_GRID.wires)
-    g.add_argument("--repeats", type=int, default=_GRID.repeats, help="measurements per point (default %(default)s)")
+    g.add_argument(
+        "--repeats", type=int, default=_GRID.repeats, metavar="N", help="measurements per point (default %(default)s)"
+    )
     add_option(g, "max_tokens", default=_GRID.max_tokens)
     g.add_argument(
         "--weights",
@@ -144,20 +146,26 @@ def main(argv: list[str] | None = None) -> None:
         "--hold-out",
         type=_scheme,
         default="saved",
+        metavar="SCHEME",
         help="the points the fit must not see: saved (as saved in grid.json); layouts (one split stage count "
         "per network, in turn); prompt (the middle prompt length); largest (the largest stage count, every "
         "network); stages=N (stage count N) (default %(default)s)",
     )
     q = sub.add_parser("predict", help="predict from a saved report for a network never measured")
     q.add_argument("report", type=Path, help="a layout.json")
-    q.add_argument("--network", required=True, help="a measured profile's name, or e.g. rtt=40ms,bw=1gbit")
+    q.add_argument(
+        "--network", required=True, metavar="NETWORK", help="a measured profile's name, or e.g. rtt=40ms,bw=1gbit"
+    )
     q.add_argument(
         "--stages",
         type=_ints,
         default=(1, 2, 4),
+        metavar="N,...",
         help="stage counts, 1 to the model's blocks; outside the grid's fitted ones: a warning (an extrapolation)",
     )
-    q.add_argument("--prompts", type=_ints, default=(128,), help="prompt lengths; outside the grid's: a warning")
+    q.add_argument(
+        "--prompts", type=_ints, default=(128,), metavar="N,...", help="prompt lengths; outside the grid's: a warning"
+    )
     add_option(q, "wire_dtype", "--wire")
     a = p.parse_args(argv)
     try:
