@@ -147,7 +147,8 @@ async def test_pp_smoke_run_grid_rents_where_the_run_would(
     async with run as smoke:
         rc = await smoke.finish(timeout=120)
     assert rc != 0 and not (bad / "grid.json").exists()
-    assert "nonexistent.gguf" in smoke.stderr.strip().splitlines()[-1], smoke.stderr[-2000:]
+    said = [x for x in smoke.stderr.splitlines() if x.startswith("pp-smoke-run: error:")]
+    assert len(said) == 1 and "nonexistent.gguf" in said[0], smoke.stderr[-2000:]
     await assert_nothing_left(fake, smoke, created=5)  # refused before anything was rented
     # more stages than the model has blocks: the 2-stage layout is measured, then the pre-flight
     # refuses the 5-stage one in one line (nothing rented for it), and what was measured is kept
