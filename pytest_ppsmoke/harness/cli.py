@@ -90,8 +90,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Settings]:
     if args.local and settings.grid == "off":
         from .check import refusal  # a tool this run needs and this machine lacks: nothing starts
 
-        if (why := refusal(settings)) is not None:
-            p.error(in_face(why, "cli"))
+        if (why := refusal(settings)) is not None:  # one line, the tool to install last: not the help's business
+            p.exit(2, f"{p.prog}: error: {in_face(why, 'cli')}\n")
     return args, settings
 
 
