@@ -135,8 +135,42 @@ async def test_a_threshold_known_beforehand_paces_from_the_first_call_and_no_cre
     assert VAST_PACE == {"create": 4.5}  # vast.ai's documented create threshold
 
 
+class Lockstep:
+    """A virtual clock shared by a client (its ``clock`` and ``sleep``) and the emulator's rate
+    limiter: time moves only when the client sleeps, and only once the emulator has answered every
+    request the client has sent (the emulator's only client here). So the emulator sees each call
+    at the time the client sent it: what it counts depends on the client's spacing alone, never on
+    how the machine schedules the two."""
+
+    def __init__(self, fake: FakeVast) -> None:
+        self.now, self.fake = 1000.0, fake
+        self.client: VastClient | None = None
+        fake.limiter.clock = self
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        assert self.client is not None, "Lockstep.client: the client that sleeps on this clock"
+        async with asyncio.timeout(30):
+            while len(self.fake.requests) < self.client.calls:
+                await asyncio.sleep(0.001)  # real time: the emulator answering the client's last call
+        self.now += max(seconds, 0.0)
+        await asyncio.sleep(0)
+
+
+@asynccontextmanager
+async def on_lockstep(faults: str, **client: Any) -> AsyncIterator[tuple[FakeVast, VastClient]]:
+    """The emulator and a client on one :class:`Lockstep` clock."""
+    async with emulator(faults) as fake:
+        clock = Lockstep(fake)
+        async with VastClient(KEY, fake.url, clock=clock, sleep=clock.sleep, **client) as vast:
+            clock.client = vast
+            yield fake, vast
+
+
 async def test_pacing_learned_from_the_threshold_stops_further_429s() -> None:
-    async with emulator("vast.rate_limit=show:0.15") as fake, VastClient(KEY, fake.url, rng=random.Random(2)) as vast:
+    async with on_lockstep("vast.rate_limit=show:0.15", rng=random.Random(2)) as (fake, vast):
         a, b = [await vast.create_instance(o, image="i", env={}, label=f"l{o}") for o in OFFERS[:2]]
         await vast.show_instance(a)
         await vast.show_instance(b)  # too soon: one 429, then the endpoint is paced
@@ -145,7 +179,8 @@ async def test_pacing_learned_from_the_threshold_stops_further_429s() -> None:
             recs = await asyncio.gather(vast.show_instance(a), vast.show_instance(b))
             assert [r.id for r in recs if r] == [a, b]
         show = vast.stats.of("show")
-        assert refused(fake) == show.rate_limited == 1 and show.calls == 9 and show.pace_wait_s > 0
+        assert refused(fake) == show.rate_limited == 1 and show.calls == 9
+        assert show.pace_wait_s == pytest.approx(6 * vast.pace["show"])  # the 6 waited the pace, no more
         # the other endpoints are not paced
         await asyncio.gather(*(vast.search_offers(OfferQuery()) for _ in range(3)))
         assert vast.stats.of("search").pace_wait_s == 0 and vast.stats.of("create").pace_wait_s == 0

@@ -42,7 +42,7 @@ import math
 import random
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import Any
 
@@ -93,7 +93,7 @@ class _Retries:
     def __init__(self, client: VastClient, method: str, path: str) -> None:
         self.client, self.method, self.path = client, method, path
         self.stats = client.stats.of(endpoint_name(method, path))
-        self.first = time.monotonic()
+        self.first = client.clock()
         self.limited = self.errors = 0
         self.delay = client.backoff
         self.full = client.rate_limit_first  # the next 429 wait's upper bound
@@ -106,7 +106,7 @@ class _Retries:
         self.limited += 1
         full, self.full = self.full, min(self.full * c.rate_limit_factor, c.rate_limit_cap)
         wait = c.rng.uniform(full / 2, full) if retry_after is None else retry_after
-        now = time.monotonic()
+        now = c.clock()
         spent = now - self.first
         stop = None
         if retry_after is not None and retry_after > MAX_RETRY_AFTER:
@@ -137,13 +137,15 @@ class _Retries:
     async def _sleep(self, why: str, n: int, wait: float) -> None:
         log.info("vast.ai %s %s: %s; retry %d in %.2f s", self.method, self.path, why, n, wait)
         self.stats.retry_wait_s += wait
-        await asyncio.sleep(wait)
+        await self.client.sleep(wait)
 
 
 class VastClient:
-    """vast.ai's REST API. ``deadline`` (a ``time.monotonic()`` time, None for none) bounds the
-    waits on 429s: the owner sets it to the end of the run's budget. ``rng`` draws the jitter.
-    ``pace``: endpoint -> a threshold known beforehand, paced from the first call."""
+    """vast.ai's REST API. ``deadline`` (a ``clock()`` time, None for none) bounds the waits on
+    429s: the owner sets it to the end of the run's budget. ``rng`` draws the jitter. ``pace``:
+    endpoint -> a threshold known beforehand, paced from the first call. ``clock`` and ``sleep``
+    are the time every wait of the client reads and spends (pacing, retries, polls): the real
+    ones (``time.monotonic``, ``asyncio.sleep``) unless a test runs the client on a virtual clock."""
 
     def __init__(
         self,
@@ -159,6 +161,8 @@ class VastClient:
         rate_limit_window: float = 45.0,
         rng: random.Random | None = None,
         pace: Mapping[str, float] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         if not api_key:
             raise ValueError("a vast.ai API key is needed (--api-key or VAST_API_KEY)")
@@ -175,6 +179,7 @@ class VastClient:
         self.rate_limit_first, self.rate_limit_factor = rate_limit_first, rate_limit_factor
         self.rate_limit_cap, self.rate_limit_window = rate_limit_cap, rate_limit_window
         self.rng = rng or random.Random()
+        self.clock, self.sleep = clock, sleep
         self.deadline: float | None = None
         self.stats = ApiStats()
         # endpoint -> the least seconds between its calls: from ``pace`` (thresholds known before the
@@ -233,13 +238,13 @@ class VastClient:
         stats = self.stats.of(endpoint)
         if endpoint in self.pace:  # one at a time, spaced: the lock is held for the wait, not the call
             async with self._pace_locks.setdefault(endpoint, asyncio.Lock()):
-                wait = self._last_send.get(endpoint, -math.inf) + self.pace[endpoint] - time.monotonic()
+                wait = self._last_send.get(endpoint, -math.inf) + self.pace[endpoint] - self.clock()
                 if wait > 0:
                     stats.pace_wait_s += wait
-                    await asyncio.sleep(wait)
-                self._last_send[endpoint] = time.monotonic()
+                    await self.sleep(wait)
+                self._last_send[endpoint] = self.clock()
         else:
-            self._last_send[endpoint] = time.monotonic()
+            self._last_send[endpoint] = self.clock()
         stats.calls += 1
         try:
             async with self._http().request(method, self.base_url + path, json=body, params=params) as resp:
@@ -366,7 +371,7 @@ class VastClient:
                 if inst.label == label and inst.id is not None:
                     return inst.id
             if look < looks - 1:
-                await asyncio.sleep(self.backoff * 2)
+                await self.sleep(self.backoff * 2)
         return None
 
     async def show_instance(self, instance_id: int) -> Instance | None:
@@ -431,7 +436,7 @@ class VastClient:
         and on a ``status_msg`` that names an error (:func:`start_failure`: a pull vast.ai's host
         retries for hours); a host that is merely slow gets every poll."""
         last: Instance | None = None
-        started = time.monotonic()
+        started = self.clock()
         path = f"/api/v0/instances/{instance_id}/"
         for poll in range(1, polls + 1):
             last = await self.show_instance(instance_id)
@@ -440,7 +445,7 @@ class VastClient:
             if last is None and poll > 3:  # a new instance can take a moment to be shown
                 raise VastError("GET", path, 200, "the instance no longer exists")
             if last is None:
-                await asyncio.sleep(interval)
+                await self.sleep(interval)
                 continue
             state = last.actual_status
             if state == "running":
@@ -455,11 +460,11 @@ class VastClient:
                     failure,
                 )  # fmt: skip
             if poll < polls:
-                await asyncio.sleep(interval)
+                await self.sleep(interval)
         state = last.actual_status if last else None
         msg = (last.status_msg if last else "") or "no status message"
         raise TimeoutError(
-            f"instance {instance_id} not running after {polls} polls in {time.monotonic() - started:.1f} s "
+            f"instance {instance_id} not running after {polls} polls in {self.clock() - started:.1f} s "
             f"(last status {state!r}: {msg})"
         )
 
