@@ -3,14 +3,15 @@ their own jittered schedule, bounded by a window and the run's deadline, and pac
 threshold is known), offers raced away between search and create, destroys of instances already
 gone, lingering records. Against the emulator (instances are a small stand-in process), or a stub
 server where an answer is needed that the emulator does not give. Limits are scaled down (tenths
-of a second where vast.ai has seconds) to keep the tests fast."""
+of a second where vast.ai has seconds) to keep the tests fast. A test that counts 429s or holds a
+wait to a window or a deadline runs the client, and the emulator's rate limiter, on a virtual clock
+(:class:`Lockstep`): what it counts never depends on how busy the machine is."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import random
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -92,9 +93,9 @@ def test_endpoints_are_named_as_the_protocol_names_them() -> None:
 async def test_two_creates_back_to_back_get_through_the_penalty_window() -> None:
     # vast.ai: create's threshold 4.5 s, then a 12 s penalty; the 5xx schedule (here 2 attempts)
     # would give up inside it, the 429 schedule outlasts it
-    async with (
-        emulator("vast.rate_limit=create:0.4:1.2") as fake,
-        VastClient(KEY, fake.url, attempts=2, backoff=0.01, rng=random.Random(1)) as vast,
+    async with on_lockstep("vast.rate_limit=create:0.4:1.2", attempts=2, backoff=0.01, rng=random.Random(1)) as (
+        fake,
+        vast,
     ):
         a = await vast.create_instance(OFFERS[0], image="i", env={}, label="ppsmoke-t-stage0")
         b = await vast.create_instance(OFFERS[1], image="i", env={}, label="ppsmoke-t-stage1")
@@ -116,9 +117,9 @@ async def test_two_creates_back_to_back_get_through_the_penalty_window() -> None
 async def test_a_threshold_known_beforehand_paces_from_the_first_call_and_no_create_is_refused() -> None:
     """``pace``: vast.ai's documented create threshold (scaled down here) spaces the creates from
     the first, so the second is never refused and no penalty is waited out; the wait is counted."""
-    async with (
-        emulator("vast.rate_limit=create:0.4:1.2") as fake,
-        VastClient(KEY, fake.url, rng=random.Random(1), pace={"create": 0.4}) as vast,
+    async with on_lockstep("vast.rate_limit=create:0.4:1.2", rng=random.Random(1), pace={"create": 0.4}) as (
+        fake,
+        vast,
     ):
         ids = [
             await vast.create_instance(o, image="i", env={}, label=f"ppsmoke-t-stage{i}")
@@ -126,7 +127,9 @@ async def test_a_threshold_known_beforehand_paces_from_the_first_call_and_no_cre
         ]
         create = vast.stats.of("create")
         assert (create.calls, create.rate_limited, refused(fake, "/asks/")) == (2, 0, 0)
-        assert create.pace_wait_s > 0 and vast.pace["create"] == pytest.approx(0.4 * PACE_MARGIN)
+        assert create.pace_wait_s == pytest.approx(vast.pace["create"]) and vast.pace["create"] == pytest.approx(
+            0.4 * PACE_MARGIN
+        )
         assert sorted(fake.instances) == sorted(ids)
         for iid in ids:
             assert await vast.destroy_instance(iid) is True
@@ -140,12 +143,14 @@ class Lockstep:
     limiter: time moves only when the client sleeps, and only once the emulator has answered every
     request the client has sent (the emulator's only client here). So the emulator sees each call
     at the time the client sent it: what it counts depends on the client's spacing alone, never on
-    how the machine schedules the two."""
+    how the machine schedules the two. Without an emulator (a stub server) the clock is the
+    client's alone."""
 
-    def __init__(self, fake: FakeVast) -> None:
+    def __init__(self, fake: FakeVast | None = None) -> None:
         self.now, self.fake = 1000.0, fake
         self.client: VastClient | None = None
-        fake.limiter.clock = self
+        if fake is not None:
+            fake.limiter.clock = self
 
     def __call__(self) -> float:
         return self.now
@@ -153,7 +158,7 @@ class Lockstep:
     async def sleep(self, seconds: float) -> None:
         assert self.client is not None, "Lockstep.client: the client that sleeps on this clock"
         async with asyncio.timeout(30):
-            while len(self.fake.requests) < self.client.calls:
+            while self.fake is not None and len(self.fake.requests) < self.client.calls:
                 await asyncio.sleep(0.001)  # real time: the emulator answering the client's last call
         self.now += max(seconds, 0.0)
         await asyncio.sleep(0)
@@ -219,14 +224,11 @@ async def test_a_retry_after_is_waited_exactly_and_one_past_a_minute_ends_the_ca
         assert search.rate_limited == search.rate_limit_retries == 2 and search.calls == 3
         assert search.retry_wait_s == pytest.approx(0.6)  # 2 x 0.3 s, not the jittered schedule
         assert vast.rng.drawn == []  # type: ignore[attr-defined]
-    async with (
-        emulator("vast.burst_429=1;vast.throttle_every=1000;vast.retry_after=120") as fake,
-        VastClient(KEY, fake.url) as vast,
-    ):
-        started = time.monotonic()
+    async with on_lockstep("vast.burst_429=1;vast.throttle_every=1000;vast.retry_after=120") as (fake, vast):
+        started = vast.clock()
         with pytest.raises(VastError) as info:
             await vast.search_offers(OfferQuery())
-        assert time.monotonic() - started < 5 and refused(fake) == 1
+        assert vast.clock() == started and refused(fake) == 1  # no time waited at all
     assert "gave up: vast.ai asks to wait 120 s (Retry-After), more than 60 s" in str(info.value)
 
 
@@ -240,10 +242,10 @@ async def test_the_daily_search_quota_ends_the_search_at_once() -> None:
 
 
 async def test_429s_give_up_at_the_window_naming_the_call_and_the_429s() -> None:
-    async with emulator("vast.burst_429=1000;vast.throttle_every=1001") as fake:
-        async with VastClient(KEY, fake.url, rate_limit_first=0.02, rate_limit_cap=0.05, rate_limit_window=0.3) as vast:
-            with pytest.raises(VastError) as info:
-                await vast.search_offers(OfferQuery())
+    schedule = {"rate_limit_first": 0.02, "rate_limit_cap": 0.05, "rate_limit_window": 0.3}
+    async with on_lockstep("vast.burst_429=1000;vast.throttle_every=1001", **schedule) as (fake, vast):
+        with pytest.raises(VastError) as info:
+            await vast.search_offers(OfferQuery())
         search = vast.stats.of("search")
     assert info.value.status == 429 and KEY not in str(info.value)
     assert str(info.value).startswith(
@@ -260,13 +262,16 @@ async def test_429s_give_up_at_the_runs_deadline_and_creates_do_too() -> None:
     async def always_429(request: web.Request) -> web.Response:
         return web.Response(status=429, text="API requests too frequent endpoint threshold=0.01")
 
-    async with stub(always_429) as url, VastClient(KEY, url, rate_limit_first=0.02, rate_limit_cap=0.05) as vast:
-        vast.deadline = time.monotonic() + 0.3
+    clock = Lockstep()
+    schedule = {"rate_limit_first": 0.02, "rate_limit_cap": 0.05}
+    async with stub(always_429) as url, VastClient(KEY, url, clock=clock, sleep=clock.sleep, **schedule) as vast:
+        clock.client = vast
+        vast.deadline = clock() + 0.3
         with pytest.raises(
             VastError, match=r"gave up: the next retry would end past the run's budget \(0\.\d s left\)"
         ):
             await vast.show_instance(5)
-        vast.deadline = time.monotonic()  # the budget is spent: no retry at all
+        vast.deadline = clock()  # the budget is spent: no retry at all
         with pytest.raises(
             VastError, match=r"PUT /api/v0/asks/7/: HTTP 429: rate limited: 1 answer 429 over .* past the run's budget"
         ):
