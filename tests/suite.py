@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hypothesis import settings
+from hypothesis import HealthCheck, settings
 
 from tests.helpers import SMOLLM2, SYNTH, SYNTH_SEED, TEST_TAG, tagged_processes
 
@@ -31,8 +31,11 @@ SESSION_TAG = f"pytest-{os.getpid()}"
 
 # The property tests check values, never time: hypothesis's per-example deadline (200 ms) is a
 # wall-clock assertion, and on 2 cores shared with the suite's clusters one example of a message
-# round trip took 298 ms (a flaky failure). Each test keeps its own number of examples.
-settings.register_profile("suite", deadline=None)
+# round trip took 298 ms (a flaky failure). Its too_slow health check is another (the time spent
+# generating examples), so it is off too. Each test keeps its own number of examples. A
+# ``@settings`` takes the profile loaded when its module is imported: this one, loaded before
+# collection (tests/test_codec.py checks that its property tests run under it).
+settings.register_profile("suite", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("suite")
 
 # The suite starts some 400 interpreters (nodes, workers, pp-smoke-run, the emulator, inner pytest

@@ -12,7 +12,7 @@ import struct
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pytest_ppsmoke import messages
@@ -260,3 +260,15 @@ def test_the_digest_is_blake2b_of_16_bytes_and_sees_one_flipped_bit() -> None:
     flipped = bytearray(data)
     flipped[1234] ^= 1
     assert messages.digest(flipped) != messages.digest(data)
+
+
+def test_the_property_tests_check_values_never_time() -> None:
+    """hypothesis's per-example deadline and its too_slow health check time the machine, not the
+    codec: on a busy machine they fail a round trip that is right. The suite's profile turns both
+    off (tests/suite.py); every property test here runs under it."""
+    properties = {name: f for name, f in globals().items() if name.startswith("test_") and hasattr(f, "hypothesis")}
+    assert len(properties) == 6, sorted(properties)
+    for name, f in properties.items():
+        used = f._hypothesis_internal_use_settings  # the settings the test runs with
+        assert used.deadline is None, f"{name} runs with a {used.deadline} deadline"
+        assert HealthCheck.too_slow in used.suppress_health_check, f"{name} runs hypothesis's too_slow check"
