@@ -157,9 +157,15 @@ class Lockstep:
 
     async def sleep(self, seconds: float) -> None:
         assert self.client is not None, "Lockstep.client: the client that sleeps on this clock"
-        async with asyncio.timeout(30):
-            while self.fake is not None and len(self.fake.requests) < self.client.calls:
-                await asyncio.sleep(0.001)  # real time: the emulator answering the client's last call
+        try:
+            async with asyncio.timeout(30):
+                while self.fake is not None and len(self.fake.requests) < self.client.calls:
+                    await asyncio.sleep(0.001)  # real time: the emulator answering the client's last call
+        except TimeoutError:
+            answered = len(self.fake.requests) if self.fake is not None else 0
+            raise AssertionError(
+                f"the emulator answered {answered} of the client's {self.client.calls} calls within 30 s"
+            ) from None
         self.now += max(seconds, 0.0)
         await asyncio.sleep(0)
 
