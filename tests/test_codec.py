@@ -260,3 +260,16 @@ def test_the_digest_is_blake2b_of_16_bytes_and_sees_one_flipped_bit() -> None:
     flipped = bytearray(data)
     flipped[1234] ^= 1
     assert messages.digest(flipped) != messages.digest(data)
+
+
+def test_swim_timing_round_trips_its_seconds_in_the_membership_range_and_needs_no_new_version() -> None:
+    """The orchestrator's SWIM timing for a node's SWIM actor: a new type code among membership's
+    (an older node refuses it as an unknown type, so the version stays), two exact f64 seconds."""
+    assert codec.MESSAGE_TYPES[23] is codec.SwimTiming
+    env = Envelope("swim", "", 5, False)
+    msg = codec.SwimTiming(ping_timeout=0.725, protocol_period=1.45)
+    frame = codec.encode_frame(env, msg)
+    assert codec.decode_frame(bytes(frame)) == (env, msg)
+    assert bytes(frame).endswith(struct.pack(">dd", 0.725, 1.45))
+    with pytest.raises(codec.MalformedMessage, match="f64 field needs a finite number, got inf"):
+        codec.encode_frame(env, codec.SwimTiming(float("inf"), 1.0))
