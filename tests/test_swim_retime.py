@@ -114,3 +114,28 @@ async def test_on_loopback_the_nodes_are_told_the_timing_they_already_run_with()
     expected = {"ping_timeout": config.swim.ping_timeout, "protocol_period": config.swim.protocol_period}
     assert timing["nodes"] == {"pp-stage-0": expected, "pp-stage-1": expected}
     jsonschema.validate(timing, schema()["properties"]["swim"])
+
+
+class Older(Actors):
+    """A node that does not know the message (another release): its node answers an error."""
+
+    def on_swim_timing(self, msg: Message, ctx: object) -> Message:
+        raise ValueError("unknown message type 23")
+
+
+async def test_a_node_that_refuses_the_timing_is_named_with_why_and_the_others_take_it() -> None:
+    config = RunConfig(transport="wan")
+    net = SimNet(Link(delay=ONE_WAY), random.Random(7), count_bytes=False)
+    seed = Member(net, 0, config.swim)
+    nodes = [Member(net, 1, config.swim), Member(net, 2, config.swim)]
+    net.members[nodes[1].id] = Older(nodes[1].membership)  # type: ignore[assignment]
+    instances = [types.SimpleNamespace(stage=i, endpoint_id=n.id, where=stage_name(i)) for i, n in enumerate(nodes)]
+    timing = await reach.time_swim(seed, instances, config)  # type: ignore[arg-type]
+    chosen = seed.membership.config
+    assert timing["nodes"]["pp-stage-0"] == {
+        "ping_timeout": chosen.ping_timeout,
+        "protocol_period": chosen.protocol_period,
+    }
+    assert "unknown message type 23" in timing["nodes"]["pp-stage-1"]["error"]
+    assert nodes[1].membership.config == config.swim  # it keeps its start-up timing
+    jsonschema.validate(timing, schema()["properties"]["swim"])
