@@ -272,3 +272,16 @@ def test_the_property_tests_check_values_never_time() -> None:
         used = f._hypothesis_internal_use_settings  # the settings the test runs with
         assert used.deadline is None, f"{name} runs with a {used.deadline} deadline"
         assert HealthCheck.too_slow in used.suppress_health_check, f"{name} runs hypothesis's too_slow check"
+
+
+def test_swim_timing_round_trips_its_seconds_in_the_membership_range_and_needs_no_new_version() -> None:
+    """The orchestrator's SWIM timing for a node's SWIM actor: a new type code among membership's
+    (an older node refuses it as an unknown type, so the version stays), two exact f64 seconds."""
+    assert codec.MESSAGE_TYPES[23] is codec.SwimTiming
+    env = Envelope("swim", "", 5, False)
+    msg = codec.SwimTiming(ping_timeout=0.725, protocol_period=1.45)
+    frame = codec.encode_frame(env, msg)
+    assert codec.decode_frame(bytes(frame)) == (env, msg)
+    assert bytes(frame).endswith(struct.pack(">dd", 0.725, 1.45))
+    with pytest.raises(codec.MalformedMessage, match="f64 field needs a finite number, got inf"):
+        codec.encode_frame(env, codec.SwimTiming(float("inf"), 1.0))

@@ -22,6 +22,7 @@ from pytest_ppsmoke.runtime.codec import (
     MemberStatus,
     Message,
     Ping,
+    SwimTiming,
 )
 from pytest_ppsmoke.runtime.node import Node, NodeConfig
 from pytest_ppsmoke.runtime.swim import SWIM_ACTOR, MemberEvent, Membership
@@ -460,6 +461,36 @@ def test_a_reply_after_its_request_gave_up_goes_to_the_actor_that_asked() -> Non
     node._dispatch(peer, Envelope("other", SWIM_ACTOR, 98, True), late)  # an actor without the hook: dropped
     node._dispatch(peer, Envelope(SWIM_ACTOR, SWIM_ACTOR, 97, True), ErrorReply("x", "y"))  # errors: dropped
     assert got == [(late, peer)]
+
+
+async def test_a_member_takes_a_longer_swim_timing_and_refuses_a_shorter_one() -> None:
+    """The orchestrator's ``SwimTiming`` to a member's SWIM actor: a longer probe timeout and period
+    are taken (the next probe waits the new timeout), a shorter one is refused, each field on its
+    own; the answer is the timing the member runs with; a value that is not a timing is an error."""
+    net = SimNet(FAST, 2)
+    orch, node = net.hosts
+    m = node.membership
+    to = ActorAddress(node.id, SWIM_ACTOR)
+    try:
+        assert await orch.request(to, SwimTiming(0.04, 0.1), 1.0) == SwimTiming(0.04, 0.1)
+        assert (m.config.ping_timeout, m.config.protocol_period) == (0.04, 0.1)
+        assert (m.probe_timeout, m.probe_interval) == (0.04, 0.1)
+        await m._probe(orch.id, time.monotonic() + m.probe_interval)
+        assert node.timeouts[-1] == 0.04  # the ping waited the new timeout
+        assert await orch.request(to, SwimTiming(0.03, 0.08), 1.0) == SwimTiming(0.04, 0.1)  # shorter: refused
+        assert (m.probe_timeout, m.probe_interval) == (0.04, 0.1)
+        assert m.retime(0.06, 0.08) and (m.config.ping_timeout, m.config.protocol_period) == (0.06, 0.1)
+        assert not m.retime(0.06, 0.1) and not m.retime(0.01, 0.02)
+        assert replace(m.config, ping_timeout=FAST.ping_timeout, protocol_period=FAST.protocol_period) == FAST
+        with pytest.raises(ValueError, match=r"ping_timeout 0\.2 s with protocol_period 0\.1 s; expected a timeout"):
+            m.retime(0.2, 0.1)
+        with pytest.raises(ValueError, match="SWIM timing ping_timeout must be a positive number of seconds, got 0"):
+            m.retime(0, 0.1)
+        with pytest.raises(ValueError, match="protocol_period must be a positive number of seconds, got nan"):
+            m.retime(0.1, math.nan)
+        assert (m.config.ping_timeout, m.config.protocol_period) == (0.06, 0.1)
+    finally:
+        await net.stop()
 
 
 async def test_probing_a_suspect_tells_it_and_its_ack_refutes() -> None:

@@ -288,7 +288,8 @@ class Deployment(Resource):
 
     async def converge(self) -> None:
         """Every node joined (each within its deadline, from its running), then every member's own
-        view holding all 1 + N alive, and SWIM timed to the round trips measured."""
+        view holding all 1 + N alive, and SWIM timed to the round trips measured, the orchestrator's
+        and every node's (:func:`reach.time_swim`)."""
         t = self._begin("converge")
         assert self.seed is not None
         c = self.config
@@ -303,9 +304,11 @@ class Deployment(Resource):
         t = self.swim_timing
         if not t or t["worst_rtt_ms"] < 10:
             return ""
+        nodes = t.get("nodes", {})
+        took = sum(1 for n in nodes.values() if n.get("ping_timeout", 0) >= t["ping_timeout"])
         return (
             f"; SWIM probe timeout {t['ping_timeout']:.3g} s, period {t['protocol_period']:.3g} s "
-            f"(worst round trip {t['worst_rtt_ms']:.0f} ms; set by {t['set_by']})"
+            f"(worst round trip {t['worst_rtt_ms']:.0f} ms; set by {t['set_by']}; on {took} of {len(nodes)} nodes)"
         )
 
     def places(self) -> dict[int, str]:

@@ -5,7 +5,6 @@ the convergence failure's detail, the load line's figures)."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -13,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..messages import NodeStatus, NodeStatusQuery
 from ..protocol import STATUS_ACTOR, PhaseError, setting, stage_name
-from ..runtime.codec import ActorAddress, Echo, Join, MemberStatus, Sync
+from ..runtime.codec import ActorAddress, Echo, Join, MemberStatus, SwimTiming, Sync
 from ..runtime.errors import RemoteError
 from ..runtime.node import Node
 from ..runtime.swim import SWIM_ACTOR
@@ -109,7 +108,9 @@ async def time_swim(seed: Node, instances: list[RentedInstance], config: RunConf
     median), and, over a network (vast.ai, an emulated one), the orchestrator's probe timeout
     and period set from the worst one when that asks for more than it has
     (:func:`swim_for_rtt`): a relayed path across an ocean must not read as a dead member.
-    Returns what was measured and chosen."""
+    Then every node is told the orchestrator's timing (:func:`tell_swim`), so that the members
+    probe one another as patiently as the orchestrator probes them. Returns what was measured,
+    chosen, and taken by each node."""
     measured: dict[str, float | None] = {}
 
     async def one(inst: RentedInstance) -> None:
@@ -125,15 +126,11 @@ async def time_swim(seed: Node, instances: list[RentedInstance], config: RunConf
 
     await asyncio.gather(*(one(i) for i in instances if i.endpoint_id))
     worst = max((v for v in measured.values() if v is not None), default=0.0)
-    before = seed.membership.config
     wanted = swim_for_rtt(worst)
     source = "the run's settings"
     # on loopback a slow echo is a busy core, not a path: the shared-CPU timing stays
     over_a_network = config.transport == "wan" or config.rtt >= 0.01
-    if over_a_network and worst >= 0.01 and wanted.ping_timeout > before.ping_timeout:
-        seed.membership.config = dataclasses.replace(
-            before, ping_timeout=wanted.ping_timeout, protocol_period=wanted.protocol_period
-        )
+    if over_a_network and worst >= 0.01 and seed.membership.retime(wanted.ping_timeout, wanted.protocol_period):
         source = "the measured round trips"
     cfg = seed.membership.config
     return {
@@ -143,7 +140,38 @@ async def time_swim(seed: Node, instances: list[RentedInstance], config: RunConf
         "protocol_period": cfg.protocol_period,
         "suspicion_timeout": cfg.suspicion_timeout,
         "set_by": source,
+        "nodes": await tell_swim(seed, instances),
     }
+
+
+async def tell_swim(seed: Node, instances: list[RentedInstance], attempts: int = 3) -> dict[str, dict[str, Any]]:
+    """Every node told the orchestrator's probe timeout and period (``SwimTiming`` to its SWIM
+    actor); each takes what asks for more than it has and answers with the timing it runs with.
+    Returns, by stage name, that timing, or the ``error`` of a node that did not answer in
+    ``attempts`` requests (logged; the node keeps its start-up timing, and the run goes on: a
+    node that cannot answer is the load phase's to report)."""
+    cfg = seed.membership.config
+    ask = SwimTiming(cfg.ping_timeout, cfg.protocol_period)
+    taken: dict[str, dict[str, Any]] = {}
+
+    async def one(inst: RentedInstance) -> None:
+        name = stage_name(inst.stage)
+        last = ""
+        for _ in range(attempts):
+            try:
+                reply = await seed.request(ActorAddress(inst.endpoint_id, SWIM_ACTOR), ask, timeout=5.0)
+            except (TimeoutError, ConnectionError, RemoteError) as e:
+                last = str(e)
+                continue
+            if isinstance(reply, SwimTiming):
+                taken[name] = {"ping_timeout": reply.ping_timeout, "protocol_period": reply.protocol_period}
+                return
+            last = f"answered {type(reply).__name__}, expected SwimTiming"
+        log.warning("%s on %s did not take SWIM's timing: %s", name, inst.where, last)
+        taken[name] = {"error": last}
+
+    await asyncio.gather(*(one(i) for i in instances if i.endpoint_id))
+    return dict(sorted(taken.items()))
 
 
 async def loaded(

@@ -107,7 +107,7 @@ class Report:
     network: dict[str, Any] | None = None  # the emulated network: its profile and each link's figures
     network_stats: dict[str, Any] | None = None  # the delay switch's counts per link, at the end
     paths: dict[str, Any] | None = None  # how the orchestrator reached each stage (direct or relay, rtt), accepted
-    swim: dict[str, Any] | None = None  # the round trips measured after converge and the SWIM timing chosen
+    swim: dict[str, Any] | None = None  # the round trips measured after converge, SWIM's timing, each node's
     vast_api: dict[str, Any] = field(default_factory=dict)  # the client's calls, 429s, retries and waits
     emulator: dict[str, list[int]] | None = None  # the embedded emulator's own record (local mode)
     reference: ReferenceFigures = field(default_factory=ReferenceFigures)  # the token-exact reference

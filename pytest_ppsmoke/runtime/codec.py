@@ -450,6 +450,17 @@ class Gossip(Message):
     updates: tuple[MemberState, ...]
 
 
+@message(23)
+@dataclass(frozen=True)
+class SwimTiming(Message):
+    """Probe with at least this timeout and period (seconds): the timing the orchestrator chose for
+    the round trips it measured at converge. A member takes each only where it asks for more than
+    it has (never shortens), and answers with the timing it then runs with (another ``SwimTiming``)."""
+
+    ping_timeout: F64
+    protocol_period: F64
+
+
 # --- node services -----------------------------------------------------------------------------
 
 

@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Protocol
 
-from .codec import Ack, ActorAddress, Gossip, Join, MemberState, Message, Nack, Ping, PingReq, Sync
+from .codec import Ack, ActorAddress, Gossip, Join, MemberState, Message, Nack, Ping, PingReq, SwimTiming, Sync
 from .errors import RemoteError
 from .swimconfig import SwimConfig, SwimStats
 from .swimqueue import Broadcasts
@@ -221,7 +221,45 @@ class Membership:
         self.state.set_me(replace(self.me, incarnation=self.me.incarnation + 1, names=dict(names)))
         self.state.notify("updated", self.me)
 
+    def retime(self, ping_timeout: float, protocol_period: float) -> bool:
+        """Probe with at least this timeout and period (seconds), each taken only where it asks for
+        more than this member has: a timing is never shortened here, so the start-up timing (and
+        the local health multiplier on top of it) stays a floor. True if anything changed.
+        ValueError, naming the values, for a timing that is not one (not positive, or a timeout
+        not shorter than its period)."""
+        for name, v in (("ping_timeout", ping_timeout), ("protocol_period", protocol_period)):
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v < float("inf"):
+                raise ValueError(f"SWIM timing {name} must be a positive number of seconds, got {v!r}")
+        if ping_timeout >= protocol_period:
+            raise ValueError(
+                f"SWIM timing asks for ping_timeout {ping_timeout!r} s with protocol_period {protocol_period!r} s; "
+                "expected a timeout shorter than its period"
+            )
+        before = self.config
+        # each field its own maximum: both old and new have timeout < period, so the result does too
+        after = replace(
+            before,
+            ping_timeout=max(before.ping_timeout, float(ping_timeout)),
+            protocol_period=max(before.protocol_period, float(protocol_period)),
+        )
+        if after == before:
+            return False
+        self.config = self.state.config = after  # the state's probe timeout reads its own copy
+        log.info(
+            "SWIM re-timed: probe timeout %.3g -> %.3g s, period %.3g -> %.3g s",
+            before.ping_timeout,
+            after.ping_timeout,
+            before.protocol_period,
+            after.protocol_period,
+        )
+        return True
+
     # --- handlers (dispatched by the node) ---------------------------------------------------
+
+    def on_swim_timing(self, msg: SwimTiming, ctx: Context) -> SwimTiming:
+        """The orchestrator's timing (:meth:`retime`); the answer is the timing this member runs with."""
+        self.retime(msg.ping_timeout, msg.protocol_period)
+        return SwimTiming(self.config.ping_timeout, self.config.protocol_period)
 
     def on_ping(self, msg: Ping, ctx: Context) -> Ack | None:
         if self.state.leaving:
