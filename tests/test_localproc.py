@@ -58,9 +58,10 @@ async def test_a_cancelled_stop_still_kills_the_whole_group() -> None:
     stopping.cancel()
     with pytest.raises(asyncio.CancelledError):
         await stopping
-    await asyncio.sleep(0.3)
-    for pid in (child.pid, ready["grandchild"]):
-        assert not alive(pid), f"pid {pid} still running"
+    pids = (child.pid, ready["grandchild"])
+    async with asyncio.timeout(10):  # the group's kill, seen by polling (a loaded machine reaps late)
+        while any(alive(pid) for pid in pids):
+            await asyncio.sleep(0.05)
 
 
 async def test_a_stopped_child_is_gone_with_its_whole_group_when_stop_returns() -> None:

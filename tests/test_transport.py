@@ -233,7 +233,9 @@ async def test_a_sender_that_gives_up_waiting_does_not_break_the_frame_in_flight
     b = await nodes(b_cfg)
     to = b.address("node", a.id)
     big = asyncio.ensure_future(b.send(to, Echo(os.urandom(24 << 20)), timeout=60))
-    await asyncio.sleep(0.01)  # the big frame holds the stream
+    async with asyncio.timeout(30):  # until the big frame holds the stream (encoding it comes first)
+        while (out := b.transport._out.get(a.id)) is None or not out.lock.locked():
+            await asyncio.sleep(0.001)
     with pytest.raises(TransportError, match=r"waiting for the send lock to peer .* timed out"):
         await b.send(to, Echo(b"small"), timeout=0.01)
     await big
