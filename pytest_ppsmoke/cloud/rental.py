@@ -17,7 +17,6 @@ is the harness's: this module knows the environment each create carries only as 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import math
@@ -434,12 +433,6 @@ class Rental:
 
     def cost_usd(self) -> float:
         return sum(i.cost_usd() for i in self.instances)
-
-
-async def watched(lost: asyncio.Future[str], rental: Rental) -> None:
-    """:meth:`Rental.watch` until cancelled, its cancellation swallowed."""
-    with contextlib.suppress(asyncio.CancelledError):
-        await rental.watch(lost)
 
 
 async def reap(vast: VastClient, run_id: str | None = None) -> list[dict[str, Any]]:

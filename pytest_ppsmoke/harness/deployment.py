@@ -283,7 +283,7 @@ class Deployment(Resource):
 
     async def boot(self) -> None:
         t = self._begin("boot")
-        await self._every("running")
+        await self._every(PHASE_STEP["boot"])
         self._done("boot", t, f"{len(self.instances)} running")
 
     async def converge(self) -> None:
@@ -293,7 +293,7 @@ class Deployment(Resource):
         t = self._begin("converge")
         assert self.seed is not None
         c = self.config
-        await self._every("joined")
+        await self._every(PHASE_STEP["converge"])
         await converge(
             self.seed, self.keys.ids, c.converge_timeout, lambda missing: reach.explain(self.instances, c, missing)
         )
@@ -339,7 +339,7 @@ class Deployment(Resource):
     async def load(self) -> None:
         """Every node's worker has loaded its layers (``NodeStatus`` ready), each within its deadline."""
         t = self._begin("load")
-        await self._every("loaded")
+        await self._every(PHASE_STEP["load"])
         self._done("load", t, "workers ready" + reach.load_totals(list(self.ready.values())))
 
     async def resolve(self) -> None:

@@ -151,9 +151,9 @@ class DecodeStep(Request[HiddenOut], op="decode_step", reply=HiddenOut):
 
 
 @dataclass(frozen=True)
-class Forward(Request[HiddenOut], op="forward", reply=HiddenOut):
-    """A middle stage: a hidden state of ``seq_len`` positions through its blocks. ``dtype``, if
-    given, must be the worker's wire dtype."""
+class HiddenIn:
+    """A hidden state of ``seq_len`` positions from the stage before, at ``position``. ``dtype``,
+    if given, must be the worker's wire dtype."""
 
     hidden: bytes = dataclasses.field(repr=False)
     position: int
@@ -163,14 +163,13 @@ class Forward(Request[HiddenOut], op="forward", reply=HiddenOut):
 
 
 @dataclass(frozen=True)
-class ForwardAndSample(Request[Sampled], op="forward_and_sample", reply=Sampled):
-    """The last stage: a hidden state through its blocks, the head, and argmax."""
+class Forward(HiddenIn, Request[HiddenOut], op="forward", reply=HiddenOut):
+    """A middle stage: the hidden state through its blocks."""
 
-    hidden: bytes = dataclasses.field(repr=False)
-    position: int
-    seq_len: int
-    prefill: bool = False
-    dtype: WireDtype | None = None
+
+@dataclass(frozen=True)
+class ForwardAndSample(HiddenIn, Request[Sampled], op="forward_and_sample", reply=Sampled):
+    """The last stage: the hidden state through its blocks, the head, and argmax."""
 
 
 @dataclass(frozen=True)
