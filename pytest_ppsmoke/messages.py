@@ -499,6 +499,43 @@ class ReferenceResult(Message):
     loaded: str = "after"
 
 
+# --- a node's own account: its last log lines and its loop's stalls ---------------------------------
+
+
+@wire_struct
+@dataclass(frozen=True)
+class Stall:
+    """One time a node's event loop ran late: it began ``at`` seconds after the node started and
+    lasted ``seconds`` (the loop was starved: the host's CPU, a paused process, a blocking call)."""
+
+    at: F64
+    seconds: F64
+
+
+@message(57)
+@dataclass(frozen=True)
+class LogTailQuery(Message):
+    """Ask a node (its status actor) for its own last log lines: at most ``lines`` of them and
+    ``max_bytes`` of text, the newest kept; every secret it knows redacted first."""
+
+    lines: U32
+    max_bytes: U32
+
+
+@message(58)
+@dataclass(frozen=True)
+class LogTail(Message):
+    """A node's own account: its last log ``lines`` (oldest first, redacted), how many older lines
+    were left out (``dropped``), its ``uptime`` in seconds, and the stalls of its event loop it
+    measured (the longest ones, at most a few dozen, oldest first)."""
+
+    stage: U32
+    lines: tuple[str, ...]
+    dropped: U32
+    uptime: F64
+    stalls: tuple[Stall, ...] = ()
+
+
 # --- the same records as JSON (the node <-> worker pipe, a subprocess's last line) ---------------
 
 R = TypeVar("R")

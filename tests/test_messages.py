@@ -32,6 +32,8 @@ PIPELINE_CODES = {
     "ProbeReport": 49,
     "ReferenceQuery": 55,
     "ReferenceResult": 56,
+    "LogTailQuery": 57,
+    "LogTail": 58,
 }
 
 _LOADED = """
