@@ -10,8 +10,10 @@ one open and one behind htpasswd (a private image), filled by ``buildah push``."
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import os
+import re
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -31,6 +33,8 @@ from pytest_ppsmoke.stage.catalog import MODELS, declared, model_names, resolve_
 
 from . import registry
 from .helpers import SLEEPER, SMOLLM2, SYNTH, run_cli
+
+SHOW = re.compile(r"/api/v0/instances/\d+/")  # an instance's record: the run's boot polls
 
 pytestmark = pytest.mark.local
 KEY = "vk-preflight-0123456789abcdef"
@@ -391,9 +395,10 @@ def test_with_the_preflight_off_a_missing_image_ends_the_boot_on_its_pull_error(
         async with FakeVast(api_key=KEY, runtime="image", faults="vast.boot_delay=0") as fake:
             args = ["--local", "--vast-url", fake.url, "--model", synth_model, "--image", image]
             args += ["--preflight", "off", "--poll-interval", "0.5"]
-            started = time.monotonic()
             done = await asyncio.to_thread(run_cli, *args, env={**os.environ, "VAST_API_KEY": KEY}, timeout=120)
-            assert time.monotonic() - started < 25, done.stderr  # 60 polls at 0.5 s would be 30 s and more
+            shown = [path for method, path, _ in fake.requests if method == "GET" and SHOW.fullmatch(path)]
+            polls = collections.Counter(shown)
+            assert polls and max(polls.values()) < 60, (polls, done.stderr)  # not the spec's 60 polls of each
             assert done.returncode == 1, done.stderr
             (line,) = [ln for ln in done.stderr.splitlines() if "failed at" in ln]
             assert line.startswith("pp-smoke-run: failed at boot: stage "), line
@@ -419,10 +424,9 @@ async def test_an_image_that_cannot_be_pulled_stays_loading_and_the_wait_ends_on
             iid = await vast.create_instance(offers[0].id, image=name, env={}, label="ppsmoke-pull-stage0")
             assert fake.instances[iid].cancel_unavail is True  # an error, never a stopped instance
             seen: list[str] = []
-            started = time.monotonic()
             with pytest.raises(NeverRuns) as e:
                 await vast.wait_running(iid, 60, 0.25, lambda n, r: seen.append(r.actual_status if r else "none"))
-            assert e.value.failure == "image pull" and len(seen) < 60 and time.monotonic() - started < 20
+            assert e.value.failure == "image pull" and len(seen) < 60  # ended on the message, not the 60 polls
             word = "manifest unknown" if case == "missing" else "unauthorized"
             assert word in str(e.value) and "Error response from daemon" in str(e.value), str(e.value)
             record = await vast.show_instance(iid)

@@ -6,10 +6,21 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import random
+import types
 
 import pytest
 
-from pytest_ppsmoke.network.swimsim import Link, SimNet, SimSpec, member_id, memberlist_figures, simulate, virtual_loop
+from pytest_ppsmoke.network.swimsim import (
+    Link,
+    SimNet,
+    SimSpec,
+    VirtualLoop,
+    member_id,
+    memberlist_figures,
+    run_virtual,
+    simulate,
+    virtual_loop,
+)
 from pytest_ppsmoke.runtime import swim
 from pytest_ppsmoke.runtime.codec import Ack, Envelope, Gossip, MemberState, Ping, PingReq, Sync, encode_frame
 from pytest_ppsmoke.runtime.swimconfig import SwimConfig
@@ -37,6 +48,32 @@ def test_the_virtual_clock_runs_timers_in_order_without_waiting() -> None:
         loop.close()
     assert seen == [("second", 1.0), ("minute", 60.0), ("hour", 3600.0)]
     assert swim.time.monotonic is not loop.time  # the swim module's clock is the real one outside a run
+
+
+def test_a_blocked_virtual_loop_runs_what_fell_due_late_in_order_and_run_virtual_cleans_up() -> None:
+    """``VirtualLoop.block``: the clock moves on and nothing runs meanwhile, then what fell due
+    runs late, in its order, as on a real loop that a busy core held; ``swim`` reads that clock
+    during ``run_virtual``, whose leftover tasks are cancelled and whose ``random`` is seeded."""
+    seen: list[tuple[str, float]] = []
+    left: list[asyncio.Task[None]] = []
+
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+        assert isinstance(loop, VirtualLoop) and swim.time.monotonic() == loop.time() == 0.0
+        loop.call_later(0.2, lambda: seen.append(("second", loop.time())))
+        loop.call_later(0.1, lambda: seen.append(("first", loop.time())))
+        loop.block(0.5)
+        assert seen == []  # blocked: nothing ran
+        await asyncio.sleep(0)
+        left.append(asyncio.ensure_future(asyncio.sleep(3600)))
+        with pytest.raises(ValueError, match="a blocked loop's seconds must be 0 or more, got -1"):
+            loop.block(-1)
+        return random.random()
+
+    drawn = run_virtual(main(), seed=5)
+    assert seen == [("first", 0.5), ("second", 0.5)]
+    assert left[0].cancelled() and drawn == random.Random(5).random()
+    assert isinstance(swim.time, types.ModuleType)  # the real clock again
 
 
 @pytest.mark.parametrize("members", [10, 30])

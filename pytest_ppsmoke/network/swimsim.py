@@ -36,9 +36,9 @@ import random
 import selectors
 import time
 import types
-from collections.abc import Iterator, Mapping
+from collections.abc import Coroutine, Iterator, Mapping
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from ..runtime import swim, swimstate
 from ..runtime.codec import ActorAddress, Envelope, MemberState, MemberStatus, Message, Sync, encode_frame
@@ -47,6 +47,8 @@ from ..runtime.node import handler_name
 from ..runtime.swim import SWIM_ACTOR, MemberEvent, Membership
 from ..runtime.swimconfig import SwimConfig
 from .profiles import PROFILES
+
+T = TypeVar("T")
 
 
 class VirtualSelector(selectors.BaseSelector):
@@ -79,12 +81,44 @@ class VirtualSelector(selectors.BaseSelector):
         self._map.clear()
 
 
-def virtual_loop() -> asyncio.AbstractEventLoop:
+class VirtualLoop(asyncio.SelectorEventLoop):
     """An event loop whose clock is virtual (its ``time()`` is the selector's)."""
-    sel = VirtualSelector()
-    loop = asyncio.SelectorEventLoop(sel)
-    loop.time = lambda: sel.now  # type: ignore[method-assign]
-    return loop
+
+    def __init__(self) -> None:
+        self.clock = VirtualSelector()
+        super().__init__(self.clock)
+
+    def time(self) -> float:
+        return self.clock.now
+
+    def block(self, seconds: float) -> None:
+        """The loop is blocked for ``seconds`` (a busy core): its clock moves on and nothing
+        runs meanwhile; what was due then runs late, on the loop's next turn."""
+        if not seconds >= 0:
+            raise ValueError(f"a blocked loop's seconds must be 0 or more, got {seconds!r}")
+        self.clock.now += seconds
+
+
+def virtual_loop() -> VirtualLoop:
+    """An event loop whose clock is virtual."""
+    return VirtualLoop()
+
+
+def run_virtual(main: Coroutine[Any, Any, T], seed: int = 1) -> T:
+    """Run ``main`` on a fresh virtual loop, with ``swim``'s and ``swimstate``'s clock on it and
+    ``random`` seeded (``swim`` draws its probe order and helpers from the module), so that its
+    outcome depends on neither the machine's speed nor its load; what ``main`` leaves on the
+    loop is cancelled before it closes."""
+    random.seed(seed)
+    loop = virtual_loop()
+    try:
+        with _swim_on(loop):
+            try:
+                return loop.run_until_complete(main)
+            finally:
+                loop.run_until_complete(_cancel_the_rest())
+    finally:
+        loop.close()
 
 
 @contextlib.contextmanager
@@ -562,15 +596,7 @@ def simulate(spec: SimSpec) -> SimResult:
             f"join_at has {len(spec.join_at)} offsets (min {min(spec.join_at):g} s): expected one per member "
             f"but the first, {spec.members - 1}, none negative"
         )
-    random.seed(spec.seed)
-    rng = random.Random(spec.seed)
-    loop = virtual_loop()
     wall = time.monotonic()
-    try:
-        with _swim_on(loop):
-            result = loop.run_until_complete(_run(spec, rng))
-            loop.run_until_complete(_cancel_the_rest())
-    finally:
-        loop.close()
+    result = run_virtual(_run(spec, random.Random(spec.seed)), spec.seed)
     result.wall_s = round(time.monotonic() - wall, 3)
     return result
