@@ -59,7 +59,7 @@ async def test_the_hard_limit_destroys_the_instance_even_with_the_orchestrator_a
         stop = asyncio.Event()
         t = time.monotonic()
         await asyncio.wait_for(guard_lifetime(node, settings(cfg, ttl=0.6, grace=60), stop), 10)
-        assert stop.is_set() and 0.6 <= time.monotonic() - t < 5
+        assert stop.is_set() and time.monotonic() - t >= 0.6  # never early; the wait's 10 s only stops a hang
         assert fake.live() == [] and [i.id for i in fake.destroyed] == [iid]
         assert ("DELETE", f"/api/v0/instances/{iid}/", 200) in fake.requests
 

@@ -227,10 +227,8 @@ async def test_every_call_has_a_timeout_and_a_dead_server_is_an_error() -> None:
     port = runner.addresses[0][1]
     try:
         async with VastClient(KEY, f"http://127.0.0.1:{port}", timeout=0.2, attempts=2, backoff=0.01) as vast:
-            t = time.monotonic()
             with pytest.raises(VastError, match=r"no answer: TimeoutError after 0.2 s \(after 2 attempts\)") as info:
-                await vast.show_instance(1)
-            assert time.monotonic() - t < 5
+                await asyncio.wait_for(vast.show_instance(1), 30)  # the 30 s only stops a hang: the message says
             # no aiohttp exception rides along: its request info holds the Authorization header
             assert info.value.__cause__ is None and info.value.__context__ is None
             assert KEY not in "".join(traceback.format_exception(info.value))
