@@ -4,6 +4,7 @@ are bounded, the longest kept. No real time is measured here (the real one: test
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 
@@ -63,6 +64,29 @@ async def test_lateness_up_to_the_threshold_is_no_stall(caplog: pytest.LogCaptur
     with caplog.at_level(logging.DEBUG, "pytest_ppsmoke.runtime.stalls"):
         await run_out(watch)
     assert watch.stalls() == [] and watch.count == 0 and not caplog.records
+
+
+async def test_a_stall_under_way_is_told_before_the_watch_wakes() -> None:
+    """Whoever runs first after a stall (a query that waited with the watch) sees it already,
+    as long as it has lasted so far, not yet logged or kept; under the threshold, nothing."""
+    now, gate = [10.0], asyncio.Event()
+
+    async def sleep(seconds: float) -> None:
+        now[0] += seconds + 3.0  # the loop is starved while the watch sleeps
+        await gate.wait()
+        raise Done
+
+    watch = LoopWatch(tick=0.05, threshold=0.12, clock=lambda: now[0], sleep=sleep)
+    task = asyncio.ensure_future(watch.run())
+    await asyncio.sleep(0)
+    assert watch.stalls() == [LoopStall(0.05, 3.0)] and watch.count == 0
+    now[0] -= 2.95  # overdue by 0.05 s only
+    assert watch.stalls() == []
+    gate.set()
+    with pytest.raises(Done):
+        await task
+    now[0] += 10.0
+    assert watch.stalls() == []  # asleep no more: nothing is overdue
 
 
 async def test_the_kept_stalls_are_bounded_the_longest_kept_oldest_first() -> None:

@@ -72,6 +72,7 @@ class LoopWatch:
         self.longest = 0.0
         self.on_stall: list[Callable[[LoopStall], None]] = []
         self._kept: list[LoopStall] = []
+        self._due: float | None = None  # when the watch's sleep should end, while it sleeps
         self._task: asyncio.Task[None] | None = None
 
     def uptime(self) -> float:
@@ -79,8 +80,13 @@ class LoopWatch:
         return self._clock() - self.started
 
     def stalls(self) -> list[LoopStall]:
-        """The kept stalls, oldest first."""
-        return sorted(self._kept, key=lambda s: s.at)
+        """The kept stalls, oldest first, and the one under way if the watch's wake-up is overdue
+        past the threshold now: a caller that runs before the watch after a stall (a query that
+        was waiting with it) still sees it, as long as it has lasted so far."""
+        found = list(self._kept)
+        if self._due is not None and (late := round(self._clock() - self._due, 3)) > self.threshold:
+            found.append(LoopStall(round(self._due - self.started, 3), late))
+        return sorted(found, key=lambda s: s.at)
 
     def start(self) -> None:
         """Watch from now on, in a task of the running loop."""
@@ -97,8 +103,11 @@ class LoopWatch:
     async def run(self) -> None:
         """Sleep a tick, measure the lateness of the wake-up, again, until cancelled."""
         while True:
-            due = self._clock() + self.tick
-            await self._sleep(self.tick)
+            due = self._due = self._clock() + self.tick
+            try:
+                await self._sleep(self.tick)
+            finally:
+                self._due = None
             late = round(self._clock() - due, 3)  # to the millisecond: what a clock's sums can tell
             if late > self.threshold:
                 self.found(LoopStall(round(due - self.started, 3), late))
