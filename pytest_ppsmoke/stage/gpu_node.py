@@ -32,6 +32,9 @@ stage) is sent to ``reply_to`` as an ``InferenceResponse`` whose ``error`` names
 for a stage lost mid-request, that stage by name and what detected it (``pp-stage-0: pp-stage-1
 dropped out of the cluster mid-request: pp-stage-0's SWIM declared it dead``, ``pp-stage-0:
 pp-stage-1 unreachable mid-request: a send to it failed: ...``).
+The status actor (``account.py``) answers from the join: ``NodeStatusQuery`` and ``LogTailQuery``
+(the node's own last log lines, kept by ``main``'s ``LogRing`` with its secrets redacted, and the
+stalls its ``LoopWatch`` measured from the start; each stall also raises its local health score).
 stdout carries JSON lines: ``{"event": "joined"}``, then ``{"event": "ready", ...}``.
 """
 
