@@ -305,6 +305,12 @@ class NodeEnv:
             raise ValueError(f"{var.name} is not set; expected {var.form.expected}")
         return value
 
+    def secrets(self) -> list[str | bytes]:
+        """The values of the secret fields that are set (the node's key, the instance's API key):
+        what the node redacts from the lines it keeps of its own log."""
+        found = (getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata["var"].form.secret)
+        return [v for v in found if v]
+
     def for_worker(self) -> NodeEnv:
         """What a node hands its tinygrad worker: the stage, the model and how to run it."""
         keep = (

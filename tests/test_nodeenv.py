@@ -78,6 +78,14 @@ def test_secrets_never_show() -> None:
         NodeEnv().require("node_key")
 
 
+def test_the_secrets_are_the_secret_fields_that_are_set() -> None:
+    """What a node redacts from its own log: every field whose form is secret, read off the table
+    (a new secret variable joins without a hand list); unset ones are not secrets."""
+    assert sorted(map(repr, full().secrets())) == sorted([repr(KEY), repr(CONTAINER_KEY)])
+    assert NodeEnv(node_key=KEY).secrets() == [KEY]
+    assert NodeEnv().secrets() == []
+
+
 @pytest.mark.parametrize(
     ("env", "message"),
     [

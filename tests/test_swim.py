@@ -372,6 +372,23 @@ async def test_a_probe_that_fails_because_our_own_loop_stalled_blames_us_not_the
 
 
 @on_virtual_clock
+async def test_a_stall_our_loop_watch_measured_lowers_our_own_local_health() -> None:
+    """Lifeguard's local health awareness fed by the node's own loop watch: a measured stall
+    stretches our probes (+1 on the score), and an answered probe heals it again."""
+    net = SimNet(replace(FAST, suspicion_timeout=60.0), 2)
+    me, other = net.hosts
+    m = me.membership
+    try:
+        m.loop_stalled(0.5)
+        assert m.awareness == 1 and m.probe_timeout == pytest.approx(2 * FAST.ping_timeout)
+        assert m.stats().suspicions_raised == 0  # it blames nobody
+        await m._probe(other.id, now() + m.probe_interval)  # an Ack
+        assert m.awareness == 0
+    finally:
+        await net.stop()
+
+
+@on_virtual_clock
 async def test_confirmations_shorten_a_suspicion_toward_its_minimum() -> None:
     cfg = replace(FAST, indirect_checks=3)
     net = SimNet(cfg, 5)

@@ -193,12 +193,14 @@ def emit(obj: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-def configure_child_logging(tag: str, level: str = DEFAULTS.log_level) -> None:
-    logging.basicConfig(
-        level=level,
-        format=f"%(asctime)s {tag} %(name)s %(levelname)s %(message)s",
-        stream=sys.stderr,
-    )
+def configure_child_logging(tag: str, level: str = DEFAULTS.log_level, *also: logging.Handler) -> None:
+    """A child's log on stderr at ``level``; ``also``: handlers that get the same records in the
+    same format (a node's :class:`~pytest_ppsmoke.runtime.logring.LogRing`)."""
+    form = f"%(asctime)s {tag} %(name)s %(levelname)s %(message)s"
+    logging.basicConfig(level=level, format=form, stream=sys.stderr)
+    for handler in also:
+        handler.setFormatter(logging.Formatter(form))  # what basicConfig gives stderr's handler
+        logging.getLogger().addHandler(handler)
 
 
 def member_env(

@@ -149,6 +149,14 @@ class Membership:
         """A snapshot of the failure detector's counts and the current awareness."""
         return replace(self.state.stats, awareness=self.state.awareness.score)
 
+    def loop_stalled(self, seconds: float) -> None:
+        """Lifeguard's local health awareness, from our own measurement: our event loop stalled
+        for ``seconds`` (``stalls.LoopWatch``), long enough that the Acks we were due to read
+        meanwhile lie unread, so our next failed probes say as much about us as about their
+        targets: +1 on the local health score (each answered probe takes one off again)."""
+        log.info("our own event loop stalled for %.3g s: local health score +1", seconds)
+        self.state.adjust_awareness(1)
+
     def suspicion_timeout_of(self, member_id: str) -> float | None:
         """The current length of our suspicion of ``member_id`` (from its start; it shrinks as
         confirmations arrive), or None if we do not suspect it."""

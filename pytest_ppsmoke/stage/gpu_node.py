@@ -32,6 +32,9 @@ stage) is sent to ``reply_to`` as an ``InferenceResponse`` whose ``error`` names
 for a stage lost mid-request, that stage by name and what detected it (``pp-stage-0: pp-stage-1
 dropped out of the cluster mid-request: pp-stage-0's SWIM declared it dead``, ``pp-stage-0:
 pp-stage-1 unreachable mid-request: a send to it failed: ...``).
+The status actor (``account.py``) answers from the join: ``NodeStatusQuery`` and ``LogTailQuery``
+(the node's own last log lines, kept by ``main``'s ``LogRing`` with its secrets redacted, and the
+stalls its ``LoopWatch`` measured from the start; each stall also raises its local health score).
 stdout carries JSON lines: ``{"event": "joined"}``, then ``{"event": "ready", ...}``.
 """
 
@@ -60,16 +63,12 @@ from ..messages import (
     InferenceResponse,
     KvInfo,
     KvInfoQuery,
-    LoadFigures,
     NextToken,
-    NodeStatus,
-    NodeStatusQuery,
     PeerPath,
     ProbeReport,
     ReferenceQuery,
     ReferenceResult,
     RelayProbe,
-    Span,
     StageActivation,
     StageStats,
     StageStatsQuery,
@@ -79,8 +78,11 @@ from ..nodeenv import inherited
 from ..protocol import STAGE_ACTOR, STATUS_ACTOR, stage_name, stage_names
 from ..runtime.codec import ActorAddress, Message
 from ..runtime.localproc import configure_child_logging, emit, stop_event
+from ..runtime.logring import LogRing
 from ..runtime.node import Context, Node
+from ..runtime.stalls import LoopWatch
 from ..runtime.swim import MemberEvent
+from .account import StatusActor
 from .bridge import WorkerBridge, WorkerDied, WorkerError
 from .lifetime import Settings, container_env, give_up, guard_lifetime
 from .pipe import (
@@ -535,34 +537,6 @@ async def _slow_decode() -> None:
         await asyncio.sleep(failpoints.value("node.slow_decode"))
 
 
-class StatusActor:
-    """Answers ``NodeStatusQuery`` from the moment the node joins: how the orchestrator learns,
-    across machines, that a worker is loading, ready (with its dim, blocks and context), or
-    failed and why."""
-
-    def __init__(self, stage: int) -> None:
-        self.stage = stage
-        self.state, self.detail = "loading", ""
-        self.worker = (0, 0, 0, 0)  # dim, first block, end block, max context: once ready
-        self.load: LoadFigures | None = None  # how the worker loaded: once ready
-        self.since = time.monotonic()
-
-    def set(self, state: str, detail: str = "") -> None:
-        self.state, self.detail, self.since = state, detail, time.monotonic()
-
-    def ready(self, worker: Ready) -> None:
-        """The worker's ready line (its ``dim``, block ``range`` and ``max_context``), and how it
-        loaded (``LoadFigures``)."""
-        blocks = worker.range or Span(0, 0)
-        self.worker = (worker.dim, blocks.start, blocks.end, worker.max_context)
-        self.load = worker.load_figures()
-        self.set("ready")
-
-    def on_node_status_query(self, msg: NodeStatusQuery, ctx: Context) -> NodeStatus:
-        seconds = int(time.monotonic() - self.since)
-        return NodeStatus(self.stage, self.state, self.detail, seconds, *self.worker, load=self.load)
-
-
 async def _unless_stopped(coro: Any, stop: asyncio.Event) -> asyncio.Task[Any] | None:
     """Run ``coro`` until it finishes (its task is returned) or ``stop`` is set (None; cancelled)."""
     task: asyncio.Task[Any] = asyncio.ensure_future(coro)
@@ -577,11 +551,13 @@ async def _unless_stopped(coro: Any, stop: asyncio.Event) -> asyncio.Task[Any] |
     return None
 
 
-async def run(settings: Settings) -> None:
+async def run(settings: Settings, ring: LogRing) -> None:
+    """The node, until it is stopped; ``ring``: the lines of its own log, kept for ``LogTail``."""
     stage, num_stages = settings.stage, settings.num_stages
+    watch = LoopWatch(threshold=settings.config.swim.ping_timeout)  # first: its uptime is the node's
     stop, parent = stop_event(settings.env.exit_on_stdin_eof)
     node = Node(settings.config)
-    status = StatusActor(stage)
+    status = StatusActor(stage, ring, watch)
     node.add_actor(STATUS_ACTOR, status)  # answers as soon as the node has joined
     worker_env = settings.env.for_worker()
     argv = [sys.executable, str(settings.worker)]
@@ -591,6 +567,7 @@ async def run(settings: Settings) -> None:
     beside: ReferenceBeside | None = None
     guard: asyncio.Task[None] | None = None
     try:
+        watch.start()
         # the guard runs from the start: an orchestrator that dies before this node joins leaves
         # it orphaned too, and the time-to-live counts from the process's start
         guard = asyncio.ensure_future(guard_lifetime(node, settings, stop))
@@ -600,6 +577,7 @@ async def run(settings: Settings) -> None:
         if joining is None:
             return
         joining.result()
+        watch.on_stall.append(lambda stall: node.membership.loop_stalled(stall.seconds))  # local health
         emit({"event": "joined", "id": node.id, "stage": stage})
         if stage == 0 and settings.env.reference == "beside":
             ref_env = {**inherited(), **worker_env.replace(worker_role="reference").to_env()}
@@ -630,6 +608,7 @@ async def run(settings: Settings) -> None:
         emit({"event": "ready", "id": node.id, **ready_fields(ready), "worker_pid": ready.pid})
         await stop.wait()
     finally:
+        await watch.close()  # cannot fail: the rest of the teardown runs
         for task in (guard, parent):
             if task is not None:
                 task.cancel()
@@ -645,9 +624,10 @@ def main() -> None:
     except ValueError as e:
         configure_child_logging("pp-gpu-node")
         give_up(e, container_env())
-    configure_child_logging("pp-gpu-node", settings.env.log_level)
+    ring = LogRing(settings.env.secrets())
+    configure_child_logging("pp-gpu-node", settings.env.log_level, ring)
     try:
-        asyncio.run(run(settings))
+        asyncio.run(run(settings, ring))
     except (ValueError, TimeoutError, WorkerDied, WorkerError) as e:
         give_up(e, settings.env)
     except Exception as e:
