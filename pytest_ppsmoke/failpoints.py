@@ -172,7 +172,7 @@ COUNTS = Kind(
 LIMITS = Kind(
     "'documented' (vast.ai's: create 4.5 s with a 12 s penalty, show 2 s), or endpoint:threshold[:penalty] "
     "seconds, comma-separated (e.g. create:4.5:12,show:2); endpoints: search, create, show, label, destroy, list, "
-    "destroy_many, user",
+    "destroy_many, user, logs",
     _limits,
     lambda v: ",".join(f"{k}:{t:g}:{p:g}" for k, (t, p) in sorted(v.items())),
 )
