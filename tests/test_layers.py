@@ -30,7 +30,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("messages", ("messages",)),  # arriving from another branch; absent until then
     ("runtime", ("runtime",)),
     # "": the package's __init__; stage.catalog, the models' declarations, standard library only
-    ("shared", ("", "protocol", "nodeenv", "failpoints", "checks", "stage.catalog")),
+    ("shared", ("", "protocol", "nodeenv", "failpoints", "checks", "redact", "stage.catalog")),
 )
 
 

@@ -9,8 +9,9 @@ lines that are not events), as :class:`~pytest_ppsmoke.runtime.localproc.ChildPr
 empty for an instance whose node never started. ``filter`` keeps the lines a regular expression
 matches (vast.ai greps); ``tail`` (default 1000, vast.ai's) the last lines of those. Every secret
 the emulator knows the log could hold (the account's key, the instance's container key, the
-node's secret variables such as ``PP_NODE_KEY``) is replaced by :data:`REDACTED` first: whoever
-holds the URL reads the text, and a filter cannot find a secret either.
+node's secret variables such as ``PP_NODE_KEY``), as written, in hex or in base64
+(:class:`~pytest_ppsmoke.redact.Redactor`), is replaced by :data:`REDACTED` first: whoever holds the
+URL reads the text, and a filter cannot find a secret either.
 
 The result URL is the emulator's own (:data:`RESULT_PATH`), on the address the call came to, and
 names an unguessable token (``secrets.token_urlsafe``) bound to that one snapshot; the last
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from ...nodeenv import variables
+from ...redact import Redactor
 from .answers import EMULATOR, error_answer, json_answer
 
 if TYPE_CHECKING:
@@ -38,7 +40,6 @@ REQUEST_PATH = "/api/v0/instances/request_logs/{id}/"  # vast-cli's (logs.yaml's
 RESULT_PATH = "/ppsmoke/logs/"  # + the token: the emulator's own, standing in for vast.ai's S3 upload
 DEFAULT_TAIL = 1000  # lines, vast.ai's default
 KEPT = 64  # results an emulator keeps, the newest
-REDACTED = "[redacted]"
 
 # each emulator's results, by token: (the instance's id, the text); gone with the emulator
 _results: weakref.WeakKeyDictionary[Emulator, OrderedDict[str, tuple[int, str]]] = weakref.WeakKeyDictionary()
@@ -57,17 +58,9 @@ def secrets_of(vast: Emulator, inst: Instance) -> list[str]:
     return [s for s in found if s]
 
 
-def redacted(text: str, hidden: list[str]) -> str:
-    """``text`` with every secret in ``hidden`` (in any letter case: a hex key may be written
-    either way) replaced by :data:`REDACTED`, the longest first (one may contain another)."""
-    for s in sorted(set(hidden), key=len, reverse=True):
-        text = re.sub(re.escape(s), REDACTED, text, flags=re.IGNORECASE)
-    return text
-
-
 def log_text(vast: Emulator, inst: Instance, tail: int, grep: re.Pattern[str] | None) -> str:
     """The log as its result URL serves it: redacted, filtered, its last ``tail`` lines."""
-    out = redacted(inst.proc.stderr_tail(), secrets_of(vast, inst)) if inst.proc is not None else ""
+    out = Redactor(secrets_of(vast, inst)).text(inst.proc.stderr_tail()) if inst.proc is not None else ""
     lines = [ln for ln in out.splitlines() if grep is None or grep.search(ln)]
     return "\n".join(lines[-tail:] if tail else [])
 
