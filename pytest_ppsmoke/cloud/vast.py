@@ -209,6 +209,11 @@ class VastClient:
     def __repr__(self) -> str:
         return f"VastClient({self.base_url!r})"  # never the key
 
+    def secrets(self) -> list[str]:
+        """What the client holds that must never be shown: its API key and each created instance's
+        own key (for a redactor; never logged)."""
+        return [self._key, *self.container_keys.values()]
+
     async def __aenter__(self) -> VastClient:
         return self
 
