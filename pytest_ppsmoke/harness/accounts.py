@@ -108,10 +108,12 @@ async def ask(seed: Node, inst: RentedInstance, redact: Redactor, timeout: float
         )
     except TimeoutError:
         return f"no answer over the cluster within {timeout:g} s"
-    except (ConnectionError, RemoteError, OSError) as e:
+    except (ConnectionError, OSError) as e:
         return f"no answer over the cluster ({type(e).__name__}: {redact.text(str(e))})"
+    except RemoteError as e:  # it is there, but gives no account of its own (an older node)
+        return Account(inst.stage, "answered", words=f"{name} answered, but with no log tail ({redact.text(str(e))})")
     if not isinstance(reply, LogTail):
-        return f"answered {type(reply).__name__} over the cluster, expected LogTail"
+        return Account(inst.stage, "answered", words=f"{name} answered {type(reply).__name__}, not its log tail")
     stalls = [{"at": round(s.at, 3), "seconds": round(s.seconds, 3)} for s in reply.stalls]
     words = stalled_words(name, stalls)
     dropped = f"; {reply.dropped} older lines dropped" if reply.dropped else ""
@@ -128,7 +130,7 @@ async def ask(seed: Node, inst: RentedInstance, redact: Redactor, timeout: float
 async def from_vast(rental: Rental, inst: RentedInstance, redact: Redactor, why: str) -> Account:
     """A node that gave no account: what vast.ai shows of its instance, and its log from vast.ai."""
     name = stage_name(inst.stage)
-    state, lines, source = "unknown", [], None
+    state = "unknown"
     try:
         shown, msg = await rental.state_now(inst)
     except VastError as e:
@@ -141,11 +143,18 @@ async def from_vast(rental: Rental, inst: RentedInstance, redact: Redactor, why:
             state, said = "dead", f"{name} is dead: {shows}"
         else:
             said = f"{name} is unknown: {why}, and vast.ai shows its instance {shown}"
+    lines, source, note = await vast_tail(rental, inst, redact)
+    return Account(inst.stage, state, source, lines, [], said + note)
+
+
+async def vast_tail(rental: Rental, inst: RentedInstance, redact: Redactor) -> tuple[list[str], str | None, str]:
+    """The instance's log tail from vast.ai's logs, redacted and capped: (lines, source, a note
+    of why there are none)."""
     try:
-        lines, source = capped(redact.lines((await rental.log_tail(inst, TAIL_LINES)).splitlines())), "vast.ai logs"
+        text = await rental.log_tail(inst, TAIL_LINES)
     except VastError as e:
-        said += f"; vast.ai's logs could not be read ({redact.text(str(e))})"
-    return Account(inst.stage, state, source, lines, [], said)
+        return [], None, f"; vast.ai's logs could not be read ({redact.text(str(e))})"
+    return capped(redact.lines(text.splitlines())), "vast.ai logs", ""
 
 
 async def gather(
@@ -161,6 +170,9 @@ async def gather(
         if seed is not None and inst.endpoint_id:
             got = await ask(seed, inst, redact, ask_for)
             if isinstance(got, Account):
+                if got.source is None:  # it answered without its lines: vast.ai's are the next best
+                    got.lines, got.source, note = await vast_tail(rental, inst, redact)
+                    got.words += note
                 return got
             why = got
         return await from_vast(rental, inst, redact, why)
