@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -91,6 +92,22 @@ def _stage_seconds(v: Any) -> dict[int, float]:
     if any(len(p) != 2 for p in pairs):
         raise ValueError
     return {_count(a): _seconds(b) for a, b in pairs}
+
+
+_WORD = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def _word(v: Any) -> str:
+    if not isinstance(v, str) or not _WORD.fullmatch(v.strip()):
+        raise ValueError
+    return v.strip()
+
+
+def _stage_words(v: Any) -> dict[int, str]:
+    pairs = [item.split(":") for item in v.split(",") if item.strip()] if isinstance(v, str) else list(dict(v).items())
+    if not pairs or any(len(p) != 2 for p in pairs):
+        raise ValueError
+    return {_count(a): _word(b) for a, b in pairs}
 
 
 def _numbers(v: Any) -> frozenset[int]:
@@ -162,6 +179,12 @@ STAGE_SECONDS = Kind(
     _stage_seconds,
     lambda v: ",".join(f"{a}:{b:g}" for a, b in sorted(v.items())),
 )
+WORD = Kind("a word of letters, digits, '.', '-' or '_' (at most 64)", _word, str)
+STAGE_WORDS = Kind(
+    "stage:word pairs, comma-separated, each word of letters, digits, '.', '-' or '_' (e.g. 1:here-i-am)",
+    _stage_words,
+    lambda v: ",".join(f"{a}:{b}" for a, b in sorted(v.items())),
+)
 COUNTS = Kind(
     "stage:count pairs, comma-separated (e.g. 1:6)",
     _counts,
@@ -172,7 +195,7 @@ COUNTS = Kind(
 LIMITS = Kind(
     "'documented' (vast.ai's: create 4.5 s with a 12 s penalty, show 2 s), or endpoint:threshold[:penalty] "
     "seconds, comma-separated (e.g. create:4.5:12,show:2); endpoints: search, create, show, label, destroy, list, "
-    "destroy_many, user",
+    "destroy_many, user, logs",
     _limits,
     lambda v: ",".join(f"{k}:{t:g}:{p:g}" for k, (t, p) in sorted(v.items())),
 )
@@ -277,7 +300,36 @@ POINTS: dict[str, Point] = {
             "vast.kill_stage", COUNT, ROW_DROP, "SIGKILL this stage's instance once vast.kill_after_tokens were sampled"
         ),
         Point(
-            "vast.kill_after_tokens", COUNT, ROW_DROP, "how many tokens vast.kill_stage and vast.lose_host wait for", 1
+            "vast.kill_after_tokens",
+            COUNT,
+            ROW_DROP,
+            "how many tokens vast.kill_stage, vast.lose_host and vast.freeze_stage wait for",
+            1,
+        ),
+        Point(
+            "vast.freeze_stage",
+            STAGE_SECONDS,
+            ROW_DROP,
+            "stage:seconds: that stage's node's process group is stopped (SIGSTOP) once vast.kill_after_tokens "
+            "were sampled, and continued (SIGCONT) after the seconds (0: never); vast.ai shows the instance "
+            "running all along, and a destroy still ends it",
+            {},
+        ),
+        Point(
+            "vast.say",
+            STAGE_WORDS,
+            ROW_DROP,
+            "stage:word: node.say with that word in that stage's node (a marker in its own log)",
+            {},
+            "node.say",
+        ),
+        Point(
+            "vast.log_secrets",
+            NUMBERS,
+            ROW_DROP,
+            "node.log_secrets in these stages' nodes (their own keys in their log, to be redacted)",
+            frozenset(),
+            "node.log_secrets",
         ),
         Point(
             "vast.lose_host",
@@ -411,6 +463,20 @@ POINTS: dict[str, Point] = {
             "the node raises a RuntimeError as it starts (an error nobody planned for)",
             False,
         ),
+        Point(
+            "node.say",
+            WORD,
+            ROW_DROP,
+            "the node logs 'marker: <word>' (at WARNING) as it joins and at each decode step",
+        ),
+        Point(
+            "node.log_secrets",
+            FLAG,
+            ROW_DROP,
+            "the node logs its own keys (node key, container key) as written, in hex and in base64 (at WARNING), "
+            "as it joins: what every reader of its log must redact",
+            False,
+        ),
         Point("node.slow_decode", SECONDS, RULE_BUDGET, "seconds each decode step on this node waits first", 0.0),
         Point("node.slow_reference", SECONDS, RULE_DESTROY, "seconds a reference on this node waits first", 0.0),
     )
@@ -459,6 +525,9 @@ class Scenario:
             if p.kind is NUMBERS:
                 if stage in self.points[p.name]:
                     on[p.node] = True
+            elif p.kind is STAGE_WORDS:
+                if stage in self.points[p.name]:
+                    on[p.node] = self.points[p.name][stage]
             else:
                 on[p.node] = self.points[p.name]
         return Scenario(on)

@@ -257,6 +257,11 @@ def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
                 if name not in state.recorded and (session.closed or step in session.run.done):
                     state.recorded.add(name)
                     item.user_properties.append((name, value))
+            if state.failed_in == plain_nodeid(item.nodeid):  # each node's account, on the failing test
+                for name, value in session.report.tails():
+                    if name not in state.recorded:
+                        state.recorded.add(name)
+                        item.user_properties.append((name, value))
 
 
 # --- fixtures ----------------------------------------------------------------------------------

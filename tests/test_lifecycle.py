@@ -66,9 +66,10 @@ def assert_failed_at(smoke: Smoke, report: dict[str, Any], phase: str, message: 
     lines = [line for line in smoke.stderr.splitlines() if line.startswith("pp-smoke-run: failed at ")]
     assert len(lines) == 1, smoke.stderr[-3000:]
     hint = re.escape(HINTS[phase])
-    assert re.fullmatch(rf"pp-smoke-run: failed at {phase}: (?:{message}) \({hint}\)", lines[0]), lines[0]
+    line = rf"pp-smoke-run: failed at {phase}: (?:{message})(?:{ACCOUNTS})? \({hint}\)"
+    assert re.fullmatch(line, lines[0]), lines[0]
     assert report["ok"] is False and report["exit_code"] == 1 and report["failed_phase"] == phase
-    found = re.fullmatch(rf"{phase}: ({message})", report["error"])
+    found = re.fullmatch(rf"{phase}: ({message})(?:{ACCOUNTS})?", report["error"])
     assert found, report["error"]
     return found
 
@@ -90,6 +91,15 @@ async def failed_run(
     async with Smoke(fake, tmp_path, *args) as smoke:
         assert await smoke.finish() == 1, smoke.stderr[-3000:]
     return fake, smoke, smoke.report()
+
+
+# the nodes' own accounts that a failure's message ends with, when a node did not simply answer
+ACCOUNTS = r"; pp-stage-\d+ .*\(each node's log tail: [^()]*\)"
+
+
+def cause(error: str) -> str:
+    """A failure's message less the nodes' accounts at its end."""
+    return re.sub(f"(?:{ACCOUNTS})$", "", error)
 
 
 def place(report: dict[str, Any], stage: int) -> str:
@@ -312,13 +322,19 @@ async def test_either_node_dropping_out_mid_decode_is_named_with_its_instance_an
     legit = detectors(report, stage)
     message = "|".join(f"(?:{m})" for m in legit.values())
     assert_failed_at(smoke, report, "decode", message)
-    fired = [who for who, m in legit.items() if re.fullmatch(m, report["error"].removeprefix("decode: "))]
+    fired = [who for who, m in legit.items() if re.fullmatch(m, cause(report["error"]).removeprefix("decode: "))]
     assert len(fired) == 1, (fired, report["error"])
     record_property("detector", fired[0])
     if state == "offline":  # no process ends and no connection closes: vast.ai's record is the first to know
         assert fired == ["vast.ai's record"], report["error"]
     if fired == ["vast.ai's record"]:  # what vast.ai said, as it said it
         assert f"vast.ai reports the instance {state} (" in report["error"], report["error"]
+    # its own account: dead (vast.ai shows its instance gone), never hung; the other answered
+    accounts = {i["stage"]: i for i in report["instances"]}
+    assert accounts[stage]["node_state"] == "dead", accounts[stage]
+    assert f"pp-stage-{stage} is dead: vast.ai shows its instance {state} (" in report["error"]
+    assert "hung" not in report["error"]
+    assert accounts[1 - stage]["node_state"] in ("answered", "stalled"), accounts[1 - stage]
     await assert_all_destroyed(fake, smoke, report, 2)
 
 

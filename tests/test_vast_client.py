@@ -512,3 +512,54 @@ async def test_the_boot_wait_ends_at_once_on_stopped_and_frozen_and_polls_a_slow
             with pytest.raises(NeverRuns, match=f"instance 7 is {state} \\(no status message\\); it will never run"):
                 await vast.wait_running(7, 60, 0.01)
             assert shown == 1
+
+
+async def test_request_logs_reads_the_result_url_without_the_key_polling_until_it_is_uploaded() -> None:
+    """vast-cli's two calls: ``request_logs`` (the key, ``tail`` as a string), then the result URL,
+    read with no key, every 0.3 s while it answers anything but 200; on the client's clock, and
+    given up at its deadline, naming the reads."""
+    seen: list[tuple[str, str, str | None, Any]] = []  # method, path, Authorization, body
+    uploaded_after = {"reads": 3}
+
+    async def handler(request: web.Request) -> web.Response:
+        body = await request.json() if request.body_exists else None
+        seen.append((request.method, request.path, request.headers.get("Authorization"), body))
+        if request.method == "PUT":
+            url = f"{request.url.origin()}/uploads/log-token-1"
+            return web.json_response({"success": True, "result_url": url, "msg": "logs uploaded"})
+        reads = sum(1 for m, *_ in seen if m == "GET")
+        if reads < uploaded_after["reads"]:
+            return web.Response(status=404, text="NoSuchKey")
+        return web.Response(text="line one\nmarker: here\n")
+
+    async with stub(handler) as url:
+        clock = Lockstep()
+        async with VastClient(KEY, url, clock=clock, sleep=clock.sleep) as vast:
+            clock.client = vast
+            start = clock()
+            assert await vast.request_logs(12, 50) == "line one\nmarker: here\n"
+            assert clock() - start == pytest.approx(2 * 0.3)  # two reads too early, 0.3 s apart
+            assert seen[0] == ("PUT", "/api/v0/instances/request_logs/12/", f"Bearer {KEY}", {"tail": "50"})
+            assert [(m, p, a) for m, p, a, _ in seen[1:]] == [("GET", "/uploads/log-token-1", None)] * 3
+            assert vast.stats.of("logs").calls == 1 and vast.stats.of("logs_result").calls == 3
+
+            seen.clear()
+            uploaded_after["reads"] = 1000  # never uploaded: the deadline ends the polls
+            vast.deadline = clock() + 1.0
+            with pytest.raises(VastError, match=r"not uploaded before the deadline \(4 reads; HTTP 404\)") as e:
+                await vast.request_logs(12, 50)
+            assert "log-token-1" not in str(e.value) and KEY not in str(e.value)
+            assert all(a is None for m, _, a, _ in seen if m == "GET")
+            with pytest.raises(ValueError, match="tail must be a number of lines >= 1, got 0"):
+                await vast.request_logs(12, 0)
+
+
+async def test_request_logs_against_the_emulator_records_both_calls() -> None:
+    async with emulator("") as fake, VastClient(KEY, fake.url) as vast:
+        iid = await vast.create_instance(OFFERS[0], image="i", env={}, label="ppsmoke-t-stage0")
+        assert vast.container_keys[iid] == fake.instances[iid].container_key
+        text = await vast.request_logs(iid, 5)
+        assert isinstance(text, str) and len(text.splitlines()) <= 5
+        calls = [(m, p.split("/ppsmoke/logs/")[0], s) for m, p, s in fake.requests if "logs" in p]
+        assert calls == [("PUT", f"/api/v0/instances/request_logs/{iid}/", 200), ("GET", "", 200)]
+        await vast.destroy_instance(iid)

@@ -335,6 +335,23 @@ class Rental:
                 lost.set_result(f"{inst.where}: {what}; its host was lost mid-run")
                 return
 
+    # --- an instance's own account, when a run fails -------------------------------------------
+
+    async def log_tail(self, inst: RentedInstance, lines: int) -> str:
+        """The last ``lines`` of the instance's log, as vast.ai serves it (``request_logs``, then
+        its result URL); VastError when vast.ai cannot."""
+        assert inst.id is not None
+        return await self.vast.request_logs(inst.id, lines)
+
+    async def state_now(self, inst: RentedInstance) -> tuple[str, str]:
+        """What vast.ai shows of the instance now: its ``actual_status`` (``missing`` once it is
+        no longer shown, ``null`` before it has one) and its status message."""
+        assert inst.id is not None
+        record = await self.vast.show_instance(inst.id)
+        if record is None:
+            return "missing", "vast.ai no longer shows the instance"
+        return record.actual_status or "null", record.status_msg
+
     # --- teardown ----------------------------------------------------------------------------
 
     async def close(self) -> None:

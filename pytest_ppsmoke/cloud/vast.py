@@ -1,4 +1,4 @@
-"""A vast.ai REST client on aiohttp: offers, create, show, label, list, destroy.
+"""A vast.ai REST client on aiohttp: offers, create, show, label, list, destroy, logs.
 
     async with VastClient(api_key) as vast:
         offers = await vast.search_offers(OfferQuery(gpu_ram_gb=16, max_dph=1.0))
@@ -26,6 +26,9 @@ error. Every call has a timeout. How vast.ai misbehaves, and what the client doe
   can move to the next offer.
 - A destroy answered 404 means the instance is already gone. A destroyed instance may still be
   listed for a while; :func:`going_away` says whether its record shows it on its way out.
+- An instance's logs come in two calls, as vast-cli makes them: ``request_logs`` answers a
+  ``result_url`` (an upload, readable by whoever holds the URL), which is then read without the
+  key, polled while it is not there yet (:data:`LOG_POLLS` times, :data:`LOG_POLL_INTERVAL` apart).
 
 ``VastClient.stats`` counts, per endpoint (:data:`VAST_ENDPOINTS`' names), the calls, the 429s, the
 other retries and the seconds spent waiting on retries and on pacing; ``stats.summary()`` is for
@@ -82,6 +85,7 @@ PACE_MARGIN = 1.05  # a paced endpoint's calls are this much more than its thres
 # every create for 12 s): a run's creates are paced by it from the first, since a second create
 # refused costs the whole penalty where pacing costs the threshold once
 VAST_PACE = {"create": 4.5}
+LOG_POLLS, LOG_POLL_INTERVAL = 30, 0.3  # vast-cli's reads of a log's result URL while it is not uploaded yet
 
 
 class _Retries:
@@ -188,6 +192,8 @@ class VastClient:
         self._pace_locks: dict[str, asyncio.Lock] = {}
         self._last_send: dict[str, float] = {}
         self._session: aiohttp.ClientSession | None = None
+        self._bare: aiohttp.ClientSession | None = None  # no key: for URLs vast.ai hands out (logs)
+        self.container_keys: dict[int, str] = {}  # each created instance's own key (its create's answer)
 
     @property
     def calls(self) -> int:
@@ -203,6 +209,11 @@ class VastClient:
     def __repr__(self) -> str:
         return f"VastClient({self.base_url!r})"  # never the key
 
+    def secrets(self) -> list[str]:
+        """What the client holds that must never be shown: its API key and each created instance's
+        own key (for a redactor; never logged)."""
+        return [self._key, *self.container_keys.values()]
+
     async def __aenter__(self) -> VastClient:
         return self
 
@@ -212,9 +223,10 @@ class VastClient:
         await self.close()
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        for session in (self._session, self._bare):
+            if session is not None:
+                await session.close()
+        self._session = self._bare = None
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -344,9 +356,12 @@ class VastClient:
             data = _parse("PUT", path, status, text) if status else None
             if 200 <= status < 300 and isinstance(data, dict) and data.get("success") is not False:
                 try:
-                    return int(data["new_contract"])
+                    iid = int(data["new_contract"])
                 except (KeyError, TypeError, ValueError):
                     raise VastError("PUT", path, status, f"no new_contract among {sorted(data)}") from None
+                if isinstance(data.get("instance_api_key"), str):  # a secret to keep out of its logs
+                    self.container_keys[iid] = data["instance_api_key"]
+                return iid
             if status in (404, 410) and isinstance(data, dict) and data.get("error") == "no_such_ask":
                 what = f"{_error_text(data)} (the offer was taken between search and create)"
                 raise OfferGone("PUT", path, status, what)
@@ -423,6 +438,45 @@ class VastClient:
                 return [i for i in out if (i.label or "").startswith(label_prefix)]
             params = {"limit": "25", "after_token": str(token)}
         raise VastError("GET", "/api/v1/instances/", 200, "more than 1000 pages of instances")
+
+    async def request_logs(self, instance_id: int, tail: int) -> str:
+        """The last ``tail`` lines of the instance's log, as ``vastai logs`` reads them: ask for
+        them (``request_logs``: vast.ai uploads them and answers the ``result_url``), then read
+        that URL without the key (it is another host's, and needs none), polling while it answers
+        anything but 200, up to :data:`LOG_POLLS` reads within the client's deadline."""
+        if not isinstance(tail, int) or isinstance(tail, bool) or tail < 1:
+            raise ValueError(f"tail must be a number of lines >= 1, got {tail!r}")
+        path = f"/api/v0/instances/request_logs/{instance_id}/"
+        data = await self._ok("PUT", path, body={"tail": str(tail)})  # a string, as vast-cli sends it
+        url = data.get("result_url") if isinstance(data, dict) else None
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise VastError("PUT", path, 200, f"expected {{'result_url': 'http...'}}, got {shape(data)}")
+        return await self._read_result(url)
+
+    async def _read_result(self, url: str) -> str:
+        """The text at a log's result URL, once uploaded: read with no key, every
+        :data:`LOG_POLL_INTERVAL` seconds while it answers anything but 200."""
+        stats = self.stats.of("logs_result")
+        shown = url.split("?", 1)[0].rsplit("/", 1)[0] + "/..."  # the token stays out of messages
+        if self._bare is None:
+            self._bare = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout), trust_env=True)
+        last = "no read yet"
+        for poll in range(1, LOG_POLLS + 1):
+            stats.calls += 1
+            try:
+                async with self._bare.get(url) as resp:
+                    if resp.status == 200:
+                        return await resp.text()
+                    last = f"HTTP {resp.status}"
+            except (aiohttp.ClientError, TimeoutError) as e:
+                last = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            if poll == LOG_POLLS:
+                break
+            if self.deadline is not None and self.clock() + LOG_POLL_INTERVAL > self.deadline:
+                raise VastError("GET", shown, 0, f"the log was not uploaded before the deadline ({poll} reads; {last})")
+            stats.retry_wait_s += LOG_POLL_INTERVAL
+            await self.sleep(LOG_POLL_INTERVAL)
+        raise VastError("GET", shown, 0, f"the log was not uploaded after {LOG_POLLS} reads ({last})")
 
     async def wait_running(
         self,

@@ -29,8 +29,10 @@ import json
 import logging
 import signal
 import sys
+from pathlib import Path
 
 from ..protocol import PhaseError
+from .accounts import WHERE
 from .driver import SmokeRun
 from .progress import Progress
 from .settings import GROUPS, OPTIONS, STEPS, VAST_URL, Parser, SettingError, Settings, in_face, read
@@ -181,11 +183,23 @@ def main(argv: list[str] | None = None) -> int:
         f"pp-smoke-run: {r.destroyed()} of {len(r.instances)} instance(s) destroyed; cost ${r.cost_usd:.4f}",
         file=sys.stderr,
     )
+    if not r.ok and args.verbose:  # each node's account of the failure, in its own words
+        for name, text in r.tails():
+            print(f"pp-smoke-run: {name}:\n  " + "\n  ".join(text.splitlines()), file=sys.stderr)
     if not r.ok and r.error != r.teardown_error:  # the first cause, last: what a user reads first
-        print(f"pp-smoke-run: failed at {r.headline()}", file=sys.stderr)
+        print(f"pp-smoke-run: failed at {tails_pointed(r.headline(), settings.report, args.verbose)}", file=sys.stderr)
     if settings.report:
         settings.report.write_text(json.dumps(r.to_json(), indent=2) + "\n")
     return r.exit_code
+
+
+def tails_pointed(line: str, report: Path | None, verbose: bool) -> str:
+    """The one-line failure, pointing where each node's log tail is: the report file given, the
+    lines above (``-v``), or how to have them."""
+    where = f"{report}'s instances[].log_tail" if report else ""
+    if verbose:
+        where = f"above{f', and in {where}' if where else ''}"
+    return line.replace(WHERE, where or f"pp-smoke-run -v, or {WHERE} with --report FILE")
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ from ..cloud.vast import VastClient, going_away
 from ..protocol import PhaseError, stage_name
 from ..runtime.errors import RemoteError
 from ..runtime.resource import Resource
+from . import accounts
 from .check import refusal
 from .deployment import Deployment
 from .pipeline import InferenceResult, request_reference, run_inference
@@ -51,6 +52,8 @@ REFERENCE_MARGIN = 2.0  # seconds of budget the reference step leaves for itself
 
 OnPhase = Callable[[str, float, str], None]
 
+ACCOUNTS_TIMEOUT = 12.0  # seconds the nodes' accounts of a failure may take, at most
+ACCOUNTS_LEAST = 3.0  # and at least, even when the steps' deadline has passed (before the teardown)
 LATE_TEARDOWN = 0.5  # the share of teardown_timeout a teardown gets even when the budget is spent
 
 
@@ -113,6 +116,7 @@ class SmokeRun(Resource):
         self.result: InferenceResult | None = None
         self.stage_paths: dict[str, Any] = {}  # how each stage reached its peers (the request's StageStats)
         self.failure: PhaseError | None = None
+        self.accounts: dict[int, accounts.Account] = {}  # each node's own account of a failure, by stage
         self.failed_step: str | None = None  # the step that failed: every later one fails with it
         self.out_of_budget = False  # the failure is the budget's: the steps' deadline passed
         self.done: set[str] = set()
@@ -201,7 +205,7 @@ class SmokeRun(Resource):
             async with asyncio.timeout(self.remaining()):
                 await self._do(step, dep)
         except PhaseError as e:
-            self._failed(step, e)
+            self._failed(step, await self._accounted(e))
         except TimeoutError:
             if self.remaining() > 0:  # a deadline of the step's own, not the budget
                 raise
@@ -209,7 +213,26 @@ class SmokeRun(Resource):
             self.out_of_budget = True
             spent = f"the run did not finish within its budget of {s.budget:g} s"
             kept = f"{s.teardown_timeout:g} s of it kept for the teardown"
-            self._failed(step, PhaseError(dep.phase, f"{spent} ({kept})"))
+            self._failed(step, await self._accounted(PhaseError(dep.phase, f"{spent} ({kept})")))
+
+    async def _accounted(self, e: PhaseError) -> PhaseError:
+        """Each node's own account of the failure (``accounts.gather``), before anything is torn
+        down, kept for the report; ``e`` with the words of every node not simply answering. An
+        account that cannot be had never hides ``e``."""
+        dep = self.deployment
+        if dep is None or self.accounts or not any(i.id is not None for i in dep.instances):
+            return e
+        timeout = min(ACCOUNTS_TIMEOUT, max(self.remaining(), ACCOUNTS_LEAST))
+        secrets = [*(self.vast.secrets() if self.vast is not None else ()), *dep.keys.keys]
+        try:
+            self.accounts = await accounts.gather(dep.seed, dep.rental, secrets, timeout)
+        except Exception:
+            log.exception("the nodes' accounts of the failure could not be gathered")
+            return e
+        finally:
+            self._take_figures()
+        words = accounts.failure_words(self.accounts)
+        return PhaseError(e.phase, f"{e.reason}; {words}") if words else e
 
     def _failed(self, step: str, e: PhaseError) -> None:
         self.failure, self.failed_step = e, step
@@ -320,7 +343,10 @@ class SmokeRun(Resource):
             return
         r.timings.update(dep.timings)
         r.preflight = dep.preflight.summary() if dep.preflight is not None else None
-        r.instances = [i.summary() for i in dep.instances]
+        r.instances = [
+            {**i.summary(), **(a.summary() if (a := self.accounts.get(i.stage)) else accounts.NO_ACCOUNT)}
+            for i in dep.instances
+        ]
         r.cost_usd = round(dep.cost_usd(), 6)
         r.creates_sent = dep.creates_sent
         r.offers_skipped = list(dep.offers_skipped)

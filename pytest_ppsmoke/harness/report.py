@@ -194,6 +194,18 @@ class Report:
             out.append(("", "ppsmoke_error", self.error))
         return out
 
+    def tails(self) -> list[tuple[str, str]]:
+        """Each node's account of a failure as a JUnit property of the failing test:
+        ``ppsmoke_log_tail_pp-stage-N``, its words, then its log tail (where it came from)."""
+        out = []
+        for i in self.instances:
+            if i.get("node_state") is None:
+                continue
+            source = f"its log from {i['log_source']}:" if i.get("log_source") else "no log could be read"
+            text = "\n".join([i.get("node_words") or i["node_state"], source, *i.get("log_tail", [])])
+            out.append((f"ppsmoke_log_tail_{stage_name(i['stage'])}", text))
+        return out
+
     def properties(self) -> list[tuple[str, Any]]:
         """The figures as JUnit properties, each once."""
         return [(name, value) for _, name, value in self.figures()]
@@ -226,6 +238,8 @@ class Report:
         for i in self.instances:
             gpu = (i.get("offer") or {}).get("gpu_name", "?")
             lines.append(f"instance {i['id']} stage {i['stage']}: {gpu} ${i['dph_total']:.4f}/h, {i['final_state']}")
+            if i.get("node_words"):
+                lines.append(f"  {i['node_words']}")
         failed = f"; failed at {self.failed_phase or 'the start'} (the error is shown above)" if self.error else ""
         lines.append(f"cost ${self.cost_usd:.4f}{failed}")
         return lines

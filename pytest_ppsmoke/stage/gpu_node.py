@@ -82,6 +82,7 @@ from ..runtime.logring import LogRing
 from ..runtime.node import Context, Node
 from ..runtime.stalls import LoopWatch
 from ..runtime.swim import MemberEvent
+from . import markers
 from .account import StatusActor
 from .bridge import WorkerBridge, WorkerDied, WorkerError
 from .lifetime import Settings, container_env, give_up, guard_lifetime
@@ -532,7 +533,9 @@ class StageActor:
 
 
 async def _slow_decode() -> None:
-    """The failpoint ``node.slow_decode``: a decode step that takes this long more."""
+    """The failpoint ``node.slow_decode``: a decode step that takes this long more (and
+    ``node.say``'s marker at each step)."""
+    markers.say("decode step")
     if failpoints.on("node.slow_decode"):
         await asyncio.sleep(failpoints.value("node.slow_decode"))
 
@@ -579,6 +582,8 @@ async def run(settings: Settings, ring: LogRing) -> None:
         joining.result()
         watch.on_stall.append(lambda stall: node.membership.loop_stalled(stall.seconds))  # local health
         emit({"event": "joined", "id": node.id, "stage": stage})
+        markers.say("joined")
+        markers.log_secrets(settings.env)
         if stage == 0 and settings.env.reference == "beside":
             ref_env = {**inherited(), **worker_env.replace(worker_role="reference").to_env()}
             ref_bridge = WorkerBridge(argv, ref_env, f"{stage_name(0)}'s reference")

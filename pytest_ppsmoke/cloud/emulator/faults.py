@@ -93,6 +93,7 @@ def loses_hosts(faults: failpoints.Scenario) -> bool:
     return bool(
         faults.on("vast.kill_stage")
         or faults.value("vast.lose_host")
+        or faults.value("vast.freeze_stage")
         or faults.value("vast.partition")
         or faults.on("vast.isolate_orchestrator")
     )
@@ -116,8 +117,8 @@ class Signals(Protocol):
 class HostLoss:
     """Once vast.kill_after_tokens tokens were sampled (by any node): kill vast.kill_stage's
     instance (its node crashes; vast.ai shows it ``exited``), let vast.lose_host's hosts die,
-    cut vast.partition's stages off the network and vast.isolate_orchestrator's host off every
-    node."""
+    freeze vast.freeze_stage's nodes (vast.ai still shows them ``running``), cut vast.partition's
+    stages off the network and vast.isolate_orchestrator's host off every node."""
 
     def __init__(self, emulator: Hosts, runtime: Signals) -> None:
         self.emulator, self.runtime = emulator, runtime
@@ -129,6 +130,8 @@ class HostLoss:
         targets: dict[int, str] = dict(f.value("vast.lose_host"))
         if f.on("vast.kill_stage"):
             targets.setdefault(f.value("vast.kill_stage"), "killed")
+        for stage in f.value("vast.freeze_stage"):
+            targets.setdefault(stage, "frozen")
         cuts: dict[int, tuple[str, float]] = dict(f.value("vast.partition"))
         isolate = f.value("vast.isolate_orchestrator")
         hit: set[int] = set()
@@ -167,6 +170,23 @@ class HostLoss:
             await vast.network.partition("host", "both", isolate)
             vast.isolated_until = time.monotonic() + isolate  # from vast.ai's API too
 
+    def _freeze(self, inst: Instance) -> None:
+        """vast.freeze_stage: the node's process group stopped while its instance runs on (a node
+        starved of CPU, or hung), continued after its seconds (0: never). A destroy continues and
+        ends it (``ChildProcess.stop``); a continue after that signals nothing."""
+        assert inst.stage is not None
+        self.runtime.signal(inst, signal.SIGSTOP)
+        seconds = self.emulator.faults.value("vast.freeze_stage")[inst.stage]
+        if seconds:
+            proc = inst.proc
+
+            def resume() -> None:
+                if inst.proc is proc and proc is not None and proc.proc is not None and proc.proc.returncode is None:
+                    log.warning("instance %d (stage %d): continued after %g s", inst.id, inst.stage, seconds)
+                    self.runtime.signal(inst, signal.SIGCONT)
+
+            asyncio.get_running_loop().call_later(seconds, resume)
+
     def _lose(self, inst: Instance, how: str, sampled: int) -> None:
         """``inst``'s node is killed ("killed": a crash), or its host dies: "offline" (unreachable:
         the node's process group is frozen) or "exited" (the container is gone: killed). The status
@@ -174,6 +194,9 @@ class HostLoss:
         log.warning("instance %d (stage %s) after %d tokens: %s", inst.id, inst.stage, sampled, how)
         if how == "killed":
             self.runtime.signal(inst, signal.SIGKILL)
+            return
+        if how == "frozen":
+            self._freeze(inst)
             return
         inst.host_lost(how)
         self.runtime.signal(inst, signal.SIGSTOP if how == "offline" else signal.SIGKILL)

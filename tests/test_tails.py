@@ -1,0 +1,147 @@
+"""Each node's own account of a failed run, end to end (``pp-smoke-run`` against the emulator):
+a node frozen mid-decode is named hung, its marker in the tail vast.ai's logs served (the
+emulator's record shows ``request_logs``, then the read of its result URL), the other's tail
+from the cluster; a node frozen for a few seconds and continued is named stalled, in its own
+words; the nodes' own keys, logged in text, hex and base64, appear nowhere. (A node killed is
+named dead: ``test_lifecycle.py``'s drop-out test.)"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import secrets
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_ppsmoke.cloud.emulator.logs import RESULT_PATH
+from pytest_ppsmoke.cloud.emulator.server import FakeVast
+from pytest_ppsmoke.cloud.rental import RentedInstance
+from pytest_ppsmoke.cloud.vastrecords import Offer
+from pytest_ppsmoke.harness import accounts
+from pytest_ppsmoke.redact import forms
+from pytest_ppsmoke.stage.gpu_node import StatusActor
+
+from .smoke import KEY, Smoke, assert_nothing_left
+
+pytestmark = pytest.mark.local
+# the node's side (its status actor answering LogTailQuery) lands apart: until it does, the runs
+# whose checks need a node's own tail over the cluster cannot pass
+NODE_TELLS = pytest.mark.skipif(
+    not hasattr(StatusActor, "on_log_tail_query"), reason="the node does not answer LogTailQuery yet"
+)
+
+
+async def failed(
+    emulator: Callable[[str], Any], tmp_path: Path, faults: str, tokens: int = 512
+) -> tuple[FakeVast, Smoke, dict[str, Any]]:
+    fake = await emulator(faults)
+    args = ("--max-tokens", str(tokens), "--budget", "120", "--reference", "off")
+    async with Smoke(fake, tmp_path, *args) as smoke:
+        assert await smoke.finish() == 1, smoke.stderr[-3000:]
+    return fake, smoke, smoke.report()
+
+
+def every_secret(fake: FakeVast) -> list[str]:
+    """Every key the run held: the API key, each instance's container key and node key, and the
+    orchestrator's own cluster key (in a node's allowlist only as its id, which is public)."""
+    found = [KEY]
+    for inst in fake.destroyed:
+        found += [inst.container_key, inst.env["PP_NODE_KEY"]]
+    return found
+
+
+def leaks(text: str, keys: list[str]) -> list[str]:
+    """Each form of each key (as written, its bytes in hex either case, base64 at any offset)
+    found in ``text``."""
+    lowered = text.lower()
+    return [f for k in keys for f in forms(k) if (f.lower() in lowered if re.fullmatch(r"[0-9a-f]+", f) else f in text)]
+
+
+@NODE_TELLS
+async def test_a_node_frozen_mid_decode_is_hung_its_tail_from_vast_ais_logs_and_no_key_shows(
+    emulator: Callable[[str], Any], tmp_path: Path
+) -> None:
+    word = f"frozen-{secrets.token_hex(4)}"
+    faults = f"vast.say=1:{word};vast.freeze_stage=1:0;vast.kill_after_tokens=3;vast.log_secrets=0,1"
+    fake, smoke, report = await failed(emulator, tmp_path, faults)
+    nodes = {i["stage"]: i for i in report["instances"]}
+    frozen, other = nodes[1], nodes[0]
+    assert frozen["node_state"] == "hung" and frozen["log_source"] == "vast.ai logs", frozen
+    assert any(f"marker: {word} (decode step)" in line for line in frozen["log_tail"]), frozen["log_tail"]
+    assert 0 < len(frozen["log_tail"]) <= 50 and len("\n".join(frozen["log_tail"]).encode()) <= 8192
+    assert other["node_state"] in ("answered", "stalled") and other["log_source"] == "cluster", other
+    assert "pp-stage-1 is hung, or cut off: no answer over the cluster" in report["error"], report["error"]
+    assert "pp-stage-1 is dead" not in report["error"]
+    line = next(ln for ln in smoke.stderr.splitlines() if ln.startswith("pp-smoke-run: failed at "))
+    assert f"{smoke.report_path}'s instances[].log_tail" in line, line
+    # vast.ai's logs: asked for the frozen one alone, then its result URL read
+    iid = frozen["id"]
+    calls = [(m, p) for m, p, _ in fake.requests if "request_logs" in p or p.startswith(RESULT_PATH)]
+    assert [m for m, _ in calls] == ["PUT", "GET"], calls
+    assert calls[0][1] == f"/api/v0/instances/request_logs/{iid}/" and calls[1][1].startswith(RESULT_PATH)
+    # both nodes logged their keys (the frozen one through vast.ai, the other through the cluster):
+    # the lines are there, the keys are not, in any form, anywhere
+    for node in (frozen, other):
+        assert any("node.log_secrets: node key in hex [redacted]" in ln for ln in node["log_tail"]), node["log_tail"]
+    keys = every_secret(fake)
+    for where, text in (("report", json.dumps(report)), ("stdout", smoke.stdout), ("stderr", smoke.stderr)):
+        assert not leaks(text, keys), f"a key in the {where}"
+    await assert_nothing_left(fake, smoke, 2)
+
+
+@NODE_TELLS
+async def test_a_node_frozen_then_continued_is_named_stalled_in_its_own_words(
+    emulator: Callable[[str], Any], tmp_path: Path
+) -> None:
+    """Frozen for 4 s after the second token, then continued; the run fails on its last stage's
+    empty text (or on the freeze itself, were SWIM to declare the node dead meanwhile): either
+    way the node answers for itself, with the stall it measured."""
+    fake, smoke, report = await failed(
+        emulator, tmp_path, "vast.freeze_stage=1:4;vast.kill_after_tokens=2;vast.empty_text=1", 8
+    )
+    node = next(i for i in report["instances"] if i["stage"] == 1)
+    assert node["node_state"] == "stalled" and node["log_source"] == "cluster", node
+    assert max(s["seconds"] for s in node["stalls"]) >= 3.0, node["stalls"]  # a lower bound only
+    assert re.search(r"pp-stage-1 stalled for \d+\.\d s \(its loop was starved\)", report["error"]), report["error"]
+    await assert_nothing_left(fake, smoke, 2)
+
+
+class _Rental:
+    """What accounts.gather needs of a Rental: its instances, vast.ai's state of each, its log."""
+
+    def __init__(self, states: dict[int, str], log: str) -> None:
+        offer = Offer.from_json({"id": 1, "dph_total": 0.1})
+        self.instances = [RentedInstance(s, offer, f"l{s}", id=100 + s) for s in states]
+        self.states, self.log, self.asked = states, log, []
+
+    async def state_now(self, inst: Any) -> tuple[str, str]:
+        return self.states[inst.stage], "as shown"
+
+    async def log_tail(self, inst: Any, lines: int) -> str:
+        self.asked.append((inst.stage, lines))
+        return self.log
+
+
+async def test_an_account_from_vast_ai_is_redacted_here_capped_and_named_by_vast_ais_state() -> None:
+    """vast.ai's text is redacted by the orchestrator itself (vast.ai does not redact), in every
+    form; a running instance whose node gives no account is hung, a gone one dead."""
+    node_key = secrets.token_bytes(32)
+    log = "\n".join(
+        [f"early {i}" for i in range(80)]
+        + [f"key {KEY}", f"hex {node_key.hex().upper()}", f"b64 {base64.b64encode(b'xy' + node_key).decode()}"]
+    )
+    rental = _Rental({0: "running", 1: "exited", 2: "missing", 3: "loading"}, log)
+    found = await accounts.gather(None, rental, [KEY, node_key], 5.0)  # type: ignore[arg-type]
+    assert {s: a.state for s, a in found.items()} == {0: "hung", 1: "dead", 2: "dead", 3: "unknown"}
+    assert found[0].words.startswith("pp-stage-0 is hung, or cut off: the orchestrator had no cluster")
+    assert found[1].words.startswith("pp-stage-1 is dead: vast.ai shows its instance exited")
+    tail = found[0].lines
+    assert len(tail) == 50 and tail[-3:] == ["key [redacted]", "hex [redacted]", tail[-1]] and "[redacted]" in tail[-1]
+    assert not leaks("\n".join(tail), [KEY, node_key.hex()]) and found[0].source == "vast.ai logs"
+    assert rental.asked == [(s, 50) for s in range(4)]
+    assert accounts.capped(["x" * 10] * 5, 50, 25) == ["x" * 10] * 2  # the byte cap keeps the newest
+    assert "each node's log tail: the report's instances[].log_tail" in accounts.failure_words(found)
