@@ -43,9 +43,10 @@ def _forms(secret: bytes) -> set[str]:
 
 def forms(secret: str | bytes) -> set[str]:
     """Every text form of ``secret`` that :class:`Redactor` replaces: as written (text), the
-    bytes of its text, and, for a hex string, the bytes it stands for."""
+    bytes of its text, and, for a hex string, the bytes it stands for; bytes also as their hex
+    text, with that text's own forms."""
     if isinstance(secret, bytes):
-        found = _forms(secret)
+        found = _forms(secret) | forms(secret.hex())  # a key held as bytes is written as its hex
         try:
             text = secret.decode()
         except UnicodeDecodeError:

@@ -57,3 +57,7 @@ def test_bytes_secrets_are_matched_as_bytes_and_as_their_text() -> None:
     r = Redactor([key, API.encode()])
     assert r.text(f"k={key.hex()} b={base64.b64encode(b'x' + key).decode()}").count(REDACTED) == 2
     assert r.text(f"api {API}") == f"api {REDACTED}"
+    # a key held as bytes and written as its hex text, that text then encoded again
+    assert REDACTED in r.text(key.hex().encode().hex()) and REDACTED in r.text(
+        base64.b64encode(key.hex().encode()).decode()
+    )

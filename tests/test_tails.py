@@ -101,10 +101,11 @@ async def test_a_node_frozen_then_continued_is_named_stalled_in_its_own_words(
     empty text (or on the freeze itself, were SWIM to declare the node dead meanwhile): either
     way the node answers for itself, with the stall it measured."""
     fake, smoke, report = await failed(
-        emulator, tmp_path, "vast.freeze_stage=1:4;vast.kill_after_tokens=2;vast.empty_text=1", 8
-    )
+        emulator, tmp_path, "vast.freeze_stage=1:4;vast.kill_after_tokens=2;vast.empty_text=1;vast.slow_decode=0.1", 64
+    )  # 62 steps of 0.1 s after the trigger: the freeze lands mid-decode, not after the run's end
     node = next(i for i in report["instances"] if i["stage"] == 1)
-    assert node["node_state"] == "stalled" and node["log_source"] == "cluster", node
+    said = {k: node[k] for k in ("node_state", "node_words", "log_source", "stalls")}
+    assert node["node_state"] == "stalled" and node["log_source"] == "cluster", (said, report["error"])
     assert max(s["seconds"] for s in node["stalls"]) >= 3.0, node["stalls"]  # a lower bound only
     assert re.search(r"pp-stage-1 stalled for \d+\.\d s \(its loop was starved\)", report["error"]), report["error"]
     await assert_nothing_left(fake, smoke, 2)
