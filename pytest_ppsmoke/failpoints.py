@@ -280,6 +280,14 @@ POINTS: dict[str, Point] = {
             "vast.kill_after_tokens", COUNT, ROW_DROP, "how many tokens vast.kill_stage and vast.lose_host wait for", 1
         ),
         Point(
+            "vast.status_lag",
+            SECONDS,
+            ROW_DROP,
+            "an instance whose node ended (vast.kill_stage, a crash) still shows running for this long (its host "
+            "reports late): vast.ai's record is then not the first to know, the cluster's failure detection is",
+            0.0,
+        ),
+        Point(
             "vast.lose_host",
             LOSSES,
             ROW_DROP,
