@@ -27,8 +27,10 @@ timeout is a cause like any other):
   sampled (``vast.kill_stage=1;vast.kill_after_tokens=3``) and vast.ai's record of it lagging by
   60 s (``vast.status_lag=60``: the host watch would otherwise be first to know, and SWIM's delay
   would go unmeasured). It must fail in the decode phase naming pp-stage-1, and the orchestrator's
-  SWIM must declare pp-stage-1 dead (``swim.deaths`` in the report) within SWIM's detection bound
-  for a lone accuser (``SwimConfig.detection_bound``) from the kill (``emulator.host_losses``).
+  SWIM must declare pp-stage-1 dead within SWIM's detection bound for a lone accuser
+  (``SwimConfig.detection_bound``) from the kill (``emulator.host_losses``): the orchestrator's
+  declaration (``swim.deaths``), or, where stage 0's SWIM ended the run first, the failure's time
+  (``failed_at``: stage 0's declaration and one message to the orchestrator, an upper bound).
 
 A failure is false unless the run was meant to fail (a ``detect`` run that fails as it should is
 no failure; one that does anything else is a false failure). Causes are normalised (numbers,
@@ -243,13 +245,17 @@ def detection(report: dict[str, Any] | None, rc: int, tail: str) -> dict[str, An
     deaths = [x for x in swim.get("deaths", []) if x.get("member") == lost]
     if not kills:
         return {**out, "cause": "no kill recorded (emulator.host_losses)"}
-    if not deaths:
-        return {**out, "cause": f"the orchestrator's SWIM never declared {lost} dead (swim.deaths)"}
-    seconds = round(deaths[0]["at"] - kills[0]["at"], 3)
+    if deaths:
+        declared, by = deaths[0]["at"], "the orchestrator's SWIM"
+    elif "'s SWIM declared it dead" in (report.get("error") or "") and report.get("failed_at"):
+        declared, by = report["failed_at"], "pp-stage-0's SWIM, as the run learnt it"  # an upper bound
+    else:
+        return {**out, "cause": f"no SWIM declared {lost} dead (swim.deaths, the error)"}
+    seconds = round(declared - kills[0]["at"], 3)
     bound = swim_bound(swim, 1 + int(report.get("num_stages") or 2))
     within = seconds <= bound["lone_s"]
     awareness = (swim.get("stats") or {}).get("awareness")
-    out.update(detection_s=seconds, bound=bound, within=within, awareness=awareness)
+    out.update(detection_s=seconds, declared_by=by, bound=bound, within=within, awareness=awareness)
     out["cause"] = None if within else f"SWIM declared {lost} dead after the bound"
     return out
 

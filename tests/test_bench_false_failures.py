@@ -97,7 +97,19 @@ def test_a_detect_run_is_judged_by_its_phase_its_stage_and_swims_delay_against_t
     late = ff.detection(detect_report(100.0, 113.5), 1, "")
     assert late["cause"] == "SWIM declared pp-stage-1 dead after the bound" and not late["within"]
     assert ff.detection(detect_report(100.0, None), 1, "")["cause"] == (
-        "the orchestrator's SWIM never declared pp-stage-1 dead (swim.deaths)"
+        "no SWIM declared pp-stage-1 dead (swim.deaths, the error)"
+    )
+    by_stage0 = detect_report(
+        100.0, None, failed_at=104.25, error="decode: x: pp-stage-1 dropped out: pp-stage-0's SWIM declared it dead"
+    )
+    found = ff.detection(by_stage0, 1, "")
+    assert (found["cause"], found["detection_s"], found["declared_by"]) == (
+        None,
+        4.25,
+        "pp-stage-0's SWIM, as the run learnt it",
+    )
+    assert ff.detection({**by_stage0, "failed_at": 200.0}, 1, "")["cause"] == (
+        "SWIM declared pp-stage-1 dead after the bound"
     )
     wrong = ff.detection(detect_report(100.0, 103.0, failed_phase="load", error="load: slow"), 1, "")
     assert wrong["cause"] == "load: slow"

@@ -329,7 +329,8 @@ async def test_a_killed_stage_whose_record_lags_is_found_by_the_cluster_and_its_
     emulator: Callable[[str], Any], tmp_path: Path
 ) -> None:
     """vast.ai's record of a SIGKILLed stage 60 s late (``vast.status_lag``): the cluster, not the
-    host watch, finds the stage gone; a SWIM death is in the report with its time, after the kill."""
+    host watch, finds the stage gone; the orchestrator's SWIM deaths and the failure carry their
+    times, after the kill."""
     fake, smoke, report = await failed_run(
         emulator,
         tmp_path,
@@ -345,9 +346,10 @@ async def test_a_killed_stage_whose_record_lags_is_found_by_the_cluster_and_its_
     assert fired and fired != ["vast.ai's record"], report["error"]
     [loss] = fake.host_losses
     deaths = [d for d in report["swim"]["deaths"] if d["member"] == "pp-stage-1"]
-    if "SWIM" in fired[0]:  # a SWIM ended the run: the orchestrator knows of the death, by its probes or gossip
+    if fired == ["the orchestrator's SWIM"]:  # its own declaration, recorded with its time
         assert deaths, report["swim"]
     assert all(d["at"] > loss["at"] for d in deaths), (deaths, loss)
+    assert report["failed_at"] > loss["at"], (report["failed_at"], loss)  # the run learnt of it after the kill
     await assert_all_destroyed(fake, smoke, report, 2)
 
 
