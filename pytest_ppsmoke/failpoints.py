@@ -332,6 +332,14 @@ POINTS: dict[str, Point] = {
             "node.log_secrets",
         ),
         Point(
+            "vast.status_lag",
+            SECONDS,
+            ROW_DROP,
+            "an instance whose node ended (vast.kill_stage, a crash) still shows running for this long (its host "
+            "reports late): vast.ai's record is then not the first to know, the cluster's failure detection is",
+            0.0,
+        ),
+        Point(
             "vast.lose_host",
             LOSSES,
             ROW_DROP,

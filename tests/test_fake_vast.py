@@ -225,6 +225,23 @@ async def test_lost_hosts_go_offline_frozen_or_exited_killed(fake: FakeVast) -> 
     await until("killed", lambda: proc_state(offline) == "gone", seconds=3)
 
 
+@pytest.mark.parametrize(
+    "fake", [("vast.kill_stage=0;vast.kill_after_tokens=1;vast.status_lag=600", TOKENER)], indirect=True
+)
+async def test_a_killed_node_with_a_lagging_record_still_shows_running_and_its_kill_is_recorded(
+    fake: FakeVast,
+) -> None:
+    [offer] = (await search(fake))[:1]
+    iid = (await create(fake, offer, 0))[1]["new_contract"]
+    inst = fake.instances[iid]
+    await until("killed and reaped", lambda: inst.proc is not None and proc_state(inst) == "gone")
+    rec = await show(fake, iid)  # the node is gone; its host has not said so yet
+    assert rec["actual_status"] == "running", states(rec)
+    [loss] = fake.host_losses
+    assert (loss["instance"], loss["stage"], loss["how"], loss["after_tokens"]) == (iid, 0, "killed", 1), loss
+    assert (await call(fake, "DELETE", f"/api/v0/instances/{iid}/"))[0] == 200
+
+
 # --- the official vastai SDK and CLI -----------------------------------------------------------
 
 

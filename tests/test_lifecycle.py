@@ -335,7 +335,50 @@ async def test_either_node_dropping_out_mid_decode_is_named_with_its_instance_an
     assert f"pp-stage-{stage} is dead: vast.ai shows its instance {state} (" in report["error"]
     assert "hung" not in report["error"]
     assert accounts[1 - stage]["node_state"] in ("answered", "stalled"), accounts[1 - stage]
+    [loss] = fake.host_losses  # what the emulator did, and when: a detector's delay counts from it
+    assert (loss["stage"], loss["how"]) == (stage, "killed" if state == "exited" else state), loss
+    assert loss["after_tokens"] >= 3 and loss["at"] > 0, loss
     await assert_all_destroyed(fake, smoke, report, 2)
+
+
+async def test_a_killed_stage_whose_record_lags_is_found_by_the_cluster_and_its_death_timed(
+    emulator: Callable[[str], Any], tmp_path: Path
+) -> None:
+    """vast.ai's record of a SIGKILLed stage 60 s late (``vast.status_lag``): the cluster, not the
+    host watch, finds the stage gone; the orchestrator's SWIM deaths and the failure carry their
+    times, after the kill."""
+    fake, smoke, report = await failed_run(
+        emulator,
+        tmp_path,
+        "vast.kill_stage=1;vast.kill_after_tokens=3;vast.status_lag=60",
+        "--max-tokens",
+        "512",
+        "--budget",
+        "120",
+    )
+    legit = detectors(report, 1)
+    assert_failed_at(smoke, report, "decode", "|".join(f"(?:{m})" for m in legit.values()))
+    fired = [who for who, m in legit.items() if re.fullmatch(m, report["error"].removeprefix("decode: "))]
+    assert fired and fired != ["vast.ai's record"], report["error"]
+    [loss] = fake.host_losses
+    deaths = [d for d in report["swim"]["deaths"] if d["member"] == "pp-stage-1"]
+    if fired == ["the orchestrator's SWIM"]:  # its own declaration, recorded with its time
+        assert deaths, report["swim"]
+    assert all(d["at"] > loss["at"] for d in deaths), (deaths, loss)
+    assert report["failed_at"] > loss["at"], (report["failed_at"], loss)  # the run learnt of it after the kill
+    await assert_all_destroyed(fake, smoke, report, 2)
+
+
+def test_the_orchestrators_swim_deaths_are_the_stages_declared_dead_and_when() -> None:
+    """Only a ``dead`` event of a stage's endpoint is kept (a suspicion, a stranger: not)."""
+    dep = Deployment.__new__(Deployment)
+    stages = [SimpleNamespace(stage=0, endpoint_id="a" * 64), SimpleNamespace(stage=1, endpoint_id="b" * 64)]
+    dep.rental = SimpleNamespace(instances=stages)  # type: ignore[assignment]
+    dep.swim_deaths = []
+    for kind, who in (("suspect", "b"), ("dead", "c"), ("dead", "b")):
+        dep._on_member(MemberEvent(kind, MemberState(who * 64, int(MemberStatus.dead), 1), 0.0))
+    [death] = dep.swim_deaths
+    assert death["member"] == "pp-stage-1" and death["at"] > 0, dep.swim_deaths
 
 
 # a destroy answered HTTP 500 (6 times: the client tries 6 times, the 7th would work), and a destroy

@@ -43,6 +43,7 @@ from ..runtime.cluster import converge, resolve_names
 from ..runtime.localproc import ClusterKeys
 from ..runtime.node import Node, NodeConfig
 from ..runtime.resource import Resource
+from ..runtime.swimstate import MemberEvent
 from . import reach
 from .runconfig import NODE_FIELDS, RunConfig
 
@@ -88,6 +89,7 @@ class Deployment(Resource):
         self._phase = "rent"
         self.lost: asyncio.Future[PhaseError] | None = None  # the first failure: an instance's, or a host lost
         self.swim_timing: dict[str, Any] = {}  # the round trips measured after converge, and SWIM's timing
+        self.swim_deaths: list[dict[str, Any]] = []  # stages the orchestrator's SWIM saw die, and when
         self._began = time.monotonic()  # the instances' timelines count from here
         self._tasks: list[asyncio.Task[None]] = []
         self._seed_up: asyncio.Future[None] | None = None  # the seed's start, from the rent on
@@ -298,7 +300,18 @@ class Deployment(Resource):
             self.seed, self.keys.ids, c.converge_timeout, lambda missing: reach.explain(self.instances, c, missing)
         )
         self.swim_timing = await reach.time_swim(self.seed, self.instances, c)
+        self.seed.membership.add_listener(self._on_member)  # until the seed closes, teardown included
         self._done("converge", t, f"{len(self.keys.ids)} members" + self._paths_line() + self._swim_line())
+
+    def _on_member(self, ev: MemberEvent) -> None:
+        """A stage that the orchestrator's SWIM declares dead (by its own probes or another
+        member's word), and when (epoch seconds): kept for the report whichever detector ended the
+        run, so that the failure detector's delay can be measured against a known death."""
+        if ev.kind != "dead":
+            return
+        for inst in self.instances:
+            if inst.endpoint_id == ev.member.id:
+                self.swim_deaths.append({"member": stage_name(inst.stage), "at": round(time.time(), 3)})
 
     def _swim_line(self) -> str:
         t = self.swim_timing

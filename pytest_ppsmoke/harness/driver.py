@@ -357,7 +357,8 @@ class SmokeRun(Resource):
         if dep.seed is not None and "converge" in dep.timings:
             r.paths = {**dep.paths(), **({"stages": self.stage_paths} if self.stage_paths else {})}
         if dep.swim_timing and dep.seed is not None:  # the orchestrator's failure detector's counts so far
-            r.swim = {**dep.swim_timing, "stats": dataclasses.asdict(dep.seed.membership.stats())}
+            stats = dataclasses.asdict(dep.seed.membership.stats())
+            r.swim = {**dep.swim_timing, "stats": stats, "deaths": list(dep.swim_deaths)}
 
     # --- teardown --------------------------------------------------------------------------
 
@@ -403,10 +404,12 @@ class SmokeRun(Resource):
                 with contextlib.suppress(Exception):
                     r.network_stats = await self.fake.network.stats()
             if self.fake is not None:
-                r.emulator = {
+                emulated: dict[str, Any] = {
                     "live_instances": [i.id for i in self.fake.live()],
                     "destroyed_instances": [i.id for i in self.fake.destroyed],
+                    "host_losses": list(self.fake.host_losses),
                 }
+                r.emulator = emulated
                 with contextlib.suppress(Exception):
                     await self.fake.close()
             if self.started is not None:

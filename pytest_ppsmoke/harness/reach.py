@@ -139,6 +139,7 @@ async def time_swim(seed: Node, instances: list[RentedInstance], config: RunConf
         "ping_timeout": cfg.ping_timeout,
         "protocol_period": cfg.protocol_period,
         "suspicion_timeout": cfg.suspicion_timeout,
+        "suspicion_max_mult": cfg.suspicion_max_mult,
         "set_by": source,
         "nodes": await tell_swim(seed, instances),
     }

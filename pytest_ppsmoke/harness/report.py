@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -86,6 +87,7 @@ class Report:
     exit_code: int = 1
     error: str | None = None  # the first failure, with its phase: "converge: 2 of 3 members alive ..."
     failed_phase: str | None = None
+    failed_at: float | None = None  # when the first failure was recorded (epoch seconds)
     vast_url: str | None = None
     run_id: str | None = None
     text: str | None = None
@@ -117,6 +119,7 @@ class Report:
         if self.error is None:
             self.error = message
             self.failed_phase = phase
+            self.failed_at = round(time.time(), 3)
 
     def finish(self) -> None:
         """Decide the verdict: a non-empty answer, no failure and every instance destroyed."""

@@ -106,6 +106,7 @@ class Hosts(Protocol):
     instances: dict[int, Instance]  # live
     network: Any  # the EmulatedNetwork, or None on loopback
     isolated_until: float  # the orchestrator's calls get no answer until then
+    host_losses: list[dict[str, Any]]  # each loss as HostLoss carried it out
 
 
 class Signals(Protocol):
@@ -190,8 +191,12 @@ class HostLoss:
     def _lose(self, inst: Instance, how: str, sampled: int) -> None:
         """``inst``'s node is killed ("killed": a crash), or its host dies: "offline" (unreachable:
         the node's process group is frozen) or "exited" (the container is gone: killed). The status
-        set here stands (the boot task leaves it); a destroy kills a frozen node at once."""
+        set here stands (the boot task leaves it); a destroy kills a frozen node at once. The loss
+        is recorded with its time (epoch seconds): what a failure detector's delay counts from."""
         log.warning("instance %d (stage %s) after %d tokens: %s", inst.id, inst.stage, sampled, how)
+        self.emulator.host_losses.append(
+            {"instance": inst.id, "stage": inst.stage, "how": how, "after_tokens": sampled, "at": round(time.time(), 3)}
+        )
         if how == "killed":
             self.runtime.signal(inst, signal.SIGKILL)
             return

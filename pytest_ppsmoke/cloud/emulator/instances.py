@@ -186,6 +186,7 @@ async def boot(inst: Instance, runtime: Runs, faults: Scenario) -> None:
     if inst.lost is not None:  # its host died: what vast.ai said then stands
         log.info("instance %d's node %s (host lost: %s)", inst.id, how, inst.lost)
         return
+    await asyncio.sleep(faults.value("vast.status_lag"))  # its host reports the end late (default: at once)
     inst.exited(how)
     if rc and inst.proc is not None:
         log.info("instance %d %s; stderr:\n%s", inst.id, how, inst.proc.stderr_tail())

@@ -96,6 +96,7 @@ class FakeVast(Resource):
         # (so that cutting the orchestrator off leaves the nodes their way to destroy themselves)
         self.network_spec = network
         self.isolated_until = 0.0  # vast.isolate_orchestrator: the account's calls get no answer until then
+        self.host_losses: list[dict[str, Any]] = []  # what HostLoss did to which instance, and when (epoch s)
         self.network: Any = None  # an EmulatedNetwork once started
         self.node_url = ""  # the URL nodes reach this API at (the network's api member; else self.url)
 
