@@ -320,22 +320,41 @@ def test_a_host_lost_mid_decode_fails_the_session_naming_its_stage(
     """Stage 1's host stops answering mid-decode (vast.ai shows its instance offline; its node is
     frozen, so no connection closes and SWIM would take seconds): the test that needs the inference
     errors at once, in one line naming pp-stage-1, its instance and what vast.ai reported; both
-    instances are destroyed and no node is left running."""
+    instances are destroyed and no node is left running. The failing test's JUnit record carries
+    each node's account: pp-stage-1 dead, with its marker in the tail vast.ai's logs served, and
+    the keys both nodes wrote into their logs (text, hex, base64) redacted there and in the output."""
     pytester.makepyfile(LOST)
     tag = f"plugin-{os.getpid()}-lost"
+    word = f"lost-{os.getpid()}"
     monkeypatch.setenv(TEST_TAG, tag)
-    monkeypatch.setenv("PP_FAILPOINTS", "vast.lose_host=1:offline;vast.kill_after_tokens=2")
-    report = pytester.path / "r.json"
+    faults = f"vast.lose_host=1:offline;vast.kill_after_tokens=2;vast.say=1:{word};vast.log_secrets=0,1"
+    monkeypatch.setenv("PP_FAILPOINTS", faults)
+    report, junit = pytester.path / "r.json", pytester.path / "out.xml"
     result = pytester.runpytest_subprocess(
         "-m", "local", "-p", "no:cacheprovider", "--ppsmoke-model", synth_model, "--ppsmoke-max-tokens", "512",
-        "--ppsmoke-report", str(report),
+        "--ppsmoke-report", str(report), f"--junitxml={junit}",
     )  # fmt: skip
     result.assert_outcomes(errors=1)
+    case = ET.parse(junit).getroot().find(".//testcase[@name='test_infer']")
+    assert case is not None
+    props = {p.get("name"): p.get("value", "") for p in case.iter("property")}
+    lost_tail, other_tail = props["ppsmoke_log_tail_pp-stage-1"], props["ppsmoke_log_tail_pp-stage-0"]
+    assert lost_tail.startswith("pp-stage-1 is dead: vast.ai shows its instance offline"), lost_tail[:300]
+    assert f"marker: {word} (joined)" in lost_tail and "vast.ai logs" in lost_tail, lost_tail[-2000:]
+    assert sum("node.log_secrets:" in ln for ln in lost_tail.splitlines()) >= 6, lost_tail[-3000:]
+    assert sum("node.log_secrets:" in ln for ln in other_tail.splitlines()) >= 6, other_tail[-3000:]
+    # wherever a key was written (the XML, the report, the output), what is left of it is at most
+    # the three characters a base64 offset adds
+    texts = [junit.read_text(), report.read_text(), *result.outlines, *result.errlines]
+    for text in texts:
+        for ln in re.findall(r"node\.log_secrets: [^\n\\&\"]*", text):
+            assert re.fullmatch(r"node\.log_secrets: [a-z0-9' ]+ [\w=+/-]{0,3}\[redacted\][\w=+/-]{0,3}", ln), ln
     figures = json.loads(report.read_text())
     lost = next(i for i in figures["instances"] if i["stage"] == 1)
     where = re.escape(f"pp-stage-1 on instance {lost['id']} ({lost['label']})")
     said = r"vast\.ai reports the instance offline \(.+\); its host was lost mid-run"
-    line = rf"the local deployment failed at decode: {where}: {said} \(.+\)"
+    tails = r"\(each node's log tail: the report's instances\[\]\.log_tail\)"
+    line = rf"the local deployment failed at decode: {where}: {said} {tails} \(.+\)"
     result.stdout.re_match_lines([line])
     assert figures["failed_phase"] == "decode" and "pp-stage-1" in figures["error"]
     assert [i["final_state"] for i in figures["instances"]] == ["destroyed", "destroyed"]

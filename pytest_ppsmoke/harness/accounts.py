@@ -194,10 +194,19 @@ async def gather(
     return out
 
 
-def failure_words(accounts: dict[int, Account]) -> str:
+def failure_words(accounts: dict[int, Account], said: str = "") -> str:
     """What the failure's message adds: every node not simply answering, in its own words, and
-    where the tails are; "" when every node answered."""
-    named = [a.words for _, a in sorted(accounts.items()) if a.state != "answered"]
+    where the tails are; "" when every node answered. A dead node whose instance's state the
+    failure (``said``) already reports, from the same vast.ai record, is not named twice."""
+    named = [a.words for _, a in sorted(accounts.items()) if a.state != "answered" and not _told(a, said)]
     if not named:
-        return ""
-    return "; ".join(named) + f" (each node's log tail: {WHERE})"
+        return f" (each node's log tail: {WHERE})" if any(a.state != "answered" for a in accounts.values()) else ""
+    return "; " + "; ".join(named) + f" (each node's log tail: {WHERE})"
+
+
+def _told(account: Account, said: str) -> bool:
+    """``said`` already names the node's stage and vast.ai's state of its instance."""
+    if account.state != "dead" or stage_name(account.stage) not in said:
+        return False
+    shown = account.words.partition("vast.ai shows its instance ")[2].partition(" ")[0]
+    return bool(shown) and f"vast.ai reports the instance {shown}" in said

@@ -231,8 +231,8 @@ class SmokeRun(Resource):
             return e
         finally:
             self._take_figures()
-        words = accounts.failure_words(self.accounts)
-        return PhaseError(e.phase, f"{e.reason}; {words}") if words else e
+        words = accounts.failure_words(self.accounts, e.reason)
+        return PhaseError(e.phase, e.reason + words) if words else e
 
     def _failed(self, step: str, e: PhaseError) -> None:
         self.failure, self.failed_step = e, step
