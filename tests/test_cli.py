@@ -82,7 +82,7 @@ def test_local_run_says_hello_reports_everything_and_leaves_nothing(tmp_path: Pa
     expected = sum(i["dph_total"] * i["seconds"] / 3600 for i in report["instances"])
     assert report["cost_usd"] == pytest.approx(expected, abs=1e-6) and report["cost_usd"] > 0
     assert all(0 < i["seconds"] <= report["timings"]["total"] for i in report["instances"])
-    assert report["emulator"] == {"live_instances": [], "destroyed_instances": ids}
+    assert report["emulator"] == {"live_instances": [], "destroyed_instances": ids, "host_losses": []}
     assert node_processes(TAG) == []
     # no secret anywhere: every 64-hex string printed or reported is a public endpoint id
     public = {i["endpoint_id"] for i in report["instances"]}

@@ -117,6 +117,8 @@ class _Rental:
     def __init__(self, states: dict[int, str], log: str) -> None:
         offer = Offer.from_json({"id": 1, "dph_total": 0.1})
         self.instances = [RentedInstance(s, offer, f"l{s}", id=100 + s) for s in states]
+        for inst in self.instances[:-1]:  # each joined the cluster once, but the last
+            inst.timeline["joined"] = 1.0
         self.states, self.log, self.asked = states, log, []
 
     async def state_now(self, inst: Any) -> tuple[str, str]:
@@ -135,14 +137,18 @@ async def test_an_account_from_vast_ai_is_redacted_here_capped_and_named_by_vast
         [f"early {i}" for i in range(80)]
         + [f"key {KEY}", f"hex {node_key.hex().upper()}", f"b64 {base64.b64encode(b'xy' + node_key).decode()}"]
     )
-    rental = _Rental({0: "running", 1: "exited", 2: "missing", 3: "loading"}, log)
+    rental = _Rental({0: "running", 1: "exited", 2: "missing", 3: "loading", 4: "loading"}, log)
     found = await accounts.gather(None, rental, [KEY, node_key], 5.0)  # type: ignore[arg-type]
-    assert {s: a.state for s, a in found.items()} == {0: "hung", 1: "dead", 2: "dead", 3: "unknown"}
+    # a joined node whose instance vast.ai shows loading again is unknown; one that never joined, booting
+    assert {s: a.state for s, a in found.items()} == {0: "hung", 1: "dead", 2: "dead", 3: "unknown", 4: "booting"}
+    never = "it never joined the cluster, and vast.ai shows its instance loading"
+    assert found[4].words == f"pp-stage-4 is booting: {never}"
+    assert accounts.failure_words({4: found[4]}) == ""  # the phase's failure says it; the report keeps it
     assert found[0].words.startswith("pp-stage-0 is hung, or cut off: the orchestrator had no cluster")
     assert found[1].words.startswith("pp-stage-1 is dead: vast.ai shows its instance exited")
     tail = found[0].lines
     assert len(tail) == 50 and tail[-3:] == ["key [redacted]", "hex [redacted]", tail[-1]] and "[redacted]" in tail[-1]
     assert not leaks("\n".join(tail), [KEY, node_key.hex()]) and found[0].source == "vast.ai logs"
-    assert rental.asked == [(s, 50) for s in range(4)]
+    assert rental.asked == [(s, 50) for s in range(5)]
     assert accounts.capped(["x" * 10] * 5, 50, 25) == ["x" * 10] * 2  # the byte cap keeps the newest
     assert "each node's log tail: the report's instances[].log_tail" in accounts.failure_words(found)

@@ -15,6 +15,8 @@ What each node is then called (:class:`Account`, ``state``):
   "pp-stage-1 stalled for 4.2 s (its loop was starved)");
 - ``hung``: it did not answer while vast.ai shows its instance running: "hung, or cut off";
 - ``dead``: vast.ai shows its instance gone (exited, offline, stopped, no longer shown);
+- ``booting``: it never joined the cluster, and vast.ai shows its instance still on its way up
+  (``loading``, ``created``, ``scheduling``): not named in the failure, which says the phase;
 - ``unknown``: it did not answer and vast.ai could not say (the message says why).
 
 Every line is redacted (:class:`~pytest_ppsmoke.redact.Redactor`, every secret the orchestrator
@@ -44,7 +46,9 @@ TAIL_LINES = 50  # the lines of a node's log the report keeps, the newest
 TAIL_BYTES = 8192  # and at most this much of their text
 ASK_TIMEOUT = 4.0  # seconds a node has to answer for itself over the cluster
 STALL_LEAST = 1.0  # seconds: a stall of the node's loop at least this long is named
-STATES = ("answered", "stalled", "hung", "dead", "unknown")
+STATES = ("answered", "stalled", "hung", "dead", "unknown", "booting")
+QUIET = ("answered", "booting")  # states the failure's message does not name (the report has them)
+BOOTING = ("loading", "created", "scheduling")  # vast.ai's states of an instance on its way up
 WHERE = "the report's instances[].log_tail"  # where the one-line failure points
 # an instance's entry in a report of a run that did not fail (or failed before it was asked)
 NO_ACCOUNT: dict[str, Any] = {"node_state": None, "node_words": "", "log_source": None, "log_tail": [], "stalls": []}
@@ -141,6 +145,8 @@ async def from_vast(rental: Rental, inst: RentedInstance, redact: Redactor, why:
         elif shown in (*DEAD_STATES, "missing"):
             shows = f"vast.ai shows its instance {shown} ({redact.text(msg) or 'no message'})"
             state, said = "dead", f"{name} is dead: {shows}"
+        elif "joined" not in inst.timeline and shown in BOOTING:
+            state, said = "booting", f"{name} is booting: {why}, and vast.ai shows its instance {shown}"
         else:
             said = f"{name} is unknown: {why}, and vast.ai shows its instance {shown}"
     lines, source, note = await vast_tail(rental, inst, redact)
@@ -167,7 +173,9 @@ async def gather(
 
     async def one(inst: RentedInstance) -> Account:
         why = "the orchestrator had no cluster"
-        if seed is not None and inst.endpoint_id:
+        if "joined" not in inst.timeline:  # nothing to ask over the cluster: vast.ai's word alone
+            why = "it never joined the cluster"
+        elif seed is not None and inst.endpoint_id:
             got = await ask(seed, inst, redact, ask_for)
             if isinstance(got, Account):
                 if got.source is None:  # it answered without its lines: vast.ai's are the next best
@@ -198,9 +206,9 @@ def failure_words(accounts: dict[int, Account], said: str = "") -> str:
     """What the failure's message adds: every node not simply answering, in its own words, and
     where the tails are; "" when every node answered. A dead node whose instance's state the
     failure (``said``) already reports, from the same vast.ai record, is not named twice."""
-    named = [a.words for _, a in sorted(accounts.items()) if a.state != "answered" and not _told(a, said)]
+    named = [a.words for _, a in sorted(accounts.items()) if a.state not in QUIET and not _told(a, said)]
     if not named:
-        return f" (each node's log tail: {WHERE})" if any(a.state != "answered" for a in accounts.values()) else ""
+        return f" (each node's log tail: {WHERE})" if any(a.state not in QUIET for a in accounts.values()) else ""
     return "; " + "; ".join(named) + f" (each node's log tail: {WHERE})"
 
 

@@ -53,7 +53,7 @@ REFERENCE_MARGIN = 2.0  # seconds of budget the reference step leaves for itself
 OnPhase = Callable[[str, float, str], None]
 
 ACCOUNTS_TIMEOUT = 12.0  # seconds the nodes' accounts of a failure may take, at most
-ACCOUNTS_LEAST = 3.0  # and at least, even when the steps' deadline has passed (before the teardown)
+ACCOUNTS_SHARE = 0.25  # and, the steps' deadline passed, this share of the teardown's (the budget holds)
 LATE_TEARDOWN = 0.5  # the share of teardown_timeout a teardown gets even when the budget is spent
 
 
@@ -222,7 +222,7 @@ class SmokeRun(Resource):
         dep = self.deployment
         if dep is None or self.accounts or not any(i.id is not None for i in dep.instances):
             return e
-        timeout = min(ACCOUNTS_TIMEOUT, max(self.remaining(), ACCOUNTS_LEAST))
+        timeout = min(ACCOUNTS_TIMEOUT, max(self.remaining(), ACCOUNTS_SHARE * self.settings.teardown_timeout))
         secrets = [*(self.vast.secrets() if self.vast is not None else ()), *dep.keys.keys]
         try:
             self.accounts = await accounts.gather(dep.seed, dep.rental, secrets, timeout)
