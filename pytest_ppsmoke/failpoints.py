@@ -356,6 +356,14 @@ POINTS: dict[str, Point] = {
             {},
         ),
         Point(
+            "vast.starve_orchestrator",
+            SECONDS,
+            ROW_DROP,
+            "the embedded emulator blocks its process (the orchestrator's) for this long once "
+            "vast.kill_after_tokens were sampled: a starved runner, whose late probes must not cost a stage its life",
+            0.0,
+        ),
+        Point(
             "vast.isolate_orchestrator",
             SECONDS,
             RULE_DESTROY,

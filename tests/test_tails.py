@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 import secrets
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from pytest_ppsmoke.harness import accounts
 from pytest_ppsmoke.redact import forms
 from pytest_ppsmoke.stage.gpu_node import StatusActor
 
+from .helpers import run_cli
 from .smoke import KEY, Smoke, assert_nothing_left
 
 pytestmark = pytest.mark.local
@@ -152,3 +154,20 @@ async def test_an_account_from_vast_ai_is_redacted_here_capped_and_named_by_vast
     assert rental.asked == [(s, 50) for s in range(5)]
     assert accounts.capped(["x" * 10] * 5, 50, 25) == ["x" * 10] * 2  # the byte cap keeps the newest
     assert "each node's log tail: the report's instances[].log_tail" in accounts.failure_words(found)
+
+
+def test_a_starved_orchestrator_blames_itself_not_its_stages(synth_model: str, tmp_path: Path) -> None:
+    """The orchestrator's process blocked for 3 s mid-decode (a starved runner: longer than a
+    confirmed suspicion lasts): every probe it had out fires late. Its loop watch measured the
+    stall and its SWIM took it as its own (local health), so no stage was declared dead and the
+    run passes; the report says the orchestrator's loop stalled. Without the watch the stall
+    is not in the report; without the excuse of late probes the stages are suspected and die."""
+    report = tmp_path / "report.json"
+    faults = "vast.starve_orchestrator=3;vast.kill_after_tokens=3;vast.slow_decode=0.05"
+    argv = ["--local", "--model", synth_model, "--max-tokens", "48", "--reference", "off", "--report", str(report)]
+    done = run_cli(*argv, env={**os.environ, "PP_FAILPOINTS": faults}, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    swim = json.loads(report.read_text())["swim"]
+    stalls = swim["orchestrator_stalls"]
+    assert stalls["count"] >= 1 and stalls["longest"] >= 2.9 - 0.05, stalls  # a lower bound: load only adds
+    assert swim["deaths"] == [] and swim["stats"]["deaths_declared"] == 0, swim

@@ -43,6 +43,7 @@ from ..runtime.cluster import converge, resolve_names
 from ..runtime.localproc import ClusterKeys
 from ..runtime.node import Node, NodeConfig
 from ..runtime.resource import Resource
+from ..runtime.stalls import LoopStall, LoopWatch
 from ..runtime.swimstate import MemberEvent
 from . import reach
 from .runconfig import NODE_FIELDS, RunConfig
@@ -79,6 +80,7 @@ class Deployment(Resource):
         self.rental = Rental(vast, config, self.run_id)
         self.on_phase = on_phase
         self.seed: Node | None = None
+        self.watch: LoopWatch | None = None  # the orchestrator's own event loop, from the rent on
         self.keys = ClusterKeys(1 + config.num_stages)
         self.names: dict[str, Any] = {}
         self.ready: dict[int, NodeStatus] = {}  # each stage's ready status: dim, blocks, context
@@ -253,6 +255,11 @@ class Deployment(Resource):
         # (wan: it binds, and waits for a relay, while they go out; each instance's steps wait
         # for it before they reach the node)
         self._seed_up = asyncio.ensure_future(self.seed.start())
+        # the orchestrator's own loop, watched as a node's is: a stall stretches its own probes
+        # (local health) rather than costing a stage its life, and the report says it happened
+        self.watch = LoopWatch(threshold=c.swim.ping_timeout, level=logging.INFO)
+        self.watch.on_stall.append(self._stalled)
+        self.watch.start()
         try:
             if c.transport == "local":
                 await asyncio.shield(self._seed_up)
@@ -302,6 +309,12 @@ class Deployment(Resource):
         self.swim_timing = await reach.time_swim(self.seed, self.instances, c)
         self.seed.membership.add_listener(self._on_member)  # until the seed closes, teardown included
         self._done("converge", t, f"{len(self.keys.ids)} members" + self._paths_line() + self._swim_line())
+
+    def _stalled(self, stall: LoopStall) -> None:
+        """The orchestrator's own loop stalled: Lifeguard's local health takes it (once SWIM runs)."""
+        membership = getattr(self.seed, "membership", None)
+        if membership is not None:
+            membership.loop_stalled(stall.seconds)
 
     def _on_member(self, ev: MemberEvent) -> None:
         """A stage that the orchestrator's SWIM declares dead (by its own probes or another
@@ -374,6 +387,8 @@ class Deployment(Resource):
         try:
             await self.rental.close()
         finally:
+            if self.watch is not None:
+                await self.watch.close()
             if self.seed is not None:
                 with contextlib.suppress(Exception):
                     await self.seed.close()

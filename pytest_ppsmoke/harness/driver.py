@@ -359,6 +359,8 @@ class SmokeRun(Resource):
         if dep.swim_timing and dep.seed is not None:  # the orchestrator's failure detector's counts so far
             stats = dataclasses.asdict(dep.seed.membership.stats())
             r.swim = {**dep.swim_timing, "stats": stats, "deaths": list(dep.swim_deaths)}
+            if dep.watch is not None:
+                r.swim["orchestrator_stalls"] = dep.watch.summary()
 
     # --- teardown --------------------------------------------------------------------------
 

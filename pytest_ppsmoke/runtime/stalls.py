@@ -50,7 +50,8 @@ class LoopWatch:
     """Measures this process's event loop (see the module's docstring). ``on_stall`` listeners
     are called with each stall as it is found (Lifeguard's local health takes them: a member that
     saw its own loop stall trusts its own probes less). ``stalls()`` are the kept ones, oldest
-    first; ``count`` and ``longest`` cover all of them, kept or not."""
+    first; ``count`` and ``longest`` cover all of them, kept or not. ``level``: the stall's log
+    line's (a node's WARNING, in its own log; the orchestrator's INFO, in its report)."""
 
     def __init__(
         self,
@@ -59,6 +60,7 @@ class LoopWatch:
         keep: int = KEEP,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+        level: int = logging.WARNING,
     ) -> None:
         for name, value in (("tick", tick), ("threshold", threshold)):
             if not 0 < value < float("inf"):
@@ -66,7 +68,7 @@ class LoopWatch:
         if keep < 1:
             raise ValueError(f"the loop watch keeps at least one stall; keep={keep!r}")
         self.tick, self.threshold, self.keep = tick, threshold, keep
-        self._clock, self._sleep = clock, sleep
+        self._clock, self._sleep, self.level = clock, sleep, level
         self.started = clock()
         self.count = 0
         self.longest = 0.0
@@ -87,6 +89,11 @@ class LoopWatch:
         if self._due is not None and (late := round(self._clock() - self._due, 3)) > self.threshold:
             found.append(LoopStall(round(self._due - self.started, 3), late))
         return sorted(found, key=lambda s: s.at)
+
+    def summary(self) -> dict[str, object]:
+        """The stalls for a report: how many, the longest, and the kept ones."""
+        kept = [{"at": s.at, "seconds": s.seconds} for s in self.stalls()]
+        return {"count": self.count, "longest": self.longest, "stalls": kept}
 
     def start(self) -> None:
         """Watch from now on, in a task of the running loop."""
@@ -114,7 +121,8 @@ class LoopWatch:
 
     def found(self, stall: LoopStall) -> None:
         """Log ``stall``, keep it (dropping the shortest kept one past ``keep``), tell the listeners."""
-        log.warning(
+        log.log(
+            self.level,
             "the event loop stalled for %.3g s, %.1f s after the start (starved: the host's CPU, a paused "
             "process or a blocking call)",
             stall.seconds,

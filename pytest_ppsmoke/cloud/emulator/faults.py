@@ -96,6 +96,7 @@ def loses_hosts(faults: failpoints.Scenario) -> bool:
         or faults.value("vast.freeze_stage")
         or faults.value("vast.partition")
         or faults.on("vast.isolate_orchestrator")
+        or faults.on("vast.starve_orchestrator")
     )
 
 
@@ -119,7 +120,8 @@ class HostLoss:
     """Once vast.kill_after_tokens tokens were sampled (by any node): kill vast.kill_stage's
     instance (its node crashes; vast.ai shows it ``exited``), let vast.lose_host's hosts die,
     freeze vast.freeze_stage's nodes (vast.ai still shows them ``running``), cut vast.partition's
-    stages off the network and vast.isolate_orchestrator's host off every node."""
+    stages off the network and vast.isolate_orchestrator's host off every node, and block this
+    process for vast.starve_orchestrator's seconds (embedded in the orchestrator: its loop too)."""
 
     def __init__(self, emulator: Hosts, runtime: Signals) -> None:
         self.emulator, self.runtime = emulator, runtime
@@ -135,6 +137,7 @@ class HostLoss:
             targets.setdefault(stage, "frozen")
         cuts: dict[int, tuple[str, float]] = dict(f.value("vast.partition"))
         isolate = f.value("vast.isolate_orchestrator")
+        starve = f.value("vast.starve_orchestrator")
         hit: set[int] = set()
         while True:
             await asyncio.sleep(0.02)
@@ -145,6 +148,10 @@ class HostLoss:
             if cuts or isolate:
                 await self._cut(cuts, isolate, sampled)
                 cuts, isolate = {}, 0.0
+            if starve:  # the whole process, the orchestrator's loop with it: nothing runs meanwhile
+                log.warning("after %d tokens: the orchestrator's process blocked for %g s", sampled, starve)
+                time.sleep(starve)  # noqa: ASYNC251 (the point: a blocked loop)
+                starve = 0.0
             if len(hit) >= len(targets):
                 return
             for inst in list(vast.instances.values()):
