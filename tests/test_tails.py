@@ -99,16 +99,17 @@ async def test_a_node_frozen_mid_decode_is_hung_its_tail_from_vast_ais_logs_and_
 async def test_a_node_frozen_then_continued_is_named_stalled_in_its_own_words(
     emulator: Callable[[str], Any], tmp_path: Path
 ) -> None:
-    """Frozen for 4 s after the second token, then continued; the run fails on its last stage's
-    empty text (or on the freeze itself, were SWIM to declare the node dead meanwhile): either
-    way the node answers for itself, with the stall it measured."""
+    """Frozen for 2 s after the second token, then continued: shorter than any suspicion lasts,
+    so the node is back before the cluster could declare it dead, and the run goes on to fail on
+    its last stage's empty text (or, on a starved machine, on a death declared after the node
+    came back): either way the node answers for itself, with the stall it measured."""
     fake, smoke, report = await failed(
-        emulator, tmp_path, "vast.freeze_stage=1:4;vast.kill_after_tokens=2;vast.empty_text=1;vast.slow_decode=0.1", 64
+        emulator, tmp_path, "vast.freeze_stage=1:2;vast.kill_after_tokens=2;vast.empty_text=1;vast.slow_decode=0.1", 64
     )  # 62 steps of 0.1 s after the trigger: the freeze lands mid-decode, not after the run's end
     node = next(i for i in report["instances"] if i["stage"] == 1)
     said = {k: node[k] for k in ("node_state", "node_words", "log_source", "stalls")}
     assert node["node_state"] == "stalled" and node["log_source"] == "cluster", (said, report["error"])
-    assert max(s["seconds"] for s in node["stalls"]) >= 3.0, node["stalls"]  # a lower bound only
+    assert max(s["seconds"] for s in node["stalls"]) >= 1.5, node["stalls"]  # a lower bound only
     assert re.search(r"pp-stage-1 stalled for \d+\.\d s \(its loop was starved\)", report["error"]), report["error"]
     await assert_nothing_left(fake, smoke, 2)
 
@@ -157,17 +158,18 @@ async def test_an_account_from_vast_ai_is_redacted_here_capped_and_named_by_vast
 
 
 def test_a_starved_orchestrator_blames_itself_not_its_stages(synth_model: str, tmp_path: Path) -> None:
-    """The orchestrator's process blocked for 3 s mid-decode (a starved runner: longer than a
-    confirmed suspicion lasts): every probe it had out fires late. Its loop watch measured the
-    stall and its SWIM took it as its own (local health), so no stage was declared dead and the
-    run passes; the report says the orchestrator's loop stalled. Without the watch the stall
-    is not in the report; without the excuse of late probes the stages are suspected and die."""
+    """The orchestrator's process blocked for 2 s mid-decode (a starved runner): every probe it
+    had out fires late. Its loop watch measured the stall and its SWIM took it as its own (local
+    health, and late probes excused), so no stage was declared dead and the run passes; the
+    report says the orchestrator's loop stalled (without the watch it does not). The block stays
+    under a suspicion's 3 s, so that the nodes, whose probes of the orchestrator go unanswered
+    meanwhile, refute nothing of their own."""
     report = tmp_path / "report.json"
-    faults = "vast.starve_orchestrator=3;vast.kill_after_tokens=3;vast.slow_decode=0.05"
+    faults = "vast.starve_orchestrator=2;vast.kill_after_tokens=3;vast.slow_decode=0.05"
     argv = ["--local", "--model", synth_model, "--max-tokens", "48", "--reference", "off", "--report", str(report)]
     done = run_cli(*argv, env={**os.environ, "PP_FAILPOINTS": faults}, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     swim = json.loads(report.read_text())["swim"]
     stalls = swim["orchestrator_stalls"]
-    assert stalls["count"] >= 1 and stalls["longest"] >= 2.9 - 0.05, stalls  # a lower bound: load only adds
+    assert stalls["count"] >= 1 and stalls["longest"] >= 1.9 - 0.05, stalls  # a lower bound: load only adds
     assert swim["deaths"] == [] and swim["stats"]["deaths_declared"] == 0, swim
