@@ -192,8 +192,11 @@ async def test_ignored_destroys_answer_success_and_do_nothing(fake: FakeVast) ->
 
 
 def proc_state(inst: Instance) -> str:
-    """The process's state letter in /proc (T: stopped); "gone" once it is reaped."""
+    """The process's state letter in /proc (T: stopped); "gone" once it is reaped; "not started"
+    before its process is spawned (the instance holds its ChildProcess from the create on)."""
     assert inst.proc is not None
+    if inst.proc.proc is None:
+        return "not started"
     try:
         stat = Path(f"/proc/{inst.proc.pid}/stat").read_text()
     except FileNotFoundError:
