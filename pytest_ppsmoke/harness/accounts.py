@@ -65,6 +65,7 @@ class Account:
     lines: list[str] = field(default_factory=list)
     stalls: list[dict[str, float]] = field(default_factory=list)
     words: str = ""
+    shown: str | None = None  # vast.ai's state of its instance, where the account came from vast.ai
 
     def summary(self) -> dict[str, Any]:
         """The keys it adds to the report's ``instances`` entry."""
@@ -134,7 +135,8 @@ async def ask(seed: Node, inst: RentedInstance, redact: Redactor, timeout: float
 async def from_vast(rental: Rental, inst: RentedInstance, redact: Redactor, why: str) -> Account:
     """A node that gave no account: what vast.ai shows of its instance, and its log from vast.ai."""
     name = stage_name(inst.stage)
-    state = "unknown"
+    state: str = "unknown"
+    shown: str | None = None
     try:
         shown, msg = await rental.state_now(inst)
     except VastError as e:
@@ -150,7 +152,7 @@ async def from_vast(rental: Rental, inst: RentedInstance, redact: Redactor, why:
         else:
             said = f"{name} is unknown: {why}, and vast.ai shows its instance {shown}"
     lines, source, note = await vast_tail(rental, inst, redact)
-    return Account(inst.stage, state, source, lines, [], said + note)
+    return Account(inst.stage, state, source, lines, [], said + note, shown)
 
 
 async def vast_tail(rental: Rental, inst: RentedInstance, redact: Redactor) -> tuple[list[str], str | None, str]:
@@ -216,5 +218,4 @@ def _told(account: Account, said: str) -> bool:
     """``said`` already names the node's stage and vast.ai's state of its instance."""
     if account.state != "dead" or stage_name(account.stage) not in said:
         return False
-    shown = account.words.partition("vast.ai shows its instance ")[2].partition(" ")[0]
-    return bool(shown) and f"vast.ai reports the instance {shown}" in said
+    return account.shown is not None and f"vast.ai reports the instance {account.shown}" in said
