@@ -23,7 +23,7 @@ from pytest_ppsmoke.cloud.emulator.faults import RateLimiter
 from pytest_ppsmoke.cloud.emulator.instances import Instance
 from pytest_ppsmoke.cloud.emulator.server import FakeVast
 
-from .helpers import SLEEPER, stripped
+from .helpers import SLEEPER, process_state, stripped
 from .test_vast import KEY, vastai
 
 pytestmark = pytest.mark.local
@@ -197,11 +197,7 @@ def proc_state(inst: Instance) -> str:
     assert inst.proc is not None
     if inst.proc.proc is None:
         return "not started"
-    try:
-        stat = Path(f"/proc/{inst.proc.pid}/stat").read_text()
-    except FileNotFoundError:
-        return "gone"
-    return stat.rsplit(")", 1)[1].split()[0]
+    return process_state(inst.proc.pid)  # "gone" also while the kernel tears the process down
 
 
 @pytest.mark.parametrize(
