@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
+import re
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -16,7 +18,7 @@ import numpy as np
 import pytest
 
 from pytest_ppsmoke.messages import Hidden, KvInfo, digest
-from pytest_ppsmoke.stage.bridge import WorkerBridge, WorkerDied, WorkerError
+from pytest_ppsmoke.stage.bridge import STDERR_BURST, WorkerBridge, WorkerDied, WorkerError
 from pytest_ppsmoke.stage.pipe import (
     DecodeStep,
     EmbedAndForward,
@@ -232,6 +234,35 @@ async def test_replies_in_pieces_concurrent_calls_and_a_payload_larger_than_the_
         assert r.hidden == b"98765tilps"
     finally:
         await bridge.close()
+
+
+SPEWER = r"""
+import json, os, sys
+print("worker-marker: loading", file=sys.stderr)
+for i in range(250):
+    print(f"spew {i}", file=sys.stderr)
+sys.stderr.flush()
+print(json.dumps({"status": "ready", "pid": os.getpid(), "stage": 0, "model": "stand-in", "wire_dtype": "bf16",
+                  "max_context": 8, "load_s": 0}), flush=True)
+sys.stdin.readline()  # the bridge's shutdown: exit
+"""
+
+
+async def test_the_workers_stderr_is_in_the_nodes_log_within_its_budget(caplog: pytest.LogCaptureFixture) -> None:
+    """Each stderr line of the worker is logged by the node, so that it reaches the node's own
+    log (its stderr, its log ring); a worker that spews gets a burst of lines logged, and the
+    rest are counted, never silently dropped: the logged lines and the counts said add up to
+    every line written, whatever the timing."""
+    bridge = WorkerBridge([sys.executable, "-c", SPEWER], dict(os.environ), "spewer")
+    with caplog.at_level(logging.INFO, "pytest_ppsmoke.stage.bridge"):
+        await bridge.start(30)
+        await bridge.close()
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("spewer worker: ")]
+    assert said[0] == "spewer worker: worker-marker: loading", said[:3]
+    logged = [m for m in said if "its stderr ended" not in m]
+    held = sum(int(n) for m in said for n in re.findall(r"(\d+) lines (?:of its stderr|were) not logged", m))
+    assert len(logged) >= STDERR_BURST and len(logged) + held == 251, (len(logged), held, said[-2:])
+    assert bridge.stderr_tail().endswith("spew 249")
 
 
 async def test_a_reply_that_cannot_be_framed_stops_the_worker_and_fails_the_call_with_why() -> None:

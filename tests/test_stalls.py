@@ -10,7 +10,8 @@ import random
 
 import pytest
 
-from pytest_ppsmoke.runtime.stalls import THRESHOLD, TICK, LoopStall, LoopWatch
+from pytest_ppsmoke.runtime.logbudget import LogBudget
+from pytest_ppsmoke.runtime.stalls import LOG_BURST, LOG_EVERY, THRESHOLD, TICK, LoopStall, LoopWatch
 from pytest_ppsmoke.runtime.swimconfig import SwimConfig
 
 pytestmark = pytest.mark.local
@@ -98,6 +99,42 @@ async def test_the_kept_stalls_are_bounded_the_longest_kept_oldest_first() -> No
     assert sorted(s.seconds for s in kept) == [96.0, 97.0, 98.0, 99.0, 100.0]
     assert [s.at for s in kept] == sorted(s.at for s in kept)
     assert (watch.count, watch.longest) == (100, 100.0)
+
+
+async def test_a_loop_that_keeps_stalling_logs_its_first_stalls_then_says_how_many_it_held_back(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Ten stall lines at once, then one a minute: the five stalls after the tenth, within 16 s,
+    are held back (each still counted and kept); the next one, a minute later, is logged and says
+    how many were held back before it, and the longest of them."""
+    assert (LOG_BURST, LOG_EVERY) == (10, 60.0)
+    held = [1.0, 2.0, 3.0, 1.5, 1.2]
+    watch = watch_over([1.0] * 10 + held + [60.0], tick=0.05, threshold=0.12)
+    with caplog.at_level(logging.WARNING, "pytest_ppsmoke.runtime.stalls"):
+        await run_out(watch)
+    assert (watch.count, watch.longest) == (16, 60.0) and len(watch.stalls()) == 16
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 11, said
+    assert all("not logged" not in line for line in said[:10]), said
+    assert said[10].startswith("the event loop stalled for 60 s,"), said
+    assert said[10].endswith("; 5 more stalls not logged before it, the longest 3 s"), said
+
+
+def test_the_log_budget_lets_a_burst_through_then_one_line_per_interval() -> None:
+    now = [0.0]
+    budget = LogBudget(3, 10.0, lambda: now[0])
+    assert [budget.take() for _ in range(5)] == [0, 0, 0, None, None]
+    now[0] = 9.9  # not a whole line refilled yet
+    assert budget.take() is None
+    now[0] = 10.0  # the refill counts on from the last take
+    assert budget.take() == 3 and budget.take() is None
+    now[0] = 1000.0  # refilled to the burst, not beyond it
+    assert [budget.take() for _ in range(4)] == [1, 0, 0, None]
+    assert budget.held_total == 5
+    with pytest.raises(ValueError, match="a log budget lets at least one line through; burst=0"):
+        LogBudget(0, 1.0)
+    with pytest.raises(ValueError, match="refill interval must be a positive number of seconds, got inf"):
+        LogBudget(1, float("inf"))
 
 
 async def test_listeners_hear_each_stall_and_a_failing_one_stops_nothing(caplog: pytest.LogCaptureFixture) -> None:

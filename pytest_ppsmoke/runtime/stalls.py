@@ -5,8 +5,11 @@ A task sleeps a short tick and compares when it woke with when it asked to wake.
 how long nothing on the loop ran that was due: the host's CPU given to others, the process
 paused (SIGSTOP, a VM's steal, a swap storm), a call that blocked the loop. A lateness over the
 threshold is a stall: logged at WARNING in one line and kept (the longest ones, a bounded
-number). The clock and the sleep are injected, so that a test drives the watch with a fake clock
-that jumps, never with real time.
+number). A loop that keeps stalling logs its first stalls, then one line a minute that says how
+many it held back (``logbudget.LogBudget``), so that its stalls cannot push the node's other lines
+out of its log ring; the count, the longest and the kept ones cover them all. The clock and the
+sleep are injected, so that a test drives the watch with a fake clock that jumps, never with real
+time.
 
 A stall's measured length is at least the loop's real blockage less one tick (the sleep may
 have been asked up to a tick before the loop blocked); never more than it, beyond the
@@ -22,6 +25,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from .logbudget import LogBudget
 from .swimconfig import SwimConfig
 
 log = logging.getLogger(__name__)
@@ -35,6 +39,7 @@ TICK = 0.05
 # timeout; a node passes its own (``SwimConfig.ping_timeout``).
 THRESHOLD = SwimConfig.loopback().ping_timeout
 KEEP = 32  # stalls kept: the longest, when there were more
+LOG_BURST, LOG_EVERY = 10, 60.0  # stall lines: the first ten, then one a minute
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,8 @@ class LoopWatch:
         self.tick, self.threshold, self.keep = tick, threshold, keep
         self._clock, self._sleep, self.level = clock, sleep, level
         self.started = clock()
+        self._log_budget = LogBudget(LOG_BURST, LOG_EVERY, clock)
+        self._held_longest = 0.0  # the longest of the stalls not logged since the last line
         self.count = 0
         self.longest = 0.0
         self.on_stall: list[Callable[[LoopStall], None]] = []
@@ -120,14 +127,20 @@ class LoopWatch:
                 self.found(LoopStall(round(due - self.started, 3), late))
 
     def found(self, stall: LoopStall) -> None:
-        """Log ``stall``, keep it (dropping the shortest kept one past ``keep``), tell the listeners."""
-        log.log(
-            self.level,
-            "the event loop stalled for %.3g s, %.1f s after the start (starved: the host's CPU, a paused "
-            "process or a blocking call)",
-            stall.seconds,
-            stall.at,
-        )
+        """Log ``stall`` (within the log budget), keep it (dropping the shortest kept one past
+        ``keep``), tell the listeners."""
+        held_longest = self._held_longest
+        self._held_longest = max(self._held_longest, stall.seconds)
+        if (held := self._log_budget.take()) is not None:
+            self._held_longest = 0.0
+            log.log(
+                self.level,
+                "the event loop stalled for %.3g s, %.1f s after the start (starved: the host's CPU, a paused "
+                "process or a blocking call)%s",
+                stall.seconds,
+                stall.at,
+                f"; {held} more stalls not logged before it, the longest {held_longest:.3g} s" if held else "",
+            )
         self.count += 1
         self.longest = max(self.longest, stall.seconds)
         self._kept.append(stall)

@@ -6,7 +6,10 @@
 
 Requests and replies are the records of ``pipe.py`` (each request names its reply's record), matched
 by ``request_id``; every wait has a deadline. If the worker dies, every pending call fails at once
-with :class:`WorkerDied`, which carries the exit status and the tail of the worker's stderr.
+with :class:`WorkerDied`, which carries the exit status and the tail of the worker's stderr. Each
+line of the worker's stderr is also logged by the node (``<name> worker: <line>``, within a budget
+of lines, ``runtime.logbudget``), so that it is in the node's own log: its stderr, which is what
+vast.ai's logs endpoint serves, and the tail a node tells when asked.
 
 Hidden states pass as raw bytes in the wire dtype (a record's ``hidden``). On the pipe they travel
 in the worker's payload framing (a JSON line with ``"payload": N``, then N raw bytes) when its ready
@@ -28,6 +31,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+from ..runtime.logbudget import LogBudget
 from .pipe import (
     MAX_PAYLOAD,
     ErrorReply,
@@ -47,6 +51,8 @@ from .pipe import (
 )
 
 log = logging.getLogger(__name__)
+# worker stderr lines the node logs: a traceback's worth at once, then two a second
+STDERR_BURST, STDERR_EVERY = 100, 0.5
 
 R = TypeVar("R")
 _LINE_LIMIT = MAX_PAYLOAD  # a prefill's hidden state in base64 is one line
@@ -283,8 +289,15 @@ class WorkerBridge:
 
     async def _read_stderr(self) -> None:
         assert self.proc is not None and self.proc.stderr is not None
+        budget = LogBudget(STDERR_BURST, STDERR_EVERY)
         async for line in self.proc.stderr:
-            self._stderr.append(line.decode(errors="replace").rstrip())
+            text = line.decode(errors="replace").rstrip()
+            self._stderr.append(text)
+            if (held := budget.take()) is not None:
+                more = f" ({held} lines of its stderr not logged before this one)" if held else ""
+                log.info("%s worker: %s%s", self.name, text[:2000], more)
+        if budget.held:
+            log.info("%s worker: its stderr ended; its last %d lines were not logged", self.name, budget.held)
 
     async def close(self, timeout: float = 5.0) -> int | None:
         """Ask the worker to shut down; kill it if it does not within ``timeout``. One that has
@@ -305,6 +318,9 @@ class WorkerBridge:
                 with contextlib.suppress(ProcessLookupError):
                     self.proc.send_signal(signal.SIGKILL)
                 await self.proc.wait()
+        if len(self._tasks) > 1:  # the worker's last stderr lines, logged, up to the pipe's end
+            with contextlib.suppress(TimeoutError, Exception):
+                await asyncio.wait_for(asyncio.shield(self._tasks[1]), timeout)
         for t in self._tasks:
             t.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
