@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import struct
+import types
 
 import iroh
 import pytest
@@ -257,6 +258,39 @@ async def test_a_reply_that_cannot_be_encoded_comes_back_as_an_error(nodes) -> N
     with pytest.raises(RemoteError, match=r"str is not a registered message type") as info:
         await b.request(b.address("sloppy", a.id), Echo(b""), timeout=5)
     assert info.value.kind == "bad_reply"
+
+
+def test_a_connection_with_no_path_selected_for_a_moment_still_says_the_path_it_carried_most_on() -> None:
+    """A connection lists its paths, and for a moment none of them selected (its selection
+    moving): the path told is the one that carried the most bytes out, marked not selected,
+    never no path at all (a stage's account of its peers would then leave that peer out)."""
+
+    def snap(relay: bool, addr: str, tx: int, selected: bool = False) -> types.SimpleNamespace:
+        stats = types.SimpleNamespace(udp_tx_bytes=tx)
+        return types.SimpleNamespace(is_selected=selected, is_relay=relay, remote_addr=addr, rtt_ms=7, stats=stats)
+
+    class Conn:
+        def __init__(self, *paths: types.SimpleNamespace) -> None:
+            self.listed = list(paths)
+
+        def paths(self) -> list[types.SimpleNamespace]:
+            return self.listed
+
+    t = Transport(os.urandom(32), on_message=lambda p, e, m: None)
+    conn = Conn(snap(True, "relay", 900), snap(False, "10.0.0.2:7000", 90_000))
+    t._accepted["peer"] = conn  # type: ignore[assignment]
+    told = t.path("peer")
+    assert told is not None
+    assert (told["path"], told["remote_addr"], told["selected"], told["dialled_by"]) == (
+        "direct",
+        "10.0.0.2:7000",
+        False,
+        "peer",
+    )
+    conn.listed[0] = snap(True, "relay", 900, selected=True)  # once one is selected, it is the one told
+    assert (t.path("peer") or {}).get("path") == "relay" and (t.path("peer") or {}).get("selected") is True
+    conn.listed = []
+    assert (t.path("peer") or {}).get("path") is None and t.path("nobody") is None
 
 
 async def test_a_peer_that_cannot_dial_back_is_answered_on_the_connection_it_made() -> None:

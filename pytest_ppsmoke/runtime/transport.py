@@ -222,7 +222,10 @@ class Transport:
 
     def path(self, peer_id: str) -> dict[str, Any] | None:
         """How this node reaches ``peer_id`` now: the selected path of the connection it sends on
-        (``direct`` with the peer's address, or ``relay``), its round trip, and who dialled it."""
+        (``direct`` with the peer's address, or ``relay``), its round trip, and who dialled it.
+        A connection can list its paths with none selected for a moment (as its path selection
+        moves, or a closed path is dropped); then the one that carried the most bytes out is
+        given, with ``selected`` False, rather than no path at all."""
         out = self._out.get(peer_id)
         conn, dialled = (out.conn, out.dialled) if out is not None and out.conn is not None else (None, True)
         if conn is None:
@@ -234,11 +237,14 @@ class Transport:
         except iroh.IrohError:
             return None
         chosen = next((p for p in paths if p.is_selected), None)
+        if chosen is None and paths:
+            chosen = max(paths, key=lambda p: p.stats.udp_tx_bytes)
         return {
             "path": None if chosen is None else ("relay" if chosen.is_relay else "direct"),
             "remote_addr": None if chosen is None else chosen.remote_addr,
             "rtt_ms": None if chosen is None else chosen.rtt_ms,
             "dialled_by": "us" if dialled else "peer",
+            "selected": chosen is not None and chosen.is_selected,
             "paths": len(paths),
         }
 
