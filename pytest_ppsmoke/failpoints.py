@@ -340,6 +340,14 @@ POINTS: dict[str, Point] = {
             0.0,
         ),
         Point(
+            "vast.log_upload",
+            SECONDS,
+            ROW_DROP,
+            "how long a log's upload takes after request_logs answers: its result URL answers 404 (as an "
+            "S3 object not written yet does) until then",
+            0.5,
+        ),
+        Point(
             "vast.lose_host",
             LOSSES,
             ROW_DROP,

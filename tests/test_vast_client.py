@@ -554,6 +554,22 @@ async def test_request_logs_reads_the_result_url_without_the_key_polling_until_i
                 await vast.request_logs(12, 0)
 
 
+async def test_a_log_the_emulator_never_finishes_uploading_ends_the_client_s_reads_naming_them() -> None:
+    """vast.log_upload past the client's reads: its 30 reads, 0.3 s apart on its own clock, each
+    answered with S3's 404, then an error that names them; the token is not in it."""
+    async with emulator("vast.log_upload=3600") as fake:
+        clock = Lockstep()
+        async with VastClient(KEY, fake.url, clock=clock, sleep=clock.sleep) as vast:
+            clock.client = vast
+            iid = await vast.create_instance(OFFERS[0], image="i", env={}, label="ppsmoke-t-stage0")
+            with pytest.raises(VastError, match=r"the log was not uploaded after 30 reads \(HTTP 404\)") as e:
+                await vast.request_logs(iid, 5)
+            assert "/ppsmoke/logs/..." in str(e.value) and KEY not in str(e.value)
+            reads = [s for m, p, s in fake.requests if m == "GET" and p.startswith("/ppsmoke/logs/")]
+            assert reads == [404] * 30 and vast.stats.of("logs_result").calls == 30
+            await vast.destroy_instance(iid)
+
+
 async def test_request_logs_against_the_emulator_records_both_calls() -> None:
     async with emulator("") as fake, VastClient(KEY, fake.url) as vast:
         iid = await vast.create_instance(OFFERS[0], image="i", env={}, label="ppsmoke-t-stage0")
@@ -561,5 +577,7 @@ async def test_request_logs_against_the_emulator_records_both_calls() -> None:
         text = await vast.request_logs(iid, 5)
         assert isinstance(text, str) and len(text.splitlines()) <= 5
         calls = [(m, p.split("/ppsmoke/logs/")[0], s) for m, p, s in fake.requests if "logs" in p]
-        assert calls == [("PUT", f"/api/v0/instances/request_logs/{iid}/", 200), ("GET", "", 200)]
+        # the request, then the result URL read until its upload is done (404 until then)
+        assert calls[0] == ("PUT", f"/api/v0/instances/request_logs/{iid}/", 200) and calls[-1] == ("GET", "", 200)
+        assert {c[:2] for c in calls[1:]} == {("GET", "")} and {c[2] for c in calls[1:-1]} <= {404}, calls
         await vast.destroy_instance(iid)

@@ -33,6 +33,7 @@ from vastai.data import query as cli_query
 from vastai.data.instance import CreateInstanceResponse, Instance
 from vastai.data.offer import Offer
 
+from pytest_ppsmoke import failpoints
 from pytest_ppsmoke.cloud.emulator import catalogue, logs
 from pytest_ppsmoke.cloud.emulator.server import FakeVast
 from pytest_ppsmoke.cloud.vastrecords import OfferQuery
@@ -343,9 +344,14 @@ async def test_vastcli_reads_an_instances_logs_with_its_secrets_redacted(fake: F
     assert unknown.value.response.json() == {"success": False, "error": "invalid_id", "msg": "Invalid instance id."}
 
     # raw: logs.yaml's answer; a result URL of its own per request, on this server, read with no
-    # key, an unguessable token bound to that one log
+    # key, an unguessable token bound to that one log; before its upload is done (an hour here),
+    # S3's 404; an upload done at once serves the text
+    fake.faults = failpoints.parse("vast.never_running=1;vast.log_upload=3600")
+    status, late = await raw(fake, "PUT", logs.request_path(iid), {"tail": "2"})
+    assert status == 200 and late["success"] is True and isinstance(late["msg"], str), late
+    assert await raw(fake, "GET", late["result_url"], key=None) == (404, logs.NOT_YET)
+    fake.faults = failpoints.parse("vast.never_running=1;vast.log_upload=0")
     status, got = await raw(fake, "PUT", logs.request_path(iid), {"tail": "2"})
-    assert status == 200 and got["success"] is True and isinstance(got["msg"], str), got
     url = got["result_url"]
     assert url.startswith(fake.url + logs.RESULT_PATH) and len(url.rsplit("/", 1)[1]) >= 43
     assert await raw(fake, "GET", url, key=None) == (200, f"{lines[31]}\nready")

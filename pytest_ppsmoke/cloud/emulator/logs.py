@@ -16,12 +16,17 @@ URL reads the text, and a filter cannot find a secret either.
 The result URL is the emulator's own (:data:`RESULT_PATH`), on the address the call came to, and
 names an unguessable token (``secrets.token_urlsafe``) bound to that one snapshot; the last
 :data:`KEPT` results of an emulator are kept, an older one answers 404 as an expired upload would.
+The upload is not there at once: the URL answers 404 (S3's ``NoSuchKey``) until the failpoint
+``vast.log_upload`` (0.5 s by default) has passed since the request, which is why vast-cli polls
+it (30 reads, 0.3 s apart). How long vast.ai's upload takes is not documented; the default is a
+guess, and docs/lifecycle.md says so.
 """
 
 from __future__ import annotations
 
 import re
 import secrets
+import time
 import weakref
 from collections import OrderedDict
 from typing import TYPE_CHECKING
@@ -41,8 +46,13 @@ RESULT_PATH = "/ppsmoke/logs/"  # + the token: the emulator's own, standing in f
 DEFAULT_TAIL = 1000  # lines, vast.ai's default
 KEPT = 64  # results an emulator keeps, the newest
 
-# each emulator's results, by token: (the instance's id, the text); gone with the emulator
-_results: weakref.WeakKeyDictionary[Emulator, OrderedDict[str, tuple[int, str]]] = weakref.WeakKeyDictionary()
+# each emulator's results, by token: (the instance's id, the text, when its upload is done on the
+# monotonic clock); gone with the emulator
+_results: weakref.WeakKeyDictionary[Emulator, OrderedDict[str, tuple[int, str, float]]] = weakref.WeakKeyDictionary()
+NOT_YET = (
+    "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>NoSuchKey</Code>"
+    "<Message>The specified key does not exist.</Message></Error>"
+)
 
 
 def request_path(iid: int) -> str:
@@ -87,7 +97,8 @@ async def request_logs(request: web.Request) -> web.Response:
         return error_answer(400, "invalid_args", f"tail must be a number of lines >= 0, got {tail}")
     kept = _results.setdefault(vast, OrderedDict())
     token = secrets.token_urlsafe(32)
-    kept[token] = (inst.id, log_text(vast, inst, tail, grep))
+    upload = float(vast.faults.value("vast.log_upload"))
+    kept[token] = (inst.id, log_text(vast, inst, tail, grep), time.monotonic() + upload)
     while len(kept) > KEPT:
         kept.popitem(last=False)
     url = f"{request.url.origin()}{RESULT_PATH}{token}"
@@ -100,4 +111,6 @@ async def result(request: web.Request) -> web.Response:
     found = kept.get(request.match_info["token"]) if kept is not None else None
     if found is None:
         return web.Response(status=404, text="no such log (an unknown or expired result)")
+    if time.monotonic() < found[2]:  # not uploaded yet
+        return web.Response(status=404, text=NOT_YET, content_type="application/xml")
     return web.Response(text=found[1])
