@@ -161,12 +161,13 @@ async def test_a_stopped_member_resumed_within_the_suspicion_time_refutes_and_it
         # events from now on only: on a loaded machine the boot itself can see a suspicion refuted
         suspected, refuted = len(c.seen("suspect", victim)), len(c.seen("alive", victim))
         c.members[1].signal(signal.SIGSTOP)
-        stopped_at = time.monotonic()
+        # continued as soon as a suspicion is seen: its timer runs from then, so the member has
+        # the whole suspicion time to refute however long the probes took to suspect it (the
+        # wait's deadline only bounds a machine too loaded to probe at all)
         await c.seed.membership.wait_until(
-            lambda: len(c.seen("suspect", victim)) > suspected, suspicion / 2, "suspicion"
+            lambda: len(c.seen("suspect", victim)) > suspected, 4 * suspicion, "suspicion"
         )
         c.members[1].signal(signal.SIGCONT)
-        assert time.monotonic() - stopped_at < suspicion
         stopped = c.seen("suspect", victim)[suspected].member.incarnation
         await c.seed.membership.wait_until(lambda: len(c.seen("alive", victim)) > refuted, suspicion, "the refutation")
         assert c.seen("alive", victim)[refuted].member.incarnation > stopped >= before
