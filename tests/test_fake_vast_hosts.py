@@ -264,7 +264,7 @@ async def test_a_heartbeat_gap_shows_unknown_then_running_while_the_node_runs(fa
         assert (await call(fake, "DELETE", f"/api/v0/instances/{iid}/"))[0] == 200
 
 
-@pytest.mark.parametrize("fake", ["vast.late_ports=1.5"], indirect=True)
+@pytest.mark.parametrize("fake", ["vast.late_ports=3600"], indirect=True)
 async def test_ports_appear_in_the_record_a_while_after_running(fake: FakeVast) -> None:
     offer = (await offers(fake, unfiltered()))[0]["id"]
     iid = await create(fake, offer, **UDP)
@@ -276,10 +276,10 @@ async def test_ports_appear_in_the_record_a_while_after_running(fake: FakeVast) 
         # the node has its forwarded port from the start: the host agent set it
         assert inst.proc is not None
         assert f"VAST_UDP_PORT_7000={public}".encode() in await asyncio.to_thread(environ, inst.proc.pid)
-        deadline = time.monotonic() + 20
-        while (rec := await vast.show_instance(iid)) is not None and rec.public_udp(7000) is None:
-            assert time.monotonic() < deadline and rec.raw["ports"] == {}, rec.raw["ports"]
-            await asyncio.sleep(0.02)
+        again = await vast.show_instance(iid)  # an hour of no ports: still none, however slow this machine
+        assert again is not None and again.raw["ports"] == {} and again.public_udp(7000) is None
+        inst.late_ports = 0.0  # its time is up: the record fills them in
+        rec = await vast.show_instance(iid)
         assert rec is not None and rec.public_udp(7000) == f"127.0.0.1:{public}"
         assert rec.actual_status == "running"
         await vast.destroy_instance(iid)
