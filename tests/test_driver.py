@@ -21,10 +21,11 @@ import pytest
 from pytest_ppsmoke import protocol
 from pytest_ppsmoke.cloud.rental import STEPS
 from pytest_ppsmoke.harness import cli, driver
-from pytest_ppsmoke.harness.report import SCHEMA_VERSION, ReferenceFigures, Report, schema
+from pytest_ppsmoke.harness.report import HINTS, SCHEMA_VERSION, ReferenceFigures, Report, schema
 from pytest_ppsmoke.harness.settings import OPTIONS, WIRE_DTYPES, Settings
 from pytest_ppsmoke.harness.settings import STEPS as RUN_STEPS
 from pytest_ppsmoke.messages import ReferenceResult
+from pytest_ppsmoke.stage.bridge import stderr_text
 
 from .smoke import report_problems
 
@@ -169,6 +170,20 @@ def test_a_report_validates_and_an_unknown_key_is_refused() -> None:
         "(top): Additional properties are not allowed ('extra' was unexpected)"
     ]
     assert report_problems({**report.to_json(), "max_tokens": "4"}) == ["max_tokens: '4' is not of type 'integer'"]
+
+
+def test_the_headline_is_one_line_whatever_the_error_holds() -> None:
+    """A failure is one line: an error that spans lines (a worker's traceback, a node's message)
+    is joined, its blank lines dropped; the hint follows it on the same line."""
+    report = Report("local", "m", "hi", 4, 2, "bf16")
+    report.fail("load", "load: pp-stage-1 worker exited with status 1; Traceback:\n  File x\n\nValueError: bad\n")
+    assert report.headline() == (
+        f"load: pp-stage-1 worker exited with status 1; Traceback: | File x | ValueError: bad ({HINTS['load']})"
+    )
+    assert stderr_text("") == "its stderr is empty" and stderr_text("one\n") == "its stderr ends: one"
+    assert stderr_text("Traceback:\n  File x\nValueError: bad\n\n") == (
+        "its stderr ends: ValueError: bad (the last of 3 lines; the node's log has them)"
+    )
 
 
 def test_each_figure_has_the_step_after_which_it_is_final() -> None:

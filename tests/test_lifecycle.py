@@ -190,8 +190,11 @@ async def test_either_worker_never_ready_names_its_stage_and_instance(
     fake, smoke, report = await failed_run(emulator, tmp_path, f"vast.stall_worker={stage}")
     inst = next(i for i in report["instances"] if i["stage"] == stage)
     where = rf"pp-stage-{stage} on instance {inst['id']} \(stage {stage}\)"
-    message = rf"{where}: pp-stage-{stage} worker did not report ready within 3 s; its stderr is empty"
+    said = "node.stall_worker: this worker never reports ready"
+    message = rf"{where}: pp-stage-{stage} worker did not report ready within 3 s; its stderr ends: {said}"
     assert_failed_at(smoke, report, "load", message)
+    # and the node logged its worker's line itself: it is in the node's own tail
+    assert any(line.endswith(f"pp-stage-{stage} worker: {said}") for line in inst["log_tail"]), inst["log_tail"]
     # the symptom only a node can show, switched on in that stage's node only (PP_FAILPOINTS)
     for node in fake.destroyed:
         assert node.proc is not None

@@ -192,6 +192,8 @@ async def test_a_paused_node_tells_the_stall_it_measured() -> None:
         status = ActorAddress(keys.ids[1], STATUS_ACTOR)
         before = await seed.request(status, LogTailQuery(200, 1 << 16), timeout=30)
         assert isinstance(before, LogTail) and before.stage == 0
+        # its worker's stderr is in its own account, logged by the node (the stand-in's one line)
+        await logged(seed, status, "pp-stage-0 worker: node.stall_worker: this worker never reports ready")
         proc.signal(signal.SIGSTOP)
         try:
             await asyncio.sleep(PAUSE)

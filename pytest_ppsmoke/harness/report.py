@@ -134,7 +134,8 @@ class Report:
             return "nothing failed"
         hint = HINTS.get(self.failed_phase or "")
         interrupted = "interrupted" in self.error or "budget" in self.error
-        return f"{self.error} ({hint})" if hint and not interrupted else self.error
+        error = " | ".join(line.strip() for line in self.error.splitlines() if line.strip())  # one line, always
+        return f"{error} ({hint})" if hint and not interrupted else error
 
     def api_line(self) -> str | None:
         """What vast.ai's API cost the run when it pushed back: its 429s (absorbed, and the time

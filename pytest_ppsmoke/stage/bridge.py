@@ -7,9 +7,11 @@
 Requests and replies are the records of ``pipe.py`` (each request names its reply's record), matched
 by ``request_id``; every wait has a deadline. If the worker dies, every pending call fails at once
 with :class:`WorkerDied`, which carries the exit status and the tail of the worker's stderr. Each
-line of the worker's stderr is also logged by the node (``<name> worker: <line>``, within a budget
-of lines, ``runtime.logbudget``), so that it is in the node's own log: its stderr, which is what
-vast.ai's logs endpoint serves, and the tail a node tells when asked.
+line of the worker's stderr is also logged by the node at WARNING (``<name> worker: <line>``,
+within a budget of lines, ``runtime.logbudget``; the worker writes there only what went wrong: its
+errors, a traceback, tinygrad's warnings), so that it is in the node's own log at its default
+level: its stderr, which is what vast.ai's logs endpoint serves, and the tail a node tells when
+asked.
 
 Hidden states pass as raw bytes in the wire dtype (a record's ``hidden``). On the pipe they travel
 in the worker's payload framing (a JSON line with ``"payload": N``, then N raw bytes) when its ready
@@ -59,9 +61,14 @@ _LINE_LIMIT = MAX_PAYLOAD  # a prefill's hidden state in base64 is one line
 
 
 def stderr_text(tail: str) -> str:
-    """The worker's stderr tail for a message: on lines of its own, or one line saying it is empty
-    (so that the failure stays one line)."""
-    return f"stderr tail:\n{tail}" if tail.strip() else "its stderr is empty"
+    """The worker's stderr tail for a message, in one line (a failure is one line): its last line
+    (a traceback's exception, the worker's own error) and how many there were; the node logged
+    each of them, so its log tail has the rest."""
+    lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    if not lines:
+        return "its stderr is empty"
+    more = f" (the last of {len(lines)} lines; the node's log has them)" if len(lines) > 1 else ""
+    return f"its stderr ends: {lines[-1][:500]}{more}"
 
 
 class WorkerDied(RuntimeError):
@@ -295,9 +302,9 @@ class WorkerBridge:
             self._stderr.append(text)
             if (held := budget.take()) is not None:
                 more = f" ({held} lines of its stderr not logged before this one)" if held else ""
-                log.info("%s worker: %s%s", self.name, text[:2000], more)
+                log.warning("%s worker: %s%s", self.name, text[:2000], more)
         if budget.held:
-            log.info("%s worker: its stderr ended; its last %d lines were not logged", self.name, budget.held)
+            log.warning("%s worker: its stderr ended; its last %d lines were not logged", self.name, budget.held)
 
     async def close(self, timeout: float = 5.0) -> int | None:
         """Ask the worker to shut down; kill it if it does not within ``timeout``. One that has

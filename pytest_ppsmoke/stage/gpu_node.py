@@ -565,7 +565,12 @@ async def run(settings: Settings, ring: LogRing) -> None:
     worker_env = settings.env.for_worker()
     argv = [sys.executable, str(settings.worker)]
     if failpoints.on("node.stall_worker"):  # a worker that never prints its ready line
-        argv = [sys.executable, "-c", "import time; time.sleep(3600)"]
+        said = "node.stall_worker: this worker never reports ready"
+        argv = [
+            sys.executable,
+            "-c",
+            f"import sys, time; print({said!r}, file=sys.stderr, flush=True); time.sleep(3600)",
+        ]
     bridge = WorkerBridge(argv, {**inherited(), **worker_env.to_env()}, stage_name(stage))
     beside: ReferenceBeside | None = None
     guard: asyncio.Task[None] | None = None

@@ -50,7 +50,7 @@ KEPT = 64  # results an emulator keeps, the newest
 # monotonic clock); gone with the emulator
 _results: weakref.WeakKeyDictionary[Emulator, OrderedDict[str, tuple[int, str, float]]] = weakref.WeakKeyDictionary()
 NOT_YET = (
-    "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>NoSuchKey</Code>"
+    '<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>NoSuchKey</Code>'
     "<Message>The specified key does not exist.</Message></Error>"
 )
 
