@@ -142,7 +142,10 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"run {i + 1}/{args.runs}: seed {run['seed']}, exit {run['exit_code']}, "
                 f"{run['passed']} passed, {run['failed']} failed, {run['wall_s']} s",
+                *[f"\n  failed: {t}" for t in run["failed_ids"]],
+                *[f"\n  | {line}" for line in run["tail"]],
                 file=sys.stderr,
+                sep="",
             )
             if run["exit_code"] != 0 and not args.keep_going:
                 break
