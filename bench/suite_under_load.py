@@ -8,7 +8,8 @@ on the cores; they are killed at the end, whatever happens.
     python bench/suite_under_load.py --runs 2 --busy 2 -- tests/test_swim.py -n 0   # a subset
 
 Arguments after ``--`` go to pytest. The JSON (stdout, and ``--out``): each run's seed, exit
-code, passed/failed/skipped/error counts, the ids of the tests that failed, its wall time. It
+code, passed/failed/skipped/error counts, the ids of the tests that failed, its wall time. A
+failed run's whole output is kept in the temporary directory (``suite_under_load-seedS.log``). It
 stops at the first run that fails (``--keep-going`` runs them all); the exit code is 1 if any
 failed. Run on a machine with the node image built (``.ci/run`` builds it first), else its tests
 skip.
@@ -23,6 +24,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -110,6 +112,10 @@ def run_once(seed: int, extra: list[str], limit_s: float) -> dict[str, Any]:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=60)
     code = None if timed_out else proc.returncode
+    if code != 0:  # the whole output of a failed run, for its tracebacks (the JSON keeps a tail)
+        kept = Path(tempfile.gettempdir()) / f"suite_under_load-seed{seed}.log"
+        kept.write_text(output)
+        print(f"run with seed {seed} failed: its output is in {kept}", file=sys.stderr)
     return {
         "seed": seed,
         "exit_code": code,

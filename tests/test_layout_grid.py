@@ -116,7 +116,7 @@ async def test_pp_smoke_run_grid_rents_where_the_run_would(
     """``pp-smoke-run --grid`` on a vast.ai API named by URL and key (an emulator started apart,
     as vast.ai would be): every deployment rents there and is destroyed, the points are of its one
     network, stage count 1 (this machine) is left out and said so, the report is in --grid-out,
-    and the key appears nowhere; then a grid that cannot be measured fails in one line."""
+    and the key appears nowhere."""
     fake = await emulator("")
     out, tiny = tmp_path / "layout", tiny_model
     grid_text = "prompts=40,64,96;stages=1,2,3;repeats=1;max_tokens=8"
@@ -141,6 +141,11 @@ async def test_pp_smoke_run_grid_rents_where_the_run_would(
     await assert_nothing_left(fake, smoke, created=5)
     assert "## Recommended layouts" in (out / "layout.md").read_text()
 
+
+async def test_pp_smoke_run_grid_of_a_model_that_is_not_there_fails_in_one_line_renting_nothing(
+    emulator: Callable[..., Any], tmp_path: Path
+) -> None:
+    fake = await emulator("")
     bad = tmp_path / "bad"
     run = Smoke(fake, bad, "--grid", "prompts=40;stages=2,3;repeats=1;max_tokens=8", "--grid-out", str(bad))
     run.argv[run.argv.index("--model") + 1] = "/nonexistent.gguf"
@@ -149,9 +154,16 @@ async def test_pp_smoke_run_grid_rents_where_the_run_would(
     assert rc != 0 and not (bad / "grid.json").exists()
     said = [x for x in smoke.stderr.splitlines() if x.startswith("pp-smoke-run: error:")]
     assert len(said) == 1 and "nonexistent.gguf" in said[0], smoke.stderr[-2000:]
-    await assert_nothing_left(fake, smoke, created=5)  # refused before anything was rented
-    # more stages than the model has blocks: the 2-stage layout is measured, then the pre-flight
-    # refuses the 5-stage one in one line (nothing rented for it), and what was measured is kept
+    await assert_nothing_left(fake, smoke, created=0)  # refused before anything was rented
+
+
+async def test_pp_smoke_run_grid_keeps_what_it_measured_before_a_layout_the_preflight_refuses(
+    emulator: Callable[..., Any], tiny_model: Path, tmp_path: Path
+) -> None:
+    """More stages than the model has blocks: the 2-stage layout is measured, then the pre-flight
+    refuses the 5-stage one in one line (nothing rented for it), and what was measured is kept."""
+    fake = await emulator("")
+    bad, tiny = tmp_path / "bad", tiny_model
     run = Smoke(fake, bad, "--grid", "prompts=40;stages=2,5;repeats=1;max_tokens=8", "--grid-out", str(bad))
     run.argv[run.argv.index("--model") + 1] = str(tiny)
     async with run as smoke:
@@ -162,7 +174,7 @@ async def test_pp_smoke_run_grid_rents_where_the_run_would(
     assert "fewer than the 5 stages; lower --num-stages to at most 4" in last, last
     assert last.endswith(f"(1 point(s) measured before it are in {bad / 'grid.partial.json'})"), last
     assert [p.stages for p in Grid.load(bad / "grid.partial.json").points] == [2]
-    await assert_nothing_left(fake, smoke, created=5 + 2)
+    await assert_nothing_left(fake, smoke, created=2)
 
 
 def test_pp_layouts_flags_that_are_settings_come_from_the_settings_table(
