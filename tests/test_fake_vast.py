@@ -220,10 +220,20 @@ async def test_lost_hosts_go_offline_frozen_or_exited_killed(fake: FakeVast) -> 
     assert states(rec) == ("exited", "running", "stopped", "running")
     assert rec["status_msg"] == f"host {exited.offer['machine_id']} failed: its container was lost"
     assert proc_state(exited) == "gone"
+    # the frozen node ignores SIGTERM: a lost host's node is stopped with no grace (killed at
+    # once); a live one gets its 5 s
+    graces: dict[int, float] = {}
+    stop = fake.runs.stop
+
+    async def recorded(inst: Instance, grace: float) -> None:
+        graces[inst.id] = grace
+        await stop(inst, grace)
+
+    fake.runs.stop = recorded  # type: ignore[method-assign]
     for iid in ids:
         assert (await call(fake, "DELETE", f"/api/v0/instances/{iid}/"))[0] == 200
-    # the frozen node ignores SIGTERM: only a kill without the 5 s stop grace ends it this soon
-    await until("killed", lambda: proc_state(offline) == "gone", seconds=3)
+    await until("killed", lambda: proc_state(offline) == "gone")
+    assert graces.get(offline.id) == 0.0, graces
 
 
 @pytest.mark.parametrize(
