@@ -132,8 +132,12 @@ class Load:
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def __enter__(self) -> Load:
-        for cmd in self.commands:
-            self.procs.append(subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL))
+        try:
+            for cmd in self.commands:
+                self.procs.append(subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL))
+        except BaseException:  # the ones already started are not left spinning
+            self.stop()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -228,6 +232,17 @@ def swim_bound(swim: dict[str, Any], members: int) -> dict[str, float]:
     }
 
 
+def own_words(report: dict[str, Any]) -> str:
+    """The failure's error less what the nodes' accounts added to it (each instance's
+    ``node_words``, and the pointer to the tails): whether the failure itself names a stage, not
+    the accounts gathered after it (which name a stage vast.ai still shows running, killed or not)."""
+    error = report.get("error") or ""
+    for inst in report.get("instances") or []:
+        if inst.get("node_words"):
+            error = error.replace("; " + inst["node_words"], "")
+    return re.sub(r" \(each node's log tail: [^)]*\)", "", error)
+
+
 def detection(report: dict[str, Any] | None, rc: int, tail: str) -> dict[str, Any]:
     """A ``detect`` run judged: it must fail in decode naming the killed stage, and the
     orchestrator's SWIM must declare that stage dead within the lone accuser's bound from the
@@ -238,7 +253,7 @@ def detection(report: dict[str, Any] | None, rc: int, tail: str) -> dict[str, An
     out: dict[str, Any] = {"error": normalize(report.get("error") or "")}
     if report.get("ok"):
         return {**out, "cause": "the run passed: the killed stage was never noticed"}
-    if report.get("failed_phase") != "decode" or lost not in (report.get("error") or ""):
+    if report.get("failed_phase") != "decode" or lost not in own_words(report):
         return {**out, "cause": cli_cause(report, rc, tail)}
     kills = [x for x in (report.get("emulator") or {}).get("host_losses", []) if x.get("stage") == KILLED_STAGE]
     swim = report.get("swim") or {}

@@ -111,6 +111,17 @@ def test_a_detect_run_is_judged_by_its_phase_its_stage_and_swims_delay_against_t
     assert ff.detection({**by_stage0, "failed_at": 200.0}, 1, "")["cause"] == (
         "SWIM declared pp-stage-1 dead after the bound"
     )
+    # a decode failure of another cause, whose accounts name the killed stage (vast.ai still
+    # shows it running): not the detection the run is for, though SWIM declared it dead
+    words = "pp-stage-1 is hung, or cut off: no answer over the cluster within 4 s while vast.ai shows it running"
+    other = detect_report(
+        100.0,
+        103.0,
+        error=f"decode: pp-stage-0 on instance 1 (l): no token within 60 s; {words} "
+        "(each node's log tail: the report's instances[].log_tail)",
+        instances=[{"stage": 1, "node_words": words}],
+    )
+    assert ff.detection(other, 1, "")["cause"].startswith("decode: pp-stage-0 on instance N (l): no token within N s;")
     wrong = ff.detection(detect_report(100.0, 103.0, failed_phase="load", error="load: slow"), 1, "")
     assert wrong["cause"] == "load: slow"
     assert ff.detection({"ok": True}, 0, "")["cause"] == "the run passed: the killed stage was never noticed"

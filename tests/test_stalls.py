@@ -81,6 +81,7 @@ async def test_a_stall_under_way_is_told_before_the_watch_wakes() -> None:
     task = asyncio.ensure_future(watch.run())
     await asyncio.sleep(0)
     assert watch.stalls() == [LoopStall(0.05, 3.0)] and watch.count == 0
+    assert watch.summary() == {"count": 1, "longest": 3.0, "stalls": [{"at": 0.05, "seconds": 3.0}]}  # told whole
     now[0] -= 2.95  # overdue by 0.05 s only
     assert watch.stalls() == []
     gate.set()

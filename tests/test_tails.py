@@ -7,13 +7,16 @@ named dead: ``test_lifecycle.py``'s drop-out test.)"""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
 import re
 import secrets
+import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -22,19 +25,15 @@ from pytest_ppsmoke.cloud.emulator.logs import RESULT_PATH
 from pytest_ppsmoke.cloud.emulator.server import FakeVast
 from pytest_ppsmoke.cloud.rental import RentedInstance
 from pytest_ppsmoke.cloud.vastrecords import Offer
-from pytest_ppsmoke.harness import accounts
+from pytest_ppsmoke.harness import accounts, driver
+from pytest_ppsmoke.harness.settings import Settings
+from pytest_ppsmoke.protocol import PhaseError
 from pytest_ppsmoke.redact import forms
-from pytest_ppsmoke.stage.gpu_node import StatusActor
 
 from .helpers import run_cli
 from .smoke import KEY, Smoke, assert_nothing_left
 
 pytestmark = pytest.mark.local
-# the node's side (its status actor answering LogTailQuery) lands apart: until it does, the runs
-# whose checks need a node's own tail over the cluster cannot pass
-NODE_TELLS = pytest.mark.skipif(
-    not hasattr(StatusActor, "on_log_tail_query"), reason="the node does not answer LogTailQuery yet"
-)
 
 
 async def failed(
@@ -63,7 +62,6 @@ def leaks(text: str, keys: list[str]) -> list[str]:
     return [f for k in keys for f in forms(k) if (f.lower() in lowered if re.fullmatch(r"[0-9a-f]+", f) else f in text)]
 
 
-@NODE_TELLS
 async def test_a_node_frozen_mid_decode_is_hung_its_tail_from_vast_ais_logs_and_no_key_shows(
     emulator: Callable[[str], Any], tmp_path: Path
 ) -> None:
@@ -97,7 +95,6 @@ async def test_a_node_frozen_mid_decode_is_hung_its_tail_from_vast_ais_logs_and_
     await assert_nothing_left(fake, smoke, 2)
 
 
-@NODE_TELLS
 async def test_a_node_frozen_then_continued_is_named_stalled_in_its_own_words(
     emulator: Callable[[str], Any], tmp_path: Path
 ) -> None:
@@ -175,3 +172,84 @@ def test_a_starved_orchestrator_blames_itself_not_its_stages(synth_model: str, t
     stalls = swim["orchestrator_stalls"]
     assert stalls["count"] >= 1 and stalls["longest"] >= 1.9 - 0.05, stalls  # a lower bound: load only adds
     assert swim["deaths"] == [] and swim["stats"]["deaths_declared"] == 0, swim
+
+
+async def test_a_node_that_never_joined_while_its_instance_runs_is_booting_not_hung() -> None:
+    rental = _Rental({0: "running", 1: "running"}, "starting")  # stage 1 never joined
+    found = await accounts.gather(None, rental, [KEY], 5.0)  # type: ignore[arg-type]
+    assert (found[0].state, found[1].state) == ("hung", "booting")
+    assert found[1].words == (
+        "pp-stage-1 is booting: it never joined the cluster, while vast.ai shows its instance running"
+    )
+
+
+async def test_an_account_that_fails_is_said_as_such_and_the_others_stand() -> None:
+    """An answer nobody foresaw (here vast.ai's state read raising ValueError, with the key in its
+    text): that node is unknown, its account failed with the error redacted, not "not complete
+    within"; the other node's account is unchanged."""
+
+    class Odd(_Rental):
+        async def state_now(self, inst: Any) -> tuple[str, str]:
+            if inst.stage == 0:
+                raise ValueError(f"an odd answer holding {KEY}")
+            return await super().state_now(inst)
+
+    found = await accounts.gather(None, Odd({0: "running", 1: "exited"}, "x"), [KEY], 5.0)  # type: ignore[arg-type]
+    assert found[0].state == "unknown"
+    assert found[0].words == "pp-stage-0 is unknown: its account failed (ValueError: an odd answer holding [redacted])"
+    assert found[1].state == "dead"
+
+
+async def test_cancelled_while_asking_no_ask_outlives_the_gathering() -> None:
+    asked, ended = asyncio.Event(), []
+
+    class Slow(_Rental):
+        async def state_now(self, inst: Any) -> tuple[str, str]:
+            asked.set()
+            try:
+                await asyncio.sleep(3600)
+            finally:
+                ended.append(inst.stage)
+            raise AssertionError("unreachable")
+
+    gathering = asyncio.ensure_future(accounts.gather(None, Slow({0: "running", 1: "running"}, ""), [], 60.0))  # type: ignore[arg-type]
+    await asyncio.wait_for(asked.wait(), 30)
+    gathering.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await gathering
+    assert sorted(ended) == [0, 1]  # each ask was cancelled and ended before the cancel was raised
+
+
+async def test_an_interruption_while_the_accounts_are_asked_keeps_the_failure_as_the_first_cause(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The step's failure is the report's cause before the nodes are asked: a Ctrl-C or timeout
+    that lands while they are asked (up to 12 s) adds to it, never replaces it."""
+    asking = asyncio.Event()
+
+    async def gather(*args: Any) -> dict[int, accounts.Account]:
+        asking.set()
+        await asyncio.sleep(3600)
+        raise AssertionError("unreachable")
+
+    monkeypatch.setattr(driver.accounts, "gather", gather)
+    run = driver.SmokeRun(Settings.resolve({"mode": "local", "budget": 100}))
+    run.deployment = SimpleNamespace(  # type: ignore[assignment]
+        instances=[SimpleNamespace(id=7, stage=0)],
+        seed=None,
+        rental=None,
+        keys=SimpleNamespace(keys=[]),
+        phase="decode",
+    )
+    run.started = time.monotonic()
+    cause = PhaseError("decode", "pp-stage-1 dropped out of the cluster mid-request")
+    step = asyncio.ensure_future(run._accounted("decode", cause))
+    await asyncio.wait_for(asking.wait(), 30)
+    step.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await step
+    run.report.fail("decode", "interrupted by SIGINT")  # what the interruption records after it
+    assert run.failure is cause and run.failed_step == "decode"
+    assert run.report.failed_phase == "decode" and run.report.error is not None
+    assert "pp-stage-1 dropped out of the cluster mid-request" in run.report.error
+    assert "interrupted" not in run.report.error

@@ -570,6 +570,28 @@ async def test_a_log_the_emulator_never_finishes_uploading_ends_the_client_s_rea
             await vast.destroy_instance(iid)
 
 
+async def test_a_result_url_that_redirects_forever_fails_without_its_token_in_the_error() -> None:
+    """aiohttp's error for a redirect loop quotes the URL it was reading, signature and token
+    included: the client's error quotes neither (it lands in a failure's words and the report)."""
+    token, signature = "tok-5f2b9c1e", "X-Amz-Signature=sig-77aa"
+
+    async def handler(request: web.Request) -> web.Response:
+        if request.method == "PUT":
+            url = f"{request.url.origin()}/uploads/{token}?{signature}"
+            return web.json_response({"success": True, "result_url": url, "msg": "logs uploaded"})
+        raise web.HTTPFound(str(request.url))  # itself, again and again
+
+    async with stub(handler) as url:
+        clock = Lockstep()
+        async with VastClient(KEY, url, clock=clock, sleep=clock.sleep) as vast:
+            clock.client = vast
+            with pytest.raises(VastError, match=r"not uploaded after 30 reads \(TooManyRedirects") as e:
+                await vast.request_logs(12, 50)
+    said = str(e.value)
+    assert token not in said and "sig-77aa" not in said and KEY not in said, said
+    assert "/uploads/..." in said
+
+
 async def test_request_logs_against_the_emulator_records_both_calls() -> None:
     async with emulator("") as fake, VastClient(KEY, fake.url) as vast:
         iid = await vast.create_instance(OFFERS[0], image="i", env={}, label="ppsmoke-t-stage0")

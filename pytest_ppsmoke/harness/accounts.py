@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -86,8 +87,8 @@ def capped(lines: Iterable[str], max_lines: int = TAIL_LINES, max_bytes: int = T
     for line in reversed(list(lines)[-max_lines:] if max_lines else []):
         size += len(line.encode()) + 1
         if size > max_bytes:
-            if not out:
-                out.append(line.encode()[-(max_bytes - 1) :].decode(errors="ignore"))
+            if not out and max_bytes > 1:
+                out.append(line.encode()[len(line.encode()) - (max_bytes - 1) :].decode(errors="ignore"))
             break
         out.append(line)
     return out[::-1]
@@ -142,7 +143,9 @@ async def from_vast(rental: Rental, inst: RentedInstance, redact: Redactor, why:
     except VastError as e:
         said = f"{name} is unknown: {why}, and vast.ai could not show its instance ({redact.text(str(e))})"
     else:
-        if shown == "running":
+        if shown == "running" and "joined" not in inst.timeline:  # its node starting, or unable to join
+            state, said = "booting", f"{name} is booting: {why}, while vast.ai shows its instance running"
+        elif shown == "running":
             state, said = "hung", f"{name} is hung, or cut off: {why} while vast.ai shows its instance running"
         elif shown in (*DEAD_STATES, "missing"):
             shows = f"vast.ai shows its instance {shown} ({redact.text(msg) or 'no message'})"
@@ -174,6 +177,16 @@ async def gather(
     ask_for = min(ASK_TIMEOUT, max(timeout / 2, 0.1))
 
     async def one(inst: RentedInstance) -> Account:
+        try:
+            return await account_of(inst)
+        except Exception as e:  # a bug's, or an answer nobody foresaw: said as such, never as a timeout
+            words = (
+                f"{stage_name(inst.stage)} is unknown: its account failed ({type(e).__name__}: {redact.text(str(e))})"
+            )
+            log.warning("%s", words)
+            return Account(inst.stage, "unknown", words=words)
+
+    async def account_of(inst: RentedInstance) -> Account:
         why = "the orchestrator had no cluster"
         if "joined" not in inst.timeline:  # nothing to ask over the cluster: vast.ai's word alone
             why = "it never joined the cluster"
@@ -189,8 +202,14 @@ async def gather(
 
     rented = [i for i in rental.instances if i.id is not None]
     tasks = {i.stage: asyncio.ensure_future(one(i)) for i in rented}
-    if tasks:
-        await asyncio.wait(tasks.values(), timeout=max(timeout, 0.1))
+    try:
+        if tasks:
+            await asyncio.wait(tasks.values(), timeout=max(timeout, 0.1))
+    except BaseException:  # cancelled (a Ctrl-C, a timeout around us): no ask outlives the gathering
+        for task in tasks.values():
+            task.cancel()
+        await asyncio.gather(*tasks.values(), return_exceptions=True)
+        raise
     out: dict[int, Account] = {}
     for stage, task in tasks.items():
         if task.done() and not task.cancelled() and task.exception() is None:
@@ -216,6 +235,6 @@ def failure_words(accounts: dict[int, Account], said: str = "") -> str:
 
 def _told(account: Account, said: str) -> bool:
     """``said`` already names the node's stage and vast.ai's state of its instance."""
-    if account.state != "dead" or stage_name(account.stage) not in said:
+    if account.state != "dead" or not re.search(rf"\b{stage_name(account.stage)}\b", said):
         return False
     return account.shown is not None and f"vast.ai reports the instance {account.shown}" in said

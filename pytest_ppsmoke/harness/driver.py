@@ -205,7 +205,7 @@ class SmokeRun(Resource):
             async with asyncio.timeout(self.remaining()):
                 await self._do(step, dep)
         except PhaseError as e:
-            self._failed(step, await self._accounted(e))
+            self._failed(step, await self._accounted(step, e))
         except TimeoutError:
             if self.remaining() > 0:  # a deadline of the step's own, not the budget
                 raise
@@ -213,30 +213,51 @@ class SmokeRun(Resource):
             self.out_of_budget = True
             spent = f"the run did not finish within its budget of {s.budget:g} s"
             kept = f"{s.teardown_timeout:g} s of it kept for the teardown"
-            self._failed(step, await self._accounted(PhaseError(dep.phase, f"{spent} ({kept})")))
+            self._failed(step, await self._accounted(step, PhaseError(dep.phase, f"{spent} ({kept})")))
 
-    async def _accounted(self, e: PhaseError) -> PhaseError:
+    async def _accounted(self, step: str, e: PhaseError) -> PhaseError:
         """Each node's own account of the failure (``accounts.gather``), before anything is torn
         down, kept for the report; ``e`` with the words of every node not simply answering. An
-        account that cannot be had never hides ``e``."""
+        account that cannot be had never hides ``e``: ``e`` is recorded as the cause first (a
+        Ctrl-C or a timeout while the accounts are asked for finds it there), and amended with
+        their words after. The vast.ai client gets the accounts' own deadline: the steps' may
+        have passed (a budget failure), and a log's upload is polled."""
         dep = self.deployment
         if dep is None or self.accounts or not any(i.id is not None for i in dep.instances):
             return e
+        self._record(step, e)
         timeout = min(ACCOUNTS_TIMEOUT, max(self.remaining(), ACCOUNTS_SHARE * self.settings.teardown_timeout))
         secrets = [*(self.vast.secrets() if self.vast is not None else ()), *dep.keys.keys]
+        kept = self.vast.deadline if self.vast is not None else None
+        if self.vast is not None:
+            self.vast.deadline = self.vast.clock() + timeout
         try:
             self.accounts = await accounts.gather(dep.seed, dep.rental, secrets, timeout)
         except Exception:
             log.exception("the nodes' accounts of the failure could not be gathered")
             return e
         finally:
-            self._take_figures()
+            if self.vast is not None:
+                self.vast.deadline = kept
+            try:
+                self._take_figures()
+            except Exception:  # the figures are the report's; the failure is the cause
+                log.exception("the run's figures could not be taken after its failure")
         words = accounts.failure_words(self.accounts, e.reason)
-        return PhaseError(e.phase, e.reason + words) if words else e
+        if not words:
+            return e
+        amended = PhaseError(e.phase, e.reason + words)
+        self.report.amend(in_face(str(e), self.face), in_face(str(amended), self.face))
+        self.failure = amended
+        return amended
 
-    def _failed(self, step: str, e: PhaseError) -> None:
+    def _record(self, step: str, e: PhaseError) -> None:
+        """``e`` is the run's failure, and the report's first cause."""
         self.failure, self.failed_step = e, step
         self.report.fail(e.phase, in_face(str(e), self.face))
+
+    def _failed(self, step: str, e: PhaseError) -> None:
+        self._record(step, e)
         raise e
 
     async def _do(self, step: str, dep: Deployment) -> None:

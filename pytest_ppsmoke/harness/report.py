@@ -121,6 +121,12 @@ class Report:
             self.failed_phase = phase
             self.failed_at = round(time.time(), 3)
 
+    def amend(self, was: str, now: str) -> None:
+        """The recorded cause ``was``, told more fully as ``now`` (the nodes' accounts added to
+        it); a cause other than ``was`` stays as it is."""
+        if self.error == was:
+            self.error = now
+
     def finish(self) -> None:
         """Decide the verdict: a non-empty answer, no failure and every instance destroyed."""
         if self.error is None and not self.text:

@@ -99,8 +99,10 @@ class LoopWatch:
 
     def summary(self) -> dict[str, object]:
         """The stalls for a report: how many, the longest, and the kept ones."""
-        kept = [{"at": s.at, "seconds": s.seconds} for s in self.stalls()]
-        return {"count": self.count, "longest": self.longest, "stalls": kept}
+        found = self.stalls()
+        kept = [{"at": s.at, "seconds": s.seconds} for s in found]
+        under_way = [s.seconds for s in found if s not in self._kept]  # the one not yet counted
+        return {"count": self.count + len(under_way), "longest": max([self.longest, *under_way]), "stalls": kept}
 
     def start(self) -> None:
         """Watch from now on, in a task of the running loop."""

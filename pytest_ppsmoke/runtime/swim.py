@@ -154,7 +154,7 @@ class Membership:
         for ``seconds`` (``stalls.LoopWatch``), long enough that the Acks we were due to read
         meanwhile lie unread, so our next failed probes say as much about us as about their
         targets: +1 on the local health score (each answered probe takes one off again)."""
-        log.info("our own event loop stalled for %.3g s: local health score +1", seconds)
+        log.debug("our own event loop stalled for %.3g s: local health score +1", seconds)  # the watch said it
         self.state.adjust_awareness(1)
 
     def suspicion_timeout_of(self, member_id: str) -> float | None:
