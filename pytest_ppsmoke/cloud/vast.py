@@ -53,6 +53,7 @@ import aiohttp
 
 from .. import checks
 from ..protocol import VAST_ENDPOINTS
+from ..redact import Redactor
 
 # the records, re-exported: code that rents through the client may name them from here
 from .vastrecords import ApiStats, SearchQuotaExceeded, shape
@@ -458,13 +459,8 @@ class VastClient:
         :data:`LOG_POLL_INTERVAL` seconds while it answers anything but 200."""
         stats = self.stats.of("logs_result")
         shown = url.split("?", 1)[0].rsplit("/", 1)[0] + "/..."  # the token stays out of messages
-        secret = [url, url.split("?", 1)[0], *url.split("?", 1)[1:], url.split("?", 1)[0].rsplit("/", 1)[-1]]
-
-        def unsigned(text: str) -> str:  # an error's text may quote the URL, its signature, its token
-            for part in sorted((p for p in secret if p), key=len, reverse=True):
-                text = text.replace(part, shown if part.startswith(("http://", "https://")) else "...")
-            return text
-
+        # an error's text may quote the URL: its token (the last part of its path) and its signature
+        unsigned = Redactor([url.split("?", 1)[0].rsplit("/", 1)[-1], *url.split("?", 1)[1:]])
         if self._bare is None:  # a proxy from the environment for https only, as the API's session
             self._bare = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=self.timeout), trust_env=url.startswith("https://")
@@ -478,7 +474,7 @@ class VastClient:
                         return await resp.text()
                     last = f"HTTP {resp.status}"
             except (aiohttp.ClientError, TimeoutError) as e:
-                last = f"{type(e).__name__}: {unsigned(str(e))}" if str(e) else type(e).__name__
+                last = f"{type(e).__name__}: {unsigned.text(str(e))}" if str(e) else type(e).__name__
             if poll == LOG_POLLS:
                 break
             if self.deadline is not None and self.clock() + LOG_POLL_INTERVAL > self.deadline:
