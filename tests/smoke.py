@@ -6,6 +6,7 @@ appeared nowhere. The ``emulator`` fixture (``tests/conftest.py``) starts the em
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
 import json
 import os
@@ -34,7 +35,7 @@ class Smoke:
         if mode != "--reap":
             self.argv += ["--model", self.model, "--report", str(self.report_path), "-v"]
         self.lines: list[str] = []
-        self.stderr = ""
+        self.err_lines: list[str] = []
         self._new = asyncio.Event()
 
     async def __aenter__(self) -> Smoke:
@@ -61,11 +62,18 @@ class Smoke:
 
     async def _err(self) -> None:
         assert self.proc.stderr is not None
-        self.stderr = (await self.proc.stderr.read()).decode()
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        while chunk := await self.proc.stderr.read(1 << 16):  # any length of line, read as it comes
+            self.err_lines.append(decoder.decode(chunk))
+        self.err_lines.append(decoder.decode(b"", final=True))
 
     @property
     def stdout(self) -> str:
         return "".join(self.lines)
+
+    @property
+    def stderr(self) -> str:
+        return "".join(self.err_lines)
 
     async def wait_line(self, phase: str, timeout: float = 120) -> None:
         """Until the progress line of ``phase`` (printed when the phase ends) has appeared."""
@@ -78,7 +86,16 @@ class Smoke:
                 await asyncio.wait_for(self._new.wait(), 0.5)
 
     async def finish(self, timeout: float = 240) -> int:
-        rc = await asyncio.wait_for(self.proc.wait(), timeout)
+        """Its exit code, once it has exited and its output is read. A run still going after
+        ``timeout`` fails the test with what it printed so far, so that slow and stuck can be told
+        apart (the test's own budget, pytest's ``timeout``, would only dump the test's threads)."""
+        try:
+            rc = await asyncio.wait_for(self.proc.wait(), timeout)
+        except TimeoutError:
+            raise AssertionError(
+                f"pp-smoke-run still running after {timeout} s; its stdout:\n{self.stdout[-3000:]}\n"
+                f"its stderr ends:\n{self.stderr[-6000:]}"
+            ) from None
         await asyncio.gather(*self._readers)
         return rc
 
