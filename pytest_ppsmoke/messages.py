@@ -299,14 +299,16 @@ class FrameCount:
 @dataclass(frozen=True)
 class PeerPath:
     """How a node reaches a peer (``Transport.path``): the selected path, ``direct`` (with the
-    peer's address) or ``relay``, its round trip as QUIC measures it, and who dialled the
-    connection it sends on (``us`` or ``peer``)."""
+    peer's address) or ``relay``, its round trip as QUIC measures it, who dialled the
+    connection it sends on (``us`` or ``peer``), and whether the path is the selected one
+    (False: none was selected at that moment, and this is the one that carried the most out)."""
 
     peer: str
     path: str
     remote_addr: str
     rtt_ms: U32 | None
     dialled_by: str
+    selected: bool
 
 
 @message(43)

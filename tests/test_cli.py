@@ -73,6 +73,12 @@ def test_local_run_says_hello_reports_everything_and_leaves_nothing(tmp_path: Pa
     ]  # fmt: skip
     assert report["frames"]["orchestrator"]["decode"]["received"] == {"InferenceResponse": 1}
     assert report["frames"]["stages"]["pp-stage-0"]["received"]["NextToken"] == len(report["token_ids"])
+    # each stage's own word on how it reaches its peers, as the orchestrator's own links are told
+    told = report["paths"]["stages"]
+    assert {"pp-stage-0->orchestrator", "pp-stage-0->pp-stage-1", "pp-stage-1->orchestrator"} <= set(told), told
+    for link in told.values():
+        assert set(link) == {"path", "remote_addr", "rtt_ms", "dialled_by", "selected"}, link
+        assert link["path"] in ("direct", "relay") and isinstance(link["selected"], bool), link
     # the two cheapest offers that match, each destroyed, and the cost from dph_total x time (each
     # priced for the storage the search allocates: above its dph_base)
     # (the cheaper Blackwell cards, and hosts downloading at 50-80 Mbit/s, are skipped by the query)

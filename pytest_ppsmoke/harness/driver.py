@@ -59,7 +59,7 @@ LATE_TEARDOWN = 0.5  # the share of teardown_timeout a teardown gets even when t
 
 def stage_paths(result: InferenceResult, dep: Deployment) -> dict[str, Any]:
     """How each stage reached its peers during the request, as it said (``StageStats.paths``):
-    ``{"pp-stage-0->pp-stage-1": {path, remote_addr, rtt_ms, dialled_by}, ...}``."""
+    ``{"pp-stage-0->pp-stage-1": {path, remote_addr, rtt_ms, dialled_by, selected}, ...}``."""
     names = {i.endpoint_id: stage_name(i.stage) for i in dep.instances if i.endpoint_id}
     if dep.seed is not None:
         names[dep.seed.id] = "orchestrator"
@@ -69,6 +69,7 @@ def stage_paths(result: InferenceResult, dep: Deployment) -> dict[str, Any]:
             if p.peer in names:
                 out[f"{stage_name(st.stage)}->{names[p.peer]}"] = {
                     "path": p.path, "remote_addr": p.remote_addr, "rtt_ms": p.rtt_ms, "dialled_by": p.dialled_by,
+                    "selected": p.selected,
                 }  # fmt: skip
     return dict(sorted(out.items()))
 

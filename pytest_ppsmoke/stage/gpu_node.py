@@ -496,7 +496,9 @@ class StageActor:
         for peer in self.node.transport.peers():
             p = self.node.transport.path(peer)
             if p is not None and p["path"] is not None:
-                paths.append(PeerPath(peer, p["path"], p["remote_addr"] or "", p["rtt_ms"], p["dialled_by"]))
+                paths.append(
+                    PeerPath(peer, p["path"], p["remote_addr"] or "", p["rtt_ms"], p["dialled_by"], p["selected"])
+                )
         return dataclasses.replace(self.stats.snapshot(self.node.frame_counts()), paths=tuple(paths))
 
     async def on_reference_query(self, msg: ReferenceQuery, ctx: Context) -> ReferenceResult:
