@@ -458,9 +458,10 @@ class VastClient:
         """The text at a log's result URL, once uploaded: read with no key, every
         :data:`LOG_POLL_INTERVAL` seconds while it answers anything but 200."""
         stats = self.stats.of("logs_result")
-        shown = url.split("?", 1)[0].rsplit("/", 1)[0] + "/..."  # the token stays out of messages
-        # an error's text may quote the URL: its token (the last part of its path) and its signature
-        unsigned = Redactor([url.split("?", 1)[0].rsplit("/", 1)[-1], *url.split("?", 1)[1:]])
+        folder, _, token = url.partition("?")[0].rpartition("/")
+        shown = folder + "/..."  # the token (the last part of its path) stays out of messages
+        # and out of an error's text, which may quote the URL, with its signature (the query)
+        unsigned = Redactor([token, url.partition("?")[2]])
         if self._bare is None:  # a proxy from the environment for https only, as the API's session
             self._bare = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=self.timeout), trust_env=url.startswith("https://")

@@ -88,7 +88,7 @@ def capped(lines: Iterable[str], max_lines: int = TAIL_LINES, max_bytes: int = T
         size += len(line.encode()) + 1
         if size > max_bytes:
             if not out and max_bytes > 1:
-                out.append(line.encode()[len(line.encode()) - (max_bytes - 1) :].decode(errors="ignore"))
+                out.append(line.encode()[-(max_bytes - 1) :].decode(errors="ignore"))
             break
         out.append(line)
     return out[::-1]
