@@ -153,6 +153,8 @@ async def test_an_account_from_vast_ai_is_redacted_here_capped_and_named_by_vast
     assert not leaks("\n".join(tail), [KEY, node_key.hex()]) and found[0].source == "vast.ai logs"
     assert rental.asked == [(s, 50) for s in range(5)]
     assert accounts.capped(["x" * 10] * 5, 50, 25) == ["x" * 10] * 2  # the byte cap keeps the newest
+    assert accounts.capped(["abcdef"], 50, 4) == ["def"]  # a newest line over the cap: its end, with its newline
+    assert accounts.capped(["abc"], 50, 1) == []  # no room for a byte beside the newline
     assert "each node's log tail: the report's instances[].log_tail" in accounts.failure_words(found)
 
 
