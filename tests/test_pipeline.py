@@ -313,3 +313,25 @@ async def test_killing_the_last_workers_process_mid_decode_fails_promptly_naming
         await asyncio.wait_for(run, 30)
     assert info.value.phase == "decode"  # tokens had been sampled
     assert asyncio.get_running_loop().time() - killed < 30
+
+
+async def test_an_answer_that_comes_before_stage_0s_accepted_is_taken_once_the_id_is_known() -> None:
+    """Stage 0's Accepted (a reply) and the last stage's InferenceResponse travel apart: with few
+    tokens on a loaded machine the answer can come first. It is kept until the request's id is
+    known, then taken; an answer to another request is still ignored."""
+    from types import SimpleNamespace
+
+    from pytest_ppsmoke.harness.pipeline import _Orchestrator
+
+    counts = iter([{1: (1, 1)}, {1: (2, 2)}])
+    ctx: Any = SimpleNamespace(node=SimpleNamespace(frame_counts=lambda: next(counts)))
+    orch = _Orchestrator(None)
+    ours, stale = InferenceResponse(7, "Hello"), InferenceResponse(6, "an earlier run's")
+    orch.on_inference_response(stale, ctx)
+    orch.on_inference_response(ours, ctx)
+    assert not orch.response.done()  # nothing taken before the id is known
+    orch.accepted(7)
+    assert orch.response.done() and orch.response.result() is ours
+    assert orch.frames_at_response == {1: (2, 2)}  # the counts as ours came
+    orch.on_inference_response(InferenceResponse(7, "again"), SimpleNamespace(node=SimpleNamespace(frame_counts=dict)))
+    assert orch.response.result() is ours

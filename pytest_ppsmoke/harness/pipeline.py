@@ -171,6 +171,9 @@ class _Orchestrator:
         self.frames_at_send: Counts = {}
         self.frames_at_first_token: Counts | None = None
         self.frames_at_response: Counts | None = None
+        # responses that came before stage 0's Accepted (its reply and the pipeline's answer travel
+        # apart: with few tokens on a loaded machine the answer can be first), by request id
+        self.early: dict[int, tuple[InferenceResponse, Counts]] = {}
 
     @property
     def phase(self) -> str:
@@ -184,10 +187,27 @@ class _Orchestrator:
                 self.first_token_callback(self.first_token_at - self.sent_at)
 
     def on_inference_response(self, msg: InferenceResponse, ctx: Context) -> None:
-        if msg.request_id != self.request_id:  # a late answer to an earlier run
+        frames = ctx.node.frame_counts()  # this response counted
+        if self.request_id is None:  # ours not known yet: kept until it is (``accepted``)
+            self.early[msg.request_id] = (msg, frames)
+        elif msg.request_id != self.request_id:  # a late answer to an earlier run
             log.info("ignoring an InferenceResponse for request %d", msg.request_id)
-        elif not self.response.done():
-            self.frames_at_response = ctx.node.frame_counts()  # this response counted
+        else:
+            self._answer(msg, frames)
+
+    def accepted(self, request_id: int) -> None:
+        """Stage 0 said the request's id: a response that came before is taken now."""
+        self.request_id = request_id
+        for early, (msg, frames) in self.early.items():
+            if early == request_id:
+                self._answer(msg, frames)
+            else:
+                log.info("ignoring an InferenceResponse for request %d", early)
+        self.early.clear()
+
+    def _answer(self, msg: InferenceResponse, frames: Counts) -> None:
+        if not self.response.done():
+            self.frames_at_response = frames
             self.response.set_result(msg)
 
 
@@ -259,7 +279,7 @@ async def run_inference(
             raise PhaseError("prefill", f"pp-entry did not take the request: {e}") from None
         if not isinstance(accepted, Accepted):
             raise PhaseError("prefill", f"pp-entry answered {type(accepted).__name__}, expected Accepted")
-        orch.request_id = accepted.request_id
+        orch.accepted(accepted.request_id)
         try:
             response = await asyncio.wait_for(orch.response, timeout)
         except TimeoutError:
