@@ -8,6 +8,8 @@ stage names are computed locally from the stage index and the stage count.
 
 from __future__ import annotations
 
+import enum
+
 ENTRY = "pp-entry"
 EXIT = "pp-exit"
 
@@ -52,16 +54,29 @@ VAST_ENDPOINTS: dict[tuple[str, str], str] = {
 VAST_DOCUMENTED_LIMITS: dict[str, tuple[float, float]] = {"create": (4.5, 12.0), "show": (2.0, 0.0)}
 
 
-def setting(name: str) -> str:
-    """A run's setting as a lower layer names it in a message, by its field name: the face that
-    shows the message writes its own flag there (``harness.settings.in_face``: ``--gpu-ram`` for
-    ``pp-smoke-run``, ``--ppsmoke-gpu-ram`` for pytest). Lower layers name no flag themselves."""
-    return f"<setting:{name}>"
+class Names:
+    """How the face that shows a message names the run's settings: lower layers write
+    ``names.setting("gpu_ram")`` (or ``{gpu_ram}`` in a template formatted with ``names``) and
+    get the face's own flag (``--gpu-ram`` for ``pp-smoke-run``, ``--ppsmoke-gpu-ram`` for
+    pytest), so that no layer below the faces names a flag itself. Built by the face
+    (``harness.settings.face_names``); the default names each setting by its field name."""
 
+    def __init__(self, flags: dict[str, str] | None = None, reap: str = "pp-smoke-run --reap") -> None:
+        self._flags = dict(flags or {})
+        self._reap = reap
 
-def reap_advice(run_id: str) -> str:
-    """How a lower layer tells the user to sweep what a run may have left: the face writes the command."""
-    return f"<reap:{run_id}>"
+    def setting(self, name: str) -> str:
+        """Setting ``name`` (a field of the settings table) as the face writes it."""
+        return self._flags.get(name, name)
+
+    __getitem__ = setting  # str.format_map's lookup
+
+    def reap(self, run_id: str) -> str:
+        """The command that sweeps what run ``run_id`` may have left."""
+        return f"{self._reap} --run-id {run_id}"
+
+    def __repr__(self) -> str:
+        return f"Names({len(self._flags)} flags)"
 
 
 def stage_name(stage: int | None) -> str:
@@ -94,10 +109,90 @@ def reference_method(wire_dtype: str) -> str:
     return "unsplit" if wire_dtype == "f32" else f"unsplit, boundaries rounded to {wire_dtype}"
 
 
-class PhaseError(RuntimeError):
-    """A lifecycle phase failed; ``phase`` names it (rent, boot, converge, load, resolve, ...)."""
+class Phase(enum.StrEnum):
+    """The run's phases, in order: the one table of them. ``PhaseError``, the progress lines, the
+    report's ``failed_phase`` and ``timings``, the JUnit properties and docs/lifecycle.md's table
+    of phases all name a phase by its value. Each member carries its ``hint`` (what to do when it
+    fails, where the failure's own message does not say), the driver ``step`` that runs it, and
+    the instance step (``RentedInstance.timeline``) it waits for on every instance, if it does.
+    A ``StrEnum``: a phase is its name wherever a string is written (JSON, a line, a key)."""
 
-    def __init__(self, phase: str, message: str) -> None:
+    PREFLIGHT = (
+        "preflight",
+        "rent",
+        None,
+        ("nothing was rented; the message says which check refused the run and what to change"),
+    )
+    RENT = (
+        "rent",
+        "rent",
+        "rented",
+        ("check the API key, the network and {vast_url}; if too few offers match, relax the offer constraints"),
+    )
+    BOOT = (
+        "boot",
+        "boot",
+        "running",
+        "the hosts did not start the node image; run again (other offers are picked) or check {image}",
+    )
+    CONVERGE = (
+        "converge",
+        "converge",
+        "joined",
+        (
+            "the orchestrator and a node could not reach each other over iroh (UDP); check the port it forwards, "
+            "the firewall and the node's log"
+        ),
+    )
+    LOAD = (
+        "load",
+        "load",
+        "loaded",
+        "a worker did not load its layers; check {model} and the instances' disk and GPU RAM",
+    )
+    RESOLVE = "resolve", "resolve", None, "a stage did not register its names; the node's log says why"
+    PREFILL = (
+        "prefill",
+        "infer",
+        None,
+        "a stage failed on the prompt; run again with -v for the stage and membership events",
+    )
+    DECODE = (
+        "decode",
+        "infer",
+        None,
+        "a stage failed while generating; run again with -v for the stage and membership events",
+    )
+    REFERENCE = "reference", "reference", None, ""
+    TEARDOWN = "teardown", "", None, ""
+
+    step: str
+    waits_for: str | None
+    hint: str
+
+    def __new__(cls, value: str, step: str, waits_for: str | None, hint: str) -> Phase:
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.step, member.waits_for, member.hint = step, waits_for, hint
+        return member
+
+    def advice(self, names: Names) -> str:
+        """The phase's hint, each setting it names as ``names`` writes it ("" for none)."""
+        return self.hint.format_map(names)
+
+    @property
+    def next(self) -> Phase:
+        """The phase after this one (teardown: itself)."""
+        order = list(Phase)
+        return order[min(order.index(self) + 1, len(order) - 1)]
+
+
+class PhaseError(RuntimeError):
+    """A lifecycle phase failed; ``phase`` names it."""
+
+    def __init__(self, phase: Phase, message: str) -> None:
+        if not isinstance(phase, Phase):
+            raise TypeError(f"PhaseError's phase must be a Phase, got {phase!r}")
         super().__init__(f"{phase}: {message}")
         self.phase = phase
         self.reason = message

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from pytest_ppsmoke.harness import check
+from pytest_ppsmoke.protocol import Names
 
 from .helpers import run_cli
 
@@ -102,7 +103,8 @@ def test_a_run_on_an_emulator_started_apart_or_on_vastai_asks_nothing_of_this_ma
         {"mode": "local", "network": "internet", "vast_url": "http://127.0.0.1:1", "api_key": "k"}, env={}, face="cli"
     )
     vast = read({"mode": "vastai", "runtime": "image", "api_key": "k"}, env={}, face="cli")
-    assert check.refusal(apart) is None and check.refusal(vast) is None
+    names = Names()
+    assert check.refusal(apart, names) is None and check.refusal(vast, names) is None
 
 
 def test_a_preflight_that_gets_no_answer_from_vastai_names_the_fixes() -> None:

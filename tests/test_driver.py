@@ -21,10 +21,11 @@ import pytest
 from pytest_ppsmoke import protocol
 from pytest_ppsmoke.cloud.rental import STEPS
 from pytest_ppsmoke.harness import cli, driver
-from pytest_ppsmoke.harness.report import HINTS, SCHEMA_VERSION, ReferenceFigures, Report, schema
+from pytest_ppsmoke.harness.report import SCHEMA_VERSION, ReferenceFigures, Report, schema
 from pytest_ppsmoke.harness.settings import OPTIONS, WIRE_DTYPES, Settings
 from pytest_ppsmoke.harness.settings import STEPS as RUN_STEPS
 from pytest_ppsmoke.messages import ReferenceResult
+from pytest_ppsmoke.protocol import Names, Phase
 from pytest_ppsmoke.stage.bridge import stderr_text
 
 from .smoke import report_problems
@@ -138,6 +139,7 @@ def test_the_cli_and_the_plugin_write_the_same_report(
 # a field's annotation as the schema types it (an X | None also allows null)
 JSON_TYPES = {
     "str": "string",
+    "Phase": "string",
     "int": "integer",
     "float": "number",
     "bool": "boolean",
@@ -182,7 +184,7 @@ def test_the_shipped_schema_names_every_key_the_report_writes_with_its_type() ->
 def test_a_report_validates_and_an_unknown_key_is_refused() -> None:
     report = Report("local", "smollm2:135m", "hi", 4, 2, "bf16")
     assert report_problems(report.to_json()) == []  # before anything ran
-    report.fail("converge", "converge: 1 of 3 members alive")
+    report.fail(Phase.CONVERGE, "converge: 1 of 3 members alive")
     report.reference = ReferenceFigures(state="failed", detail="the node is gone")
     report.finish()
     assert report_problems(report.to_json()) == []
@@ -196,9 +198,10 @@ def test_the_headline_is_one_line_whatever_the_error_holds() -> None:
     """A failure is one line: an error that spans lines (a worker's traceback, a node's message)
     is joined, its blank lines dropped; the hint follows it on the same line."""
     report = Report("local", "m", "hi", 4, 2, "bf16")
-    report.fail("load", "load: pp-stage-1 worker exited with status 1; Traceback:\n  File x\n\nValueError: bad\n")
+    report.fail(Phase.LOAD, "load: pp-stage-1 worker exited with status 1; Traceback:\n  File x\n\nValueError: bad\n")
     assert report.headline() == (
-        f"load: pp-stage-1 worker exited with status 1; Traceback: | File x | ValueError: bad ({HINTS['load']})"
+        "load: pp-stage-1 worker exited with status 1; Traceback: | File x | ValueError: bad "
+        f"({Phase.LOAD.advice(Names())})"
     )
     assert stderr_text("") == "its stderr is empty" and stderr_text("one\n") == "its stderr ends: one"
     assert stderr_text("Traceback:\n  File x\nValueError: bad\n\n") == (

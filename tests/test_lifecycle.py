@@ -28,8 +28,8 @@ from pytest_ppsmoke.cloud.vast import VastClient
 from pytest_ppsmoke.harness.deployment import Deployment
 from pytest_ppsmoke.harness.pipeline import locate_stages
 from pytest_ppsmoke.harness.reach import load_totals
-from pytest_ppsmoke.harness.report import HINTS
 from pytest_ppsmoke.harness.runconfig import RunConfig
+from pytest_ppsmoke.harness.settings import face_names
 from pytest_ppsmoke.messages import (
     InferenceRequest,
     InferenceResponse,
@@ -40,7 +40,7 @@ from pytest_ppsmoke.messages import (
     WeightLoad,
     WireDtype,
 )
-from pytest_ppsmoke.protocol import ORCHESTRATOR_ACTOR, STAGE_ACTOR
+from pytest_ppsmoke.protocol import ORCHESTRATOR_ACTOR, STAGE_ACTOR, Phase
 from pytest_ppsmoke.runtime.codec import ActorAddress, MemberState, MemberStatus
 from pytest_ppsmoke.runtime.swim import MemberEvent
 from pytest_ppsmoke.runtime.transport import TransportError
@@ -65,7 +65,7 @@ def assert_failed_at(smoke: Smoke, report: dict[str, Any], phase: str, message: 
     with the phase's advice, the same error in the report; the match of ``message``."""
     lines = [line for line in smoke.stderr.splitlines() if line.startswith("pp-smoke-run: failed at ")]
     assert len(lines) == 1, smoke.stderr[-3000:]
-    hint = re.escape(HINTS[phase])
+    hint = re.escape(Phase[phase.upper()].advice(face_names("cli")))
     line = rf"pp-smoke-run: failed at {phase}: (?:{message})(?:{ACCOUNTS})? \({hint}\)"
     assert re.fullmatch(line, lines[0]), lines[0]
     assert report["ok"] is False and report["exit_code"] == 1 and report["failed_phase"] == phase

@@ -114,7 +114,7 @@ async def test_the_registry_is_asked_as_a_pull_asks_it(regs: Registries) -> None
         ("missing repository", "not found", "does not exist"),
         ("private", "private", "asks for a login"),
         ("arm64 only", "platform", "has no linux/amd64 manifest (it has linux/arm64)"),
-        ("nothing listening", "unreachable", "<setting:preflight> off"),
+        ("nothing listening", "unreachable", "preflight off"),
         ("no registry", "bad name", "names no registry"),
         ("no tag", "bad name", "names no tag"),
     ],
@@ -213,11 +213,11 @@ async def test_a_run_that_cannot_succeed_is_refused_before_any_create(
     config = RunConfig(image=image, model=synth_model, num_stages=3 if case == "stages" else 2)
     assert config.check_image is True  # a registry on loopback: asked in local mode too
     expected = {
-        "refused key": "vast.ai refused the API key (HTTP 401); check <setting:api_key>",
+        "refused key": "vast.ai refused the API key (HTTP 401); check api_key",
         "missing image": "does not exist (MANIFEST_UNKNOWN: manifest unknown)",
         "private image": "is private",
         "credit": "the account's credit, $0.00, does not cover the run's worst case",
-        "stages": f"has {SYNTH.blocks} block(s), fewer than the 3 stages; lower <setting:num_stages>",
+        "stages": f"has {SYNTH.blocks} block(s), fewer than the 3 stages; lower num_stages",
     }[case]
     async with fake:
         async with VastClient("not-the-key" if case == "refused key" else KEY, fake.url) as vast:
@@ -246,8 +246,8 @@ async def test_a_named_models_blocks_refuse_more_stages_before_the_offer_search(
             await dep.rent()
         assert e.value.phase == "preflight"
         assert str(e.value) == (
-            f"preflight: <setting:model> {model!r} has {blocks} block(s), fewer than the {stages} stages; "
-            f"lower <setting:num_stages> to at most {blocks}"
+            f"preflight: model {model!r} has {blocks} block(s), fewer than the {stages} stages; "
+            f"lower num_stages to at most {blocks}"
         )
         assert [p for _, p, _ in fake.requests] == ["/api/v0/users/current"]  # no offer search, no create
 
@@ -268,7 +268,7 @@ async def test_a_gguf_cut_short_is_refused_naming_the_file_before_any_create(cut
         with pytest.raises(PhaseError) as e:
             await dep.rent()
         assert e.value.phase == "preflight"
-        assert f"<setting:model> '{cut}': {cut} is cut short: " in str(e.value)
+        assert f"model '{cut}': {cut} is cut short: " in str(e.value)
         assert f"but the file has {size:,} bytes" in str(e.value)
         assert creates(fake) == [] and dep.creates_sent == 0
 

@@ -98,16 +98,37 @@ def test_the_table_is_in_the_settings_tables_order() -> None:
 
 
 def test_a_lower_layers_message_names_each_faces_own_flags() -> None:
-    """cloud/ names a setting by its field name (protocol.setting); each face writes its own flag."""
-    from pytest_ppsmoke.harness.settings import in_face
-    from pytest_ppsmoke.protocol import reap_advice, setting
+    """cloud/ names a setting through the face's ``Names``, by its field name; each face's names
+    are its own flags, in a message and in a phase's advice alike."""
+    from pytest_ppsmoke.harness.settings import face_names
+    from pytest_ppsmoke.protocol import Names, Phase
 
-    message = f"Relax {setting('gpu_ram')} or {setting('max_price')}; run {reap_advice('r1')}"
-    assert in_face(message, "cli") == "Relax --gpu-ram or --max-price; run pp-smoke-run --reap --run-id r1"
-    assert in_face(message, "pytest") == (
+    def message(names: Names) -> str:
+        return f"Relax {names.setting('gpu_ram')} or {names.setting('max_price')}; run {names.reap('r1')}"
+
+    assert message(face_names("cli")) == "Relax --gpu-ram or --max-price; run pp-smoke-run --reap --run-id r1"
+    assert message(face_names("pytest")) == (
         "Relax --ppsmoke-gpu-ram or --ppsmoke-max-price; run pp-smoke-run --reap --run-id r1"
     )
-    assert in_face(setting("num_stages"), "pytest") == "--ppsmoke-stages"
+    assert face_names("pytest").setting("num_stages") == "--ppsmoke-stages"
+    assert "check --ppsmoke-model and" in Phase.LOAD.advice(face_names("pytest"))
+    assert "check --model and" in Phase.LOAD.advice(face_names("cli"))
+    assert "{" not in Phase.BOOT.advice(Names()) and "image" in Phase.BOOT.advice(Names())
+
+
+def test_every_phase_advice_names_only_settings() -> None:
+    """A phase's advice names a setting by a field of the settings table, never a flag: a
+    misspelt name would be written as it is, which no face's flag matches."""
+    import string
+
+    from pytest_ppsmoke.harness.settings import OPTIONS
+    from pytest_ppsmoke.protocol import Phase
+
+    fields = {o.name for o in OPTIONS}
+    for phase in Phase:
+        named = {f for _, f, _, _ in string.Formatter().parse(phase.hint) if f}
+        assert named <= fields, (phase, named - fields)
+        assert "--" not in phase.hint, phase
 
 
 def test_every_test_the_docs_name_exists() -> None:

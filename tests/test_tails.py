@@ -27,7 +27,7 @@ from pytest_ppsmoke.cloud.rental import RentedInstance
 from pytest_ppsmoke.cloud.vastrecords import Offer
 from pytest_ppsmoke.harness import accounts, driver
 from pytest_ppsmoke.harness.settings import Settings
-from pytest_ppsmoke.protocol import PhaseError
+from pytest_ppsmoke.protocol import Phase, PhaseError
 from pytest_ppsmoke.redact import forms
 
 from .helpers import run_cli
@@ -244,13 +244,13 @@ async def test_an_interruption_while_the_accounts_are_asked_keeps_the_failure_as
         phase="decode",
     )
     run.started = time.monotonic()
-    cause = PhaseError("decode", "pp-stage-1 dropped out of the cluster mid-request")
+    cause = PhaseError(Phase.DECODE, "pp-stage-1 dropped out of the cluster mid-request")
     step = asyncio.ensure_future(run._accounted("decode", cause))
     await asyncio.wait_for(asking.wait(), 30)
     step.cancel()
     with pytest.raises(asyncio.CancelledError):
         await step
-    run.report.fail("decode", "interrupted by SIGINT")  # what the interruption records after it
+    run.report.fail(Phase.DECODE, "interrupted by SIGINT")  # what the interruption records after it
     assert run.failure is cause and run.failed_step == "decode"
     assert run.report.failed_phase == "decode" and run.report.error is not None
     assert "pp-stage-1 dropped out of the cluster mid-request" in run.report.error

@@ -27,7 +27,7 @@ from typing import Any
 import aiohttp
 from multidict import CIMultiDict
 
-from ..protocol import setting
+from ..protocol import Names
 
 PLATFORM = "linux/amd64"  # what vast.ai's hosts run
 INDEX_TYPES = ("application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json")
@@ -132,8 +132,8 @@ def _codes(text: str) -> str:
 class _Registry:
     """One inspection's requests: the token once it is granted."""
 
-    def __init__(self, http: aiohttp.ClientSession, ref: ImageRef) -> None:
-        self.http, self.ref = http, ref
+    def __init__(self, http: aiohttp.ClientSession, ref: ImageRef, names: Names) -> None:
+        self.http, self.ref, self.names = http, ref, names
         self.token: str | None = None
 
     async def get(self, path: str, accept: str) -> tuple[int, CIMultiDict[str], bytes]:
@@ -154,7 +154,7 @@ class _Registry:
             "private",
             f"image {self.ref} is private: {self.ref.registry} asks for a login to pull it, and vast.ai's hosts "
             "pull anonymously; make the package public (docs/image.md) or pass "
-            f"{setting('image')} of a public one",
+            f"{self.names.setting('image')} of a public one",
         )
 
     async def _anonymous_token(self, params: dict[str, str]) -> str:
@@ -168,7 +168,7 @@ class _Registry:
                 "private",
                 f"image {self.ref} is private: {self.ref.registry}'s token service refused an anonymous pull "
                 f"(HTTP {status}); make the package public (docs/image.md) or pass "
-                f"{setting('image')} of a public one",
+                f"{self.names.setting('image')} of a public one",
             )
         try:
             data = json.loads(text)
@@ -177,18 +177,22 @@ class _Registry:
             raise ImageProblem("bad answer", f"{self.ref.registry}'s token service answered no token") from None
 
 
-async def inspect_image(name: str, platform: str = PLATFORM, timeout: float = TIMEOUT) -> ImageInfo:
-    """What a pull of ``name`` would find (module docstring); ImageProblem on any problem."""
+async def inspect_image(
+    name: str, platform: str = PLATFORM, timeout: float = TIMEOUT, names: Names | None = None
+) -> ImageInfo:
+    """What a pull of ``name`` would find (module docstring); ImageProblem on any problem, each
+    setting its advice names as ``names`` writes it."""
+    names = names or Names()
     ref = ImageRef.parse(name)
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as http:
-            return await _inspect(_Registry(http, ref), platform)
+            return await _inspect(_Registry(http, ref, names), platform)
     except (aiohttp.ClientError, TimeoutError) as e:
         why = f"{type(e).__name__}: {e}" if str(e) else f"no answer within {timeout:g} s"
         raise ImageProblem(
             "unreachable",
             f"cannot ask {ref.registry} for image {ref} ({why}); check the name and the network, "
-            f"or skip this check with {setting('preflight')} off",
+            f"or skip this check with {names.setting('preflight')} off",
         ) from None
 
 
@@ -200,7 +204,7 @@ async def _inspect(reg: _Registry, platform: str) -> ImageInfo:
         raise ImageProblem(
             "not found",
             f"image {ref} does not exist ({codes}); publish it (a version tag runs the image workflow) "
-            f"or pass {setting('image')}",
+            f"or pass {reg.names.setting('image')}",
         )
     if status == 403:
         raise ImageProblem(

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..ggufinfo import GGUFError, blocks_of, check_complete
-from ..protocol import PhaseError, setting
+from ..protocol import Names, Phase, PhaseError
 from ..stage.catalog import declared
 from .oci import ImageInfo, ImageProblem, ImageRef, inspect_image, on_loopback
 from .vast import VastClient
@@ -72,7 +72,7 @@ def image_check(image: str, vastai: bool) -> bool | str:
 
 
 def _fail(message: str) -> PhaseError:
-    return PhaseError("preflight", message)
+    return PhaseError(Phase.PREFLIGHT, message)
 
 
 async def preflight(
@@ -84,35 +84,39 @@ async def preflight(
     check_image: bool | str,
     model: str,
     budget_s: float,
+    names: Names,
 ) -> Preflight:
     """The checks of the module docstring; PhaseError (phase ``preflight``) on the first that
     fails. ``check_image``: True to ask the image's registry, or the reason it is not asked."""
     started = time.monotonic()
     found = Preflight()
-    found.credit = await _key(vast)
+    found.credit = await _key(vast, names)
     if check_image is True:
         try:
-            found.image = await inspect_image(image)
+            found.image = await inspect_image(image, names=names)
         except ImageProblem as e:
             raise _fail(str(e)) from None
         found.image_checked = "checked"
     else:
         found.image_checked = str(check_image) or "not asked"
-    found.blocks = _blocks(model, num_stages)
-    found.offers = await find_offers(vast, query, num_stages)
+    found.blocks = _blocks(model, num_stages, names)
+    found.offers = await find_offers(vast, query, num_stages, names)
     rate = sum(o.dph_total for o in found.offers[:num_stages])
     found.worst_case_usd = rate * budget_s / 3600
     if found.credit is not None and found.credit < found.worst_case_usd:
         raise _fail(
             f"the account's credit, ${found.credit:.2f}, does not cover the run's worst case, "
             f"${found.worst_case_usd:.2f} ({num_stages} instances at ${rate:.3f}/h in all for the "
-            f"{budget_s:g} s budget); add credit on vast.ai, or lower {setting('budget')} or {setting('max_price')}"
+            f"{budget_s:g} s budget); add credit on vast.ai, or lower {names.setting('budget')} or "
+            f"{names.setting('max_price')}"
         )
     found.seconds = time.monotonic() - started
     return found
 
 
-async def find_offers(vast: VastClient, query: OfferQuery, num_stages: int, phase: str = "preflight") -> list[Offer]:
+async def find_offers(
+    vast: VastClient, query: OfferQuery, num_stages: int, names: Names, phase: Phase = Phase.PREFLIGHT
+) -> list[Offer]:
     """The offers that match ``query``, cheapest first: the search the rent uses, with or without
     the pre-flight. PhaseError (``phase``) if it fails or fewer than ``num_stages`` match."""
     try:
@@ -120,43 +124,45 @@ async def find_offers(vast: VastClient, query: OfferQuery, num_stages: int, phas
     except SearchQuotaExceeded as e:  # its own words: a daily quota, not a failed search
         raise PhaseError(phase, str(e)) from None
     except VastError as e:
-        raise PhaseError(phase, unreachable(vast, e) if e.status == 0 else f"searching offers failed: {e}") from None
+        raise PhaseError(
+            phase, unreachable(vast, e, names) if e.status == 0 else f"searching offers failed: {e}"
+        ) from None
     if len(offers) < num_stages:
         raise PhaseError(
             phase,
             f"{len(offers)} offer(s) match ({query.describe()}); {num_stages} are needed. "
-            f"Relax {setting('gpu_ram')}, {setting('max_price')} or {setting('min_reliability')}",
+            f"Relax {names.setting('gpu_ram')}, {names.setting('max_price')} or {names.setting('min_reliability')}",
         )
     return offers
 
 
-def unreachable(vast: VastClient, e: VastError) -> str:
+def unreachable(vast: VastClient, e: VastError, names: Names) -> str:
     """A call that got no answer (connection refused, a name that does not resolve, a timeout):
     where it went, why, and the fixes."""
     return (
         f"cannot reach vast.ai at {vast.base_url} ({e}); check this machine's network and its proxy "
-        f"(HTTPS_PROXY), or point {setting('vast_url')} at the API"
+        f"(HTTPS_PROXY), or point {names.setting('vast_url')} at the API"
     )
 
 
-async def _key(vast: VastClient) -> float | None:
+async def _key(vast: VastClient, names: Names) -> float | None:
     """The account's credit ($), None where the record has none; PhaseError if the key is refused."""
     try:
         user = await vast.current_user()
     except VastError as e:
         if e.status in (401, 403):
             raise _fail(
-                f"vast.ai refused the API key (HTTP {e.status}); check {setting('api_key')} "
+                f"vast.ai refused the API key (HTTP {e.status}); check {names.setting('api_key')} "
                 "(the key on vast.ai's Account page)"
             ) from None
         if e.status == 0:
-            raise _fail(unreachable(vast, e)) from None
+            raise _fail(unreachable(vast, e, names)) from None
         raise _fail(f"asking vast.ai for the account failed: {e}") from None
     credit = user.get("credit")
     return float(credit) if isinstance(credit, (int, float)) and not isinstance(credit, bool) else None
 
 
-def _blocks(model: str, num_stages: int) -> int | None:
+def _blocks(model: str, num_stages: int, names: Names) -> int | None:
     """The model's blocks: a catalogue name's declared count, or a GGUF file's here, whose header
     is read and whose tensors must lie within the file (None for a URL); PhaseError if fewer
     than the stages."""
@@ -170,10 +176,10 @@ def _blocks(model: str, num_stages: int) -> int | None:
         try:
             blocks = blocks_of(check_complete(path).metadata, path)
         except (GGUFError, OSError) as e:
-            raise _fail(f"{setting('model')} {model!r}: {e}") from None
+            raise _fail(f"{names.setting('model')} {model!r}: {e}") from None
     if blocks < num_stages:
         raise _fail(
-            f"{setting('model')} {model!r} has {blocks} block(s), fewer than the {num_stages} stages; "
-            f"lower {setting('num_stages')} to at most {blocks}"
+            f"{names.setting('model')} {model!r} has {blocks} block(s), fewer than the {num_stages} stages; "
+            f"lower {names.setting('num_stages')} to at most {blocks}"
         )
     return blocks

@@ -27,7 +27,7 @@ from typing import Any
 
 from .. import DEFAULT_IMAGE
 from ..nodeenv import DEFAULTS
-from ..protocol import BOOT_POLL_INTERVAL, BOOT_POLLS, BUDGET, DIRECT_PORT, PhaseError, reap_advice, setting, stage_name
+from ..protocol import BOOT_POLL_INTERVAL, BOOT_POLLS, BUDGET, DIRECT_PORT, Names, Phase, PhaseError, stage_name
 from .preflight import Preflight, find_offers, image_check, preflight
 from .vast import Instance, Label, NeverRuns, Offer, OfferGone, OfferQuery, VastClient, VastError, going_away
 
@@ -60,6 +60,7 @@ class RentalConfig:
     preflight: bool = True  # the checks before the first create (.preflight)
     check_image: bool | str | None = None  # ask the image's registry; a str: why not; None: image_check decides
     budget: float = BUDGET  # the run's seconds: the credit must cover the offers' $/h for this long
+    names: Names = field(default_factory=Names)  # how the face names a setting in a failure's advice
 
     def __post_init__(self) -> None:
         if self.num_stages < 2:
@@ -175,10 +176,10 @@ class Rental:
         rented. Off (``config.preflight``): the offer search alone, in the rent."""
         c = self.config
         if not c.preflight:
-            return await find_offers(self.vast, c.query, c.num_stages, phase="rent")
+            return await find_offers(self.vast, c.query, c.num_stages, c.names, phase=Phase.RENT)
         self.preflight = await preflight(
             self.vast, query=c.query, num_stages=c.num_stages, image=c.image, check_image=c.check_image or "",
-            model=c.model, budget_s=c.budget,
+            model=c.model, budget_s=c.budget, names=c.names,
         )  # fmt: skip
         return self.preflight.offers
 
@@ -204,10 +205,10 @@ class Rental:
             if offer is None:
                 taken = ", ".join(str(o["offer"]) for o in self.offers_skipped)
                 raise PhaseError(
-                    "rent",
+                    Phase.RENT,
                     f"no matching offer left for stage {stage}: {len(offers)} matched, and {taken} were taken "
-                    f"between search and create. Relax {setting('gpu_ram')}, {setting('max_price')} or "
-                    f"{setting('min_reliability')}, or try again",
+                    f"between search and create. Relax {c.names.setting('gpu_ram')}, {c.names.setting('max_price')} or "
+                    f"{c.names.setting('min_reliability')}, or try again",
                 )
             self._tried.add(offer.id)
             inst = RentedInstance(stage, offer, Label(self.run_id, stage).format(), endpoint_id=endpoint_id)
@@ -223,7 +224,7 @@ class Rental:
                 continue
             except VastError as e:
                 self._uncertain_creates = e.status == 0  # a definite refusal rented nothing
-                raise PhaseError("rent", f"creating stage {stage} on offer {offer.id} was rejected: {e}") from None
+                raise PhaseError(Phase.RENT, f"creating stage {stage} on offer {offer.id} was rejected: {e}") from None
             self._uncertain_creates = False
             inst.created_at = time.time()
             self.instances.append(inst)  # one cancelled while its create was in flight is found by the sweep
@@ -237,7 +238,7 @@ class Rental:
         if len(self.offers_skipped) > self.config.offer_races:
             taken = ", ".join(str(o["offer"]) for o in self.offers_skipped)
             raise PhaseError(
-                "rent",
+                Phase.RENT,
                 f"{len(self.offers_skipped)} offers were taken by someone else between search and create "
                 f"({taken}); the market is moving too fast: try again",
             ) from None
@@ -250,7 +251,7 @@ class Rental:
         return detail
 
     async def wait_running(self, inst: RentedInstance) -> None:
-        """``inst`` running within its boot window (PhaseError("boot") naming its stage and why
+        """``inst`` running within its boot window (PhaseError(Phase.BOOT) naming its stage and why
         not), and, where its create asked for one, the port vast.ai forwards to it."""
         c = self.config
         assert inst.id is not None
@@ -265,13 +266,13 @@ class Rental:
         except NeverRuns as e:
             fix = ""
             if e.failure == "image pull":
-                fix = f"; check that image {c.image} exists and is public, or pass {setting('image')}"
-            raise PhaseError("boot", f"stage {inst.stage}: {e}{fix}") from None
+                fix = f"; check that image {c.image} exists and is public, or pass {c.names.setting('image')}"
+            raise PhaseError(Phase.BOOT, f"stage {inst.stage}: {e}{fix}") from None
         except TimeoutError as e:
             window = f"its {c.boot_window:g} s boot window ({c.polls} polls at vast.ai's {BOOT_POLL_INTERVAL:g} s)"
-            raise PhaseError("boot", f"stage {inst.stage}: not running within {window}: {e}") from None
+            raise PhaseError(Phase.BOOT, f"stage {inst.stage}: not running within {window}: {e}") from None
         except VastError as e:
-            raise PhaseError("boot", f"stage {inst.stage}: {e}") from None
+            raise PhaseError(Phase.BOOT, f"stage {inst.stage}: {e}") from None
         if c.direct:
             inst.public_udp = await self._forwarded(inst, record)
 
@@ -355,7 +356,7 @@ class Rental:
     # --- teardown ----------------------------------------------------------------------------
 
     async def close(self) -> None:
-        """Destroy every instance of this run. Raises PhaseError("teardown") naming every instance
+        """Destroy every instance of this run. Raises PhaseError(Phase.TEARDOWN) naming every instance
         that could not be destroyed; never stops at the first failure, and ends within
         ``teardown_timeout`` even when vast.ai does not answer."""
         try:
@@ -371,11 +372,12 @@ class Rental:
         problems = [f"{i.name} was NOT destroyed: {i.destroy_error}" for i in failed] + self.teardown_errors
         if problems:
             advice = (
-                f". Something may still be billing: run {reap_advice(self.run_id)}, or check the vast.ai console"
+                f". Something may still be billing: run {self.config.names.reap(self.run_id)}, "
+                "or check the vast.ai console"
                 if self.creates_sent
                 else " (no instance was ever created)"
             )
-            raise PhaseError("teardown", "; ".join(problems) + advice)
+            raise PhaseError(Phase.TEARDOWN, "; ".join(problems) + advice)
 
     def close_line(self) -> str:
         failed = sum(1 for i in self.instances if i.destroy_error)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from ..network.netns import unavailable
 from ..network.profiles import NAT_PROFILES, PROFILES
-from ..protocol import setting
+from ..protocol import Names
 from .settings import Settings
 
 
@@ -83,17 +83,17 @@ def report() -> list[str]:
     return [f"{need.what}: {'ok' if (fix := need.missing()) is None else f'missing: {fix}'}" for need in NEEDS]
 
 
-def refusal(s: Settings) -> str | None:
+def refusal(s: Settings, names: Names) -> str | None:
     """Why this machine cannot run ``s``, in one line that says what to install; None if it can.
-    Lower layers' wording: a setting as ``protocol.setting`` names it."""
+    Each setting named as ``names`` (the face's) writes it."""
     if not s.local or s.vast_url:
         return None
     needs = []
     if s.network != "loopback":
         nat = s.network.split(";", 1)[0].strip() in NAT_PROFILES
-        needs.append(Need(f"{setting('network')} {s.network}", (IPTABLES,) if nat else (), namespaces=True))
+        needs.append(Need(f"{names.setting('network')} {s.network}", (IPTABLES,) if nat else (), namespaces=True))
     if s.runtime == "image":
-        needs.append(Need(f"{setting('runtime')} image", (BUILDAH,)))
+        needs.append(Need(f"{names.setting('runtime')} image", (BUILDAH,)))
     for need in needs:
         if (fix := need.missing()) is not None:
             tools = need.needs()

@@ -35,7 +35,7 @@ from ..protocol import PhaseError
 from .accounts import WHERE
 from .driver import SmokeRun
 from .progress import Progress
-from .settings import GROUPS, OPTIONS, STEPS, VAST_URL, Parser, SettingError, Settings, in_face, read
+from .settings import GROUPS, OPTIONS, STEPS, VAST_URL, Parser, SettingError, Settings, face_names, read
 
 log = logging.getLogger(__name__)
 
@@ -92,8 +92,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Settings]:
     if args.local and settings.grid == "off":
         from .check import refusal  # a tool this run needs and this machine lacks: nothing starts
 
-        if (why := refusal(settings)) is not None:  # one line, the tool to install last: not the help's business
-            p.exit(2, f"{p.prog}: error: {in_face(why, 'cli')}\n")
+        if (why := refusal(settings, face_names("cli"))) is not None:  # one line, the tool to install last
+            p.exit(2, f"{p.prog}: error: {why}\n")
     return args, settings
 
 
@@ -187,7 +187,10 @@ def main(argv: list[str] | None = None) -> int:
         for name, text in r.tails():
             print(f"pp-smoke-run: {name}:\n  " + "\n  ".join(text.splitlines()), file=sys.stderr)
     if not r.ok and r.error != r.teardown_error:  # the first cause, last: what a user reads first
-        print(f"pp-smoke-run: failed at {tails_pointed(r.headline(), settings.report, args.verbose)}", file=sys.stderr)
+        print(
+            f"pp-smoke-run: failed at {tails_pointed(r.headline(face_names('cli')), settings.report, args.verbose)}",
+            file=sys.stderr,
+        )
     if settings.report:
         settings.report.write_text(json.dumps(r.to_json(), indent=2) + "\n")
     return r.exit_code

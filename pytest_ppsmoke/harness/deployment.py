@@ -38,7 +38,7 @@ from typing import Any
 from ..cloud.rental import STEPS, Rental, RentedInstance
 from ..cloud.vast import Offer, VastClient
 from ..messages import NodeStatus
-from ..protocol import PhaseError, stage_name
+from ..protocol import Phase, PhaseError, stage_name
 from ..runtime.cluster import converge, resolve_names
 from ..runtime.localproc import ClusterKeys
 from ..runtime.node import Node, NodeConfig
@@ -49,17 +49,6 @@ from . import reach
 from .runconfig import NODE_FIELDS, RunConfig
 
 log = logging.getLogger(__name__)
-
-NEXT_PHASE = {
-    "preflight": "rent",
-    "rent": "boot",
-    "boot": "converge",
-    "converge": "load",
-    "load": "resolve",
-    "resolve": "prefill",
-}
-# the instance step each phase waits for on every instance
-PHASE_STEP = {"rent": "rented", "boot": "running", "converge": "joined", "load": "loaded"}
 
 
 def new_run_id() -> str:
@@ -73,7 +62,7 @@ class Deployment(Resource):
         config: RunConfig,
         *,
         run_id: str | None = None,
-        on_phase: Callable[[str, float, str], None] | None = None,
+        on_phase: Callable[[Phase, float, str], None] | None = None,
     ) -> None:
         self.vast, self.config = vast, config
         self.run_id = run_id or new_run_id()
@@ -87,8 +76,8 @@ class Deployment(Resource):
         # each stage's last status during the load, and when it came (monotonic): the progress line's
         self.statuses: dict[int, tuple[NodeStatus, float]] = {}
         self.timings: dict[str, float] = {}
-        self.on_start: Callable[[str], None] | None = None  # told each phase as it begins
-        self._phase = "rent"
+        self.on_start: Callable[[Phase], None] | None = None  # told each phase as it begins
+        self._phase = Phase.RENT
         self.lost: asyncio.Future[PhaseError] | None = None  # the first failure: an instance's, or a host lost
         self.swim_timing: dict[str, Any] = {}  # the round trips measured after converge, and SWIM's timing
         self.swim_deaths: list[dict[str, Any]] = []  # stages the orchestrator's SWIM saw die, and when
@@ -101,12 +90,12 @@ class Deployment(Resource):
         return f"Deployment({self.run_id}, {len(self.instances)} instances)"
 
     @property
-    def phase(self) -> str:
+    def phase(self) -> Phase:
         """The phase under way: named when something interrupts it; ``on_start`` hears each one set."""
         return self._phase
 
     @phase.setter
-    def phase(self, phase: str) -> None:
+    def phase(self, phase: Phase) -> None:
         self._phase = phase
         if self.on_start is not None:
             self.on_start(phase)
@@ -148,17 +137,17 @@ class Deployment(Resource):
     def cost_usd(self) -> float:
         return self.rental.cost_usd()
 
-    def _begin(self, phase: str) -> float:
+    def _begin(self, phase: Phase) -> float:
         self.phase = phase
         return time.monotonic()
 
-    def _done(self, phase: str, started: float, detail: str = "") -> None:
+    def _done(self, phase: Phase, started: float, detail: str = "") -> None:
         """The phase's time, and its line; from the line on, an interruption is the next phase's
         (the user has seen this one end)."""
         self.timings[phase] = round(time.monotonic() - started, 4)
         if self.on_phase is not None:
             self.on_phase(phase, self.timings[phase], detail)
-        self.phase = NEXT_PHASE.get(phase, self.phase)
+        self.phase = phase.next
 
     async def start(self) -> None:
         await self.rent()
@@ -206,8 +195,12 @@ class Deployment(Resource):
         self.ready[inst.stage] = await reach.loaded(self.seed, inst, self.config, seen)
         self._stamp(inst, "loaded")
 
-    async def _every(self, step: str) -> None:
-        """Until every instance has reached ``step``; the run's first failure is raised at once."""
+    async def _every(self, phase: Phase) -> None:
+        """Until every instance has reached the step ``phase`` waits for; the run's first failure
+        is raised at once."""
+        step = phase.waits_for
+        if step is None:
+            raise ValueError(f"phase {phase} waits for no instance step")
         while True:
             if self.lost is not None and self.lost.done():
                 raise self.lost.result()
@@ -230,15 +223,15 @@ class Deployment(Resource):
         Off (``config.preflight``): the offer search alone, in the rent."""
         if not self.config.preflight:
             return await self.rental.check()
-        t = self._begin("preflight")
+        t = self._begin(Phase.PREFLIGHT)
         offers = await self.rental.check()
-        self._done("preflight", t, self.rental.preflight_line())
+        self._done(Phase.PREFLIGHT, t, self.rental.preflight_line())
         return offers
 
     async def rent(self) -> None:
         c = self.config
         offers = await self.check()
-        t = self._begin("rent")
+        t = self._begin(Phase.RENT)
         self._began = t
         self.lost = asyncio.get_running_loop().create_future()
         self.seed = Node(
@@ -269,7 +262,7 @@ class Deployment(Resource):
                 await asyncio.wait([self._seed_up])
         self._seed_up.result()
         self._tasks.append(asyncio.ensure_future(self._watch_hosts()))
-        self._done("rent", t, self.rental.rent_line())
+        self._done(Phase.RENT, t, self.rental.rent_line())
 
     async def _rent_all(self, offers: list[Offer]) -> None:
         """Each stage's create in turn; each instance starts its own steps once its create is in."""
@@ -291,24 +284,24 @@ class Deployment(Resource):
         return {**node.to_env(), **c.extra_env}
 
     async def boot(self) -> None:
-        t = self._begin("boot")
-        await self._every(PHASE_STEP["boot"])
-        self._done("boot", t, f"{len(self.instances)} running")
+        t = self._begin(Phase.BOOT)
+        await self._every(Phase.BOOT)
+        self._done(Phase.BOOT, t, f"{len(self.instances)} running")
 
     async def converge(self) -> None:
         """Every node joined (each within its deadline, from its running), then every member's own
         view holding all 1 + N alive, and SWIM timed to the round trips measured, the orchestrator's
         and every node's (:func:`reach.time_swim`)."""
-        t = self._begin("converge")
+        t = self._begin(Phase.CONVERGE)
         assert self.seed is not None
         c = self.config
-        await self._every(PHASE_STEP["converge"])
+        await self._every(Phase.CONVERGE)
         await converge(
             self.seed, self.keys.ids, c.converge_timeout, lambda missing: reach.explain(self.instances, c, missing)
         )
         self.swim_timing = await reach.time_swim(self.seed, self.instances, c)
         self.seed.membership.add_listener(self._on_member)  # until the seed closes, teardown included
-        self._done("converge", t, f"{len(self.keys.ids)} members" + self._paths_line() + self._swim_line())
+        self._done(Phase.CONVERGE, t, f"{len(self.keys.ids)} members" + self._paths_line() + self._swim_line())
 
     def _stalled(self, stall: LoopStall) -> None:
         """The orchestrator's own loop stalled: Lifeguard's local health takes it (once SWIM runs)."""
@@ -364,23 +357,23 @@ class Deployment(Resource):
 
     async def load(self) -> None:
         """Every node's worker has loaded its layers (``NodeStatus`` ready), each within its deadline."""
-        t = self._begin("load")
-        await self._every(PHASE_STEP["load"])
-        self._done("load", t, "workers ready" + reach.load_totals(list(self.ready.values())))
+        t = self._begin(Phase.LOAD)
+        await self._every(Phase.LOAD)
+        self._done(Phase.LOAD, t, "workers ready" + reach.load_totals(list(self.ready.values())))
 
     async def resolve(self) -> None:
-        t = self._begin("resolve")
+        t = self._begin(Phase.RESOLVE)
         assert self.seed is not None
         self.names = await resolve_names(self.seed, self.config.num_stages, self.config.resolve_timeout)
-        self._done("resolve", t, ", ".join(self.names))  # next: prefill, which the pipeline splits from decode
+        self._done(Phase.RESOLVE, t, ", ".join(self.names))  # next: prefill, which the pipeline splits from decode
 
     # --- teardown ----------------------------------------------------------------------------
 
     async def close(self) -> None:
         """Stop the instances' steps, destroy every instance of this run (the rental's close), then
-        leave the cluster. Raises the rental's PhaseError("teardown") naming every instance that
+        leave the cluster. Raises the rental's PhaseError(Phase.TEARDOWN) naming every instance that
         could not be destroyed."""
-        t = self._begin("teardown")
+        t = self._begin(Phase.TEARDOWN)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -393,7 +386,7 @@ class Deployment(Resource):
                 with contextlib.suppress(Exception):
                     await self.seed.close()
                 self.seed = None
-            self._done("teardown", t, self.rental.close_line())
+            self._done(Phase.TEARDOWN, t, self.rental.close_line())
 
 
 __all__ = ["NODE_FIELDS", "STEPS", "Deployment", "RunConfig", "new_run_id"]

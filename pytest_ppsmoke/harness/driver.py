@@ -34,7 +34,7 @@ from typing import Any
 
 from ..cloud.emulator.server import FakeVast
 from ..cloud.vast import VastClient, going_away
-from ..protocol import PhaseError, stage_name
+from ..protocol import Phase, PhaseError, stage_name
 from ..runtime.errors import RemoteError
 from ..runtime.resource import Resource
 from . import accounts
@@ -42,7 +42,7 @@ from .check import refusal
 from .deployment import Deployment
 from .pipeline import InferenceResult, request_reference, run_inference
 from .report import ReferenceFigures, Report
-from .settings import STEPS, Settings, in_face
+from .settings import STEPS, Settings, face_names
 from .setup import open_place
 
 log = logging.getLogger(__name__)
@@ -105,6 +105,7 @@ class SmokeRun(Resource):
     ) -> None:
         self.settings = settings
         self.face = face  # whose flags the report's messages name: pp-smoke-run's (cli) or the plugin's (pytest)
+        self.names = face_names(face)  # how the lower layers' messages name a setting: this face's flags
         self.on_phase = on_phase  # each phase as it ends: its name, seconds and line
         self.on_start = on_start  # each phase as it begins
         self.on_answer = on_answer  # the text, as soon as it has come back (before the reference and teardown)
@@ -128,11 +129,11 @@ class SmokeRun(Resource):
         return f"SmokeRun({self.settings.mode}, {self.deployment!r})"
 
     @property
-    def phase(self) -> str:
+    def phase(self) -> Phase:
         """The phase under way (or the next one): what an interruption is reported against."""
         if self.tearing_down:
-            return "teardown"
-        return self.deployment.phase if self.deployment is not None else "rent"
+            return Phase.TEARDOWN
+        return self.deployment.phase if self.deployment is not None else Phase.RENT
 
     def elapsed(self) -> float:
         return 0.0 if self.started is None else time.monotonic() - self.started
@@ -147,9 +148,9 @@ class SmokeRun(Resource):
         s = self.settings
         return max(min(s.teardown_timeout, s.budget - self.elapsed()), LATE_TEARDOWN * s.teardown_timeout)
 
-    def fail(self, phase: str | None, message: str) -> None:
+    def fail(self, phase: Phase | None, message: str) -> None:
         """Record a failure from outside (a signal, a test's timeout): the first one is the cause."""
-        self.report.fail(phase, in_face(message, self.face))
+        self.report.fail(phase, message)
 
     # --- start -----------------------------------------------------------------------------
 
@@ -158,14 +159,14 @@ class SmokeRun(Resource):
         emulator, or a vast.ai API), and make the deployment on it."""
         s = self.settings
         self.started = time.monotonic()
-        if (why := refusal(s)) is not None:  # a tool this machine lacks: refused before anything starts
-            self._failed(STEPS[0], PhaseError("preflight", why))
+        if (why := refusal(s, self.names)) is not None:  # a tool this machine lacks: refused before anything starts
+            self._failed(STEPS[0], PhaseError(Phase.PREFLIGHT, why))
         try:  # no retry of the client's waits past the steps' deadline
-            place = await open_place(s, deadline=self.started + s.phases_budget)
+            place = await open_place(s, deadline=self.started + s.phases_budget, names=self.names)
         except Exception as e:  # the run's first cause: in the report before anything closes
             failure = e if isinstance(e, PhaseError) else PhaseError(self.phase, f"{type(e).__name__}: {e}")
             self.failure, self.failed_step = failure, "rent"
-            self.report.fail(failure.phase, in_face(str(failure), self.face))
+            self.report.fail(failure.phase, str(failure))
             raise failure from None if failure is e else e
         self.vast, self.fake = place.vast, place.fake
         self.report.vast_url, self.report.network = place.url, place.network
@@ -248,14 +249,14 @@ class SmokeRun(Resource):
         if not words:
             return e
         amended = PhaseError(e.phase, e.reason + words)
-        self.report.amend(in_face(str(e), self.face), in_face(str(amended), self.face))
+        self.report.amend(str(e), str(amended))
         self.failure = amended
         return amended
 
     def _record(self, step: str, e: PhaseError) -> None:
         """``e`` is the run's failure, and the report's first cause."""
         self.failure, self.failed_step = e, step
-        self.report.fail(e.phase, in_face(str(e), self.face))
+        self.report.fail(e.phase, str(e))
 
     def _failed(self, step: str, e: PhaseError) -> None:
         self._record(step, e)
@@ -282,8 +283,8 @@ class SmokeRun(Resource):
 
         def prefilled(seconds: float) -> None:
             if self.on_phase is not None:
-                self.on_phase("prefill", seconds, "first token sampled")
-            dep.phase = "decode"
+                self.on_phase(Phase.PREFILL, seconds, "first token sampled")
+            dep.phase = Phase.DECODE
 
         # a failure names each stage it involves with its instance: the nodes know stages only by name
         result = await run_inference(
@@ -292,11 +293,11 @@ class SmokeRun(Resource):
         self.result = result
         if self.on_phase is not None:
             t = result.timings
-            self.on_phase("decode", t["decode"], f"{t['decode_tokens_per_s']} tokens/s")
+            self.on_phase(Phase.DECODE, t["decode"], f"{t['decode_tokens_per_s']} tokens/s")
         if self.on_answer is not None:
             self.on_answer(result.text)
         if s.reference:
-            dep.phase = "reference"  # from the decode line on, an interruption is the reference's
+            dep.phase = Phase.REFERENCE  # from the decode line on, an interruption is the reference's
         r = self.report
         kv = {k.stage: k for k in result.kv}
         r.split = [
@@ -328,7 +329,7 @@ class SmokeRun(Resource):
             budget = f"{max(0.0, left):.0f} s of the budget of {s.budget:.0f} s"
             r.reference = ReferenceFigures("skipped", f"only {budget} were left; raise the budget")
             return
-        dep.phase = "reference"
+        dep.phase = Phase.REFERENCE
         started = time.monotonic()
         try:
             ref = await request_reference(dep.seed, s.prompt, s.max_tokens, left)
@@ -404,7 +405,7 @@ class SmokeRun(Resource):
                 try:
                     await self.deployment.close()
                 except PhaseError as e:
-                    r.teardown_error = in_face(str(e), self.face)
+                    r.teardown_error = str(e)
                     r.fail(e.phase, r.teardown_error)
                     if self.failure is None:
                         self.failure = e

@@ -47,7 +47,7 @@ from ..messages import (
     StageStats,
     StageStatsQuery,
 )
-from ..protocol import ENTRY, ORCHESTRATOR_ACTOR, PhaseError, stage_name
+from ..protocol import ENTRY, ORCHESTRATOR_ACTOR, Phase, PhaseError, stage_name
 from ..runtime.codec import MESSAGE_TYPES
 from ..runtime.errors import RemoteError
 from ..runtime.node import Context, Node
@@ -176,8 +176,8 @@ class _Orchestrator:
         self.early: dict[int, tuple[InferenceResponse, Counts]] = {}
 
     @property
-    def phase(self) -> str:
-        return "prefill" if self.first_token_at is None else "decode"
+    def phase(self) -> Phase:
+        return Phase.PREFILL if self.first_token_at is None else Phase.DECODE
 
     def on_first_token(self, msg: FirstToken, ctx: Context) -> None:
         if self.request_id in (None, msg.request_id) and self.first_token_at is None:
@@ -250,7 +250,7 @@ async def run_inference(
     for i in range(num_stages):
         addr = seed.registry.lookup(stage_name(i))
         if addr is None:
-            raise PhaseError("resolve", f"{stage_name(i)} is not registered")
+            raise PhaseError(Phase.RESOLVE, f"{stage_name(i)} is not registered")
         stage_ids[addr.node] = i
 
     def on_member(ev: MemberEvent) -> None:
@@ -268,7 +268,7 @@ async def run_inference(
         try:
             entry = await seed.resolve("pp-entry", 60)
         except LookupError as e:
-            raise PhaseError("resolve", str(e)) from None
+            raise PhaseError(Phase.RESOLVE, str(e)) from None
         started = time.time()
         orch.frames_at_send = seed.frame_counts()
         orch.sent_at = time.monotonic()
@@ -276,9 +276,9 @@ async def run_inference(
         try:
             accepted = await seed.request(entry, request, timeout=30)
         except (RemoteError, TimeoutError, ConnectionError) as e:
-            raise PhaseError("prefill", f"pp-entry did not take the request: {e}") from None
+            raise PhaseError(Phase.PREFILL, f"pp-entry did not take the request: {e}") from None
         if not isinstance(accepted, Accepted):
-            raise PhaseError("prefill", f"pp-entry answered {type(accepted).__name__}, expected Accepted")
+            raise PhaseError(Phase.PREFILL, f"pp-entry answered {type(accepted).__name__}, expected Accepted")
         orch.accepted(accepted.request_id)
         try:
             response = await asyncio.wait_for(orch.response, timeout)
@@ -289,9 +289,11 @@ async def run_inference(
     finished = time.time()
     done_at = time.monotonic()
     if response.error:  # a failure after the first sampled token is a decode failure
-        raise PhaseError("decode" if response.token_ids else "prefill", locate_stages(response.error, places))
+        raise PhaseError(Phase.DECODE if response.token_ids else Phase.PREFILL, locate_stages(response.error, places))
     if not response.text.strip():
-        raise PhaseError("decode", f"the last stage reported done with no text (token ids {list(response.token_ids)})")
+        raise PhaseError(
+            Phase.DECODE, f"the last stage reported done with no text (token ids {list(response.token_ids)})"
+        )
 
     stages, kv = [], []
     try:

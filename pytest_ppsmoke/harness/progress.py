@@ -37,7 +37,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from .deployment import PHASE_STEP
+from ..protocol import Phase
 
 if TYPE_CHECKING:
     from ..cloud.rental import RentedInstance
@@ -46,14 +46,14 @@ if TYPE_CHECKING:
 
 REFRESH = 0.25  # seconds between two drawings of the live line
 CLEAR = "\r\x1b[K"  # back to the start of the line, and clear it
-# the phases that wait on every instance (the step each waits for: PHASE_STEP), as a stage's goes
-# through one: the word for that step once reached, the step its time in the phase counts from
-# ("": the rent's start), and the word for the wait
+# the words for the phases that wait on every instance (the step each waits for:
+# ``Phase.waits_for``), as a stage's goes through one: the word for that step once reached, the
+# step its time in the phase counts from ("": the rent's start), and the word for the wait
 WAITS = {
-    "rent": ("rented", "", "renting"),
-    "boot": ("running", "rented", "booting"),
-    "converge": ("joined", "running", "starting"),
-    "load": ("ready", "joined", "loading"),
+    Phase.RENT: ("rented", "", "renting"),
+    Phase.BOOT: ("running", "rented", "booting"),
+    Phase.CONVERGE: ("joined", "running", "starting"),
+    Phase.LOAD: ("ready", "joined", "loading"),
 }
 
 
@@ -66,7 +66,7 @@ def stage_doing(
     4.1 s``). ``at``: the seconds since the rent began (the instances' timelines count from it);
     ``status``: the stage's last ``NodeStatus`` during the load, and when it came (the same
     seconds)."""
-    step, (done, since, waiting) = PHASE_STEP[phase], WAITS[phase]
+    step, (done, since, waiting) = Phase[phase.upper()].waits_for, WAITS[Phase[phase.upper()]]
     if inst is None:
         return f"stage {stage} {waiting}"
     timeline = inst.timeline

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from ..messages import NodeStatus, NodeStatusQuery
-from ..protocol import STATUS_ACTOR, PhaseError, setting, stage_name
+from ..protocol import STATUS_ACTOR, Phase, PhaseError, stage_name
 from ..runtime.codec import ActorAddress, Echo, Join, MemberStatus, SwimTiming, Sync
 from ..runtime.errors import RemoteError
 from ..runtime.node import Node
@@ -36,7 +36,7 @@ async def join(
     seed: Node, inst: RentedInstance, config: RunConfig, stamp: Stamp, instances: list[RentedInstance]
 ) -> None:
     """``inst``'s node reached, then alive in the orchestrator's view, within the spec's convergence
-    deadline from its running (PhaseError("converge") naming it and what was last seen). Over the
+    deadline from its running (PhaseError(Phase.CONVERGE) naming it and what was last seen). Over the
     internet the orchestrator dials it (:func:`dial`); on loopback the node dials the seed's
     ticket, and is reached when the orchestrator first hears of it."""
     timeout = config.converge_timeout
@@ -56,7 +56,7 @@ async def join(
         alive = sum(1 for i in ids if i == seed.id or _alive(seed, i))
         detail = explain(instances, config, {inst.endpoint_id})
         raise PhaseError(
-            "converge", f"{alive} of {len(ids)} members alive after {timeout:.0f} s; missing: {detail}"
+            Phase.CONVERGE, f"{alive} of {len(ids)} members alive after {timeout:.0f} s; missing: {detail}"
         ) from None
 
 
@@ -92,7 +92,7 @@ def explain(instances: Iterable[RentedInstance], config: RunConfig, missing: set
     if config.transport == "wan" and unmapped:
         names = ", ".join(i.name for i in unmapped)
         why = (
-            f"no port was asked of vast.ai ({setting('port')} 0)"
+            f"no port was asked of vast.ai ({config.names.setting('port')} 0)"
             if not config.direct
             else f"vast.ai's record shows no ports['{config.port}/udp'] mapping"
         )
@@ -179,7 +179,7 @@ async def loaded(
     seed: Node, inst: RentedInstance, config: RunConfig, on_status: Callable[[NodeStatus], None] | None = None
 ) -> NodeStatus:
     """``inst``'s node says its worker is ready (``NodeStatus``), within the load deadline from its
-    joining; PhaseError("load") naming the stage and the instance when it failed, dropped out of
+    joining; PhaseError(Phase.LOAD) naming the stage and the instance when it failed, dropped out of
     the cluster, or was not ready in time (with what it last said). ``on_status``: told each status
     as it arrives (what the progress line shows of the load)."""
     timeout = config.load_timeout
@@ -191,7 +191,7 @@ async def loaded(
     while True:
         member = seed.membership.get(inst.endpoint_id)
         if member is not None and member.status == MemberStatus.dead:
-            raise PhaseError("load", f"{what} dropped out of the cluster: the orchestrator's SWIM declared it dead")
+            raise PhaseError(Phase.LOAD, f"{what} dropped out of the cluster: the orchestrator's SWIM declared it dead")
         try:
             st = await seed.request(ActorAddress(inst.endpoint_id, STATUS_ACTOR), NodeStatusQuery(), timeout=10)
         except (TimeoutError, ConnectionError, RemoteError) as e:
@@ -204,10 +204,10 @@ async def loaded(
             if st.state == "ready":
                 return st
             if st.state == "failed":
-                raise PhaseError("load", f"{what}: {st.detail}")
+                raise PhaseError(Phase.LOAD, f"{what}: {st.detail}")
         if time.monotonic() > deadline:
             seen = f"{last.state} for {last.seconds} s" if isinstance(last, NodeStatus) else last
-            raise PhaseError("load", f"{what}: worker not ready within {timeout:.0f} s ({seen})")
+            raise PhaseError(Phase.LOAD, f"{what}: worker not ready within {timeout:.0f} s ({seen})")
         await asyncio.sleep(min(1.0, config.poll_interval))
 
 

@@ -19,25 +19,10 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-from ..protocol import stage_name
+from ..protocol import Names, Phase, stage_name
 
 SCHEMA_VERSION = 1
 SCHEMA_FILE = "report.schema.json"  # beside this module, in the package
-
-PHASES = ("preflight", "rent", "boot", "converge", "load", "resolve", "prefill", "decode", "reference", "teardown")
-
-# what to do when a phase fails, where the failure's own message does not say
-HINTS = {
-    "preflight": "nothing was rented; the message says which check refused the run and what to change",
-    "rent": "check the API key, the network and --vast-url; if too few offers match, relax the offer constraints",
-    "boot": "the hosts did not start the node image; run again (other offers are picked) or check --image",
-    "converge": "the orchestrator and a node could not reach each other over iroh (UDP); check the port it forwards, "
-    "the firewall and the node's log",
-    "load": "a worker did not load its layers; check --model and the instances' disk and GPU RAM",
-    "resolve": "a stage did not register its names; the node's log says why",
-    "prefill": "a stage failed on the prompt; run again with -v for the stage and membership events",
-    "decode": "a stage failed while generating; run again with -v for the stage and membership events",
-}
 
 
 @dataclass
@@ -86,7 +71,7 @@ class Report:
     ok: bool = False
     exit_code: int = 1
     error: str | None = None  # the first failure, with its phase: "converge: 2 of 3 members alive ..."
-    failed_phase: str | None = None
+    failed_phase: Phase | None = None
     failed_at: float | None = None  # when the first failure was recorded (epoch seconds)
     vast_url: str | None = None
     run_id: str | None = None
@@ -114,7 +99,7 @@ class Report:
     emulator: dict[str, list[int]] | None = None  # the embedded emulator's own record (local mode)
     reference: ReferenceFigures = field(default_factory=ReferenceFigures)  # the token-exact reference
 
-    def fail(self, phase: str | None, message: str) -> None:
+    def fail(self, phase: Phase | None, message: str) -> None:
         """Record a failure; the first one is the cause, later ones are its consequences."""
         if self.error is None:
             self.error = message
@@ -134,11 +119,12 @@ class Report:
         self.ok = self.error is None and bool(self.text)
         self.exit_code = 0 if self.ok else 1
 
-    def headline(self) -> str:
-        """The failure in one line: the phase, why, and what to do."""
+    def headline(self, names: Names | None = None) -> str:
+        """The failure in one line: the phase, why, and what to do (the phase's advice, each
+        setting named as ``names``, the face's, writes it)."""
         if self.error is None:
             return "nothing failed"
-        hint = HINTS.get(self.failed_phase or "")
+        hint = self.failed_phase.advice(names or Names()) if self.failed_phase is not None else ""
         interrupted = "interrupted" in self.error or "budget" in self.error
         error = " | ".join(line.strip() for line in self.error.splitlines() if line.strip())  # one line, always
         return f"{error} ({hint})" if hint and not interrupted else error
@@ -176,7 +162,7 @@ class Report:
         each on the first test that saw its step done, once (a figure of the run's end, on the
         test during which the run ended)."""
         out: list[tuple[str, str, Any]] = [("rent", "ppsmoke_mode", self.mode), ("rent", "ppsmoke_run_id", self.run_id)]
-        out += [(_TIMING_STEP.get(k, ""), f"ppsmoke_time_{k}", v) for k, v in sorted(self.timings.items())]
+        out += [(_timing_step(k), f"ppsmoke_time_{k}", v) for k, v in sorted(self.timings.items())]
         for hop, phases in sorted(self.hops.items()):
             for phase, h in phases.items():
                 out.append(("infer", f"ppsmoke_hop_{hop}_{phase}_bytes", h["bytes_each"]))
@@ -202,6 +188,7 @@ class Report:
         out.append(("", "ppsmoke_cost_usd", self.cost_usd))
         if self.error:
             out.append(("", "ppsmoke_error", self.error))
+            out.append(("", "ppsmoke_failed_phase", str(self.failed_phase or "")))
         return out
 
     def tails(self) -> list[tuple[str, str]]:
@@ -223,7 +210,7 @@ class Report:
     def summary(self) -> list[str]:
         """The lines of the terminal summary."""
         t = self.timings
-        lines = ["  ".join(f"{p} {t[p]:.2f}s" for p in PHASES if p in t)]
+        lines = ["  ".join(f"{p} {t[p]:.2f}s" for p in Phase if p in t)]
         if "decode_tokens_per_s" in t:
             lines.append(f"decode {t['decode_tokens_per_s']} tokens/s, {len(self.token_ids)} tokens")
         for hop, phases in sorted(self.hops.items()):
@@ -255,20 +242,12 @@ class Report:
         return lines
 
 
-# the driver step after which a timing is final (prefill and decode: the inference step's)
-_TIMING_STEP = {
-    "preflight": "rent",
-    "rent": "rent",
-    "boot": "boot",
-    "converge": "converge",
-    "load": "load",
-    "resolve": "resolve",
-    "prefill": "infer",
-    "decode": "infer",
-    "decode_tokens_per_s": "infer",
-    "inference": "infer",
-    "reference": "reference",
-}
+def _timing_step(key: str) -> str:
+    """The driver step after which timing ``key`` is final: a phase's is its step's (prefill and
+    decode: the inference step's, as are the inference's own figures); the total, the run's end."""
+    if key.upper() in Phase.__members__:
+        return Phase[key.upper()].step
+    return "infer" if key in ("decode_tokens_per_s", "inference") else ""
 
 
 def schema() -> dict[str, Any]:

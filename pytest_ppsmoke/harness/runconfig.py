@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from ..cloud.rental import RentalConfig
 from ..nodeenv import DEFAULTS, NodeEnv
-from ..protocol import CONVERGE_TIMEOUT, DIRECT_PORT, RESOLVE_TIMEOUT, setting
+from ..protocol import CONVERGE_TIMEOUT, DIRECT_PORT, RESOLVE_TIMEOUT
 from ..runtime.swimconfig import SwimConfig
 
 # RunConfig's fields that every node's NodeEnv carries, by the NodeEnv field each becomes: the one
@@ -79,6 +79,7 @@ def port_advice(config: RunConfig) -> str:
     """How to ask for a forwarded port, as a failure to reach a node says it."""
     port = config.port or DIRECT_PORT
     return (
-        f"ask for a forwarded UDP port ({setting('port')} {port}: '-p {port}:{port}/udp' in each create's env) "
+        f"ask for a forwarded UDP port ({config.names.setting('port')} {port}: '-p {port}:{port}/udp' in each "
+        "create's env) "
         "on offers with direct_port_count >= 1"
     )

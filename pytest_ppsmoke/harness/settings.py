@@ -38,6 +38,7 @@ from ..protocol import (
     DIRECT_PORT,
     RESOLVE_TIMEOUT,
     WIRE_DTYPES,
+    Names,
 )
 from .gridspec import grid_spec
 
@@ -597,11 +598,9 @@ def flag(name: str, face: str) -> str:
     return (opt.pytest if face == "pytest" else opt.cli) or opt.name
 
 
-def in_face(text: str, face: str) -> str:
-    """A lower layer's message as ``face`` shows it: each setting it names (``protocol.setting``) as
-    this face's flag, the reap advice (``protocol.reap_advice``) as the command."""
-    text = re.sub(r"<setting:(\w+)>", lambda m: flag(m[1], face), text)
-    return re.sub(r"<reap:([^>]*)>", lambda m: f"pp-smoke-run --reap --run-id {m[1]}", text)
+def face_names(face: str) -> Names:
+    """How ``face`` (pytest or cli) names each setting in a lower layer's message: its flags."""
+    return Names({opt.name: flag(opt.name, face) for opt in OPTIONS})
 
 
 def _named(name: str, sources: Mapping[str, str], face: str) -> str:

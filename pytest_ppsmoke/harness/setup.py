@@ -29,7 +29,7 @@ from ..cloud.emulator.catalogue import widened
 from ..cloud.emulator.server import NETWORK_PATH, FakeVast
 from ..cloud.preflight import image_check
 from ..cloud.vast import DEFAULT_URL, VAST_PACE, OfferQuery, VastClient
-from ..protocol import PhaseError
+from ..protocol import Names, Phase, PhaseError
 from ..runtime.resource import Resource
 from .deployment import Deployment
 from .runconfig import RunConfig
@@ -76,7 +76,7 @@ def weight_cache(s: Settings) -> str:
     return s.weight_cache
 
 
-def run_config(s: Settings) -> RunConfig:
+def run_config(s: Settings, names: Names | None = None) -> RunConfig:
     """The deployment's config from the settings: each field of the same name or of the tables
     (:data:`RUN_FIELDS`, :data:`QUERY_FIELDS`), then the derived ones."""
     return RunConfig(
@@ -88,6 +88,7 @@ def run_config(s: Settings) -> RunConfig:
         # an emulated internet (behind NATs) runs the transport's internet mode, as on vast.ai
         transport="local" if s.local and not internet(s.network) else "wan",
         check_image=image_check(s.image, vastai=not s.local),
+        names=names or Names(),
     )
 
 
@@ -104,7 +105,7 @@ def rtt_of(spec: NetworkSpec) -> float:
     return max((2 * (p.delay_ms + p.jitter_ms) for p in links), default=0.0) / 1000
 
 
-async def emulated_network(url: str, key: str, spec: str) -> dict[str, str]:
+async def emulated_network(url: str, key: str, spec: str, names: Names) -> dict[str, str]:
     """The emulated network of the emulator at ``url`` (its own ``/ppsmoke/network``), which
     must be the one asked for: its description and the host address the orchestrator binds."""
     import aiohttp
@@ -117,16 +118,18 @@ async def emulated_network(url: str, key: str, spec: str) -> dict[str, str]:
         ):
             status, body = resp.status, await resp.text()
     except (aiohttp.ClientError, TimeoutError) as e:
-        raise PhaseError("rent", f"could not ask the emulator at {url} for its network: {e}") from None
+        raise PhaseError(Phase.RENT, f"could not ask the emulator at {url} for its network: {e}") from None
     if status != 200:
         raise PhaseError(
-            "rent",
-            f"--network {spec!r}: the emulator at {url} has no emulated network (HTTP {status}); "
+            Phase.RENT,
+            f"{names.setting('network')} {spec!r}: the emulator at {url} has no emulated network (HTTP {status}); "
             f"start it with pp-fake-vast --network {spec}",
         )
     found = json.loads(body)
     if found.get("spec") != spec:
-        raise PhaseError("rent", f"--network {spec!r}: the emulator at {url} emulates {found.get('spec')!r}")
+        raise PhaseError(
+            Phase.RENT, f"{names.setting('network')} {spec!r}: the emulator at {url} emulates {found.get('spec')!r}"
+        )
     return {k: str(found[k]) for k in ("spec", "host_addr", "subnet")}
 
 
@@ -160,12 +163,19 @@ class Place(Resource):
 
 
 async def open_place(
-    s: Settings, *, network: str | None = None, stages: int | None = None, deadline: float | None = None
+    s: Settings,
+    *,
+    network: str | None = None,
+    stages: int | None = None,
+    deadline: float | None = None,
+    names: Names | None = None,
 ) -> Place:
     """The place ``s`` rents out, started: on the embedded emulator ``network`` (default: the
     settings') is the one it emulates and ``stages`` (default: the settings') the most stages
-    its catalogue must offer; ``deadline`` (monotonic) is the client's: no retry waits past it."""
-    config = run_config(s)
+    its catalogue must offer; ``deadline`` (monotonic) is the client's: no retry waits past it;
+    ``names``: how the face names a setting in a failure's advice."""
+    names = names or Names()
+    config = run_config(s, names)
     network = s.network if network is None else network
     if s.embedded_emulator:
         return await _embedded(s, config, network, stages or s.num_stages, deadline)
@@ -173,12 +183,12 @@ async def open_place(
     found: dict[str, Any] | None = None
     if s.local and internet(network):
         raise PhaseError(
-            "rent",
-            f"--network {network!r} puts this process behind the emulated home NAT, which only the "
+            Phase.RENT,
+            f"{names.setting('network')} {network!r} puts this process behind the emulated home NAT, which only the "
             "embedded emulator can do: run pp-smoke-run --local --network ... without --vast-url",
         )
     if s.local and network != "loopback":  # an emulator started apart, with its network
-        found = await emulated_network(url, key, network)
+        found = await emulated_network(url, key, network, names)
         from ..network import parse_network  # the network package loads only for a network
 
         config.bind, config.rtt = f"{found['host_addr']}:0", rtt_of(parse_network(found["spec"]))

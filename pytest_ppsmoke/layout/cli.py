@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from .. import checks
 from ..harness.gridspec import WEIGHTS, GridSpec, grid_spec
-from ..harness.settings import Parser, add_option, in_face
+from ..harness.settings import Parser, add_option
 from .grid import HOLD_OUT, hold_out, new_grid, run_grid
 from .points import Grid
 
@@ -95,7 +95,7 @@ def grid_from_settings(settings: Settings) -> int:
             settings.grid_out.mkdir(parents=True, exist_ok=True)
             grid.save(settings.grid_out / "grid.partial.json")
             kept = f" ({len(grid.points)} point(s) measured before it are in {settings.grid_out / 'grid.partial.json'})"
-        print(f"pp-smoke-run: grid: {in_face(why, 'cli')}{kept}", file=sys.stderr)
+        print(f"pp-smoke-run: grid: {why}{kept}", file=sys.stderr)
         return 1
 
     try:

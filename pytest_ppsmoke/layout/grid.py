@@ -91,10 +91,11 @@ async def _points_on(spec: GridSpec, settings: Settings, grid: Grid, log: Log, n
     API (the settings' key and URL: vast.ai itself, or an emulator started apart) the one network
     between the instances it rents (``vastai``; an emulator's its own), whose round trip the
     points record as measured (twice the median decode hop)."""
+    from ..harness.settings import face_names
     from ..harness.setup import open_place
 
     name = network or ("vastai" if not settings.local else settings.network)
-    async with await open_place(settings, network=network, stages=max(spec.stages)) as place:
+    async with await open_place(settings, network=network, stages=max(spec.stages), names=face_names("cli")) as place:
         await _layouts(spec, place, name, grid, log)
     if name == "vastai":
         for p in grid.points:

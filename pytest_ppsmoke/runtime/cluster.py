@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from ..nodeenv import DEFAULTS, NodeEnv, process_env
-from ..protocol import CONVERGE_TIMEOUT, RESOLVE_TIMEOUT, PhaseError, cluster_names, stage_name, stage_names
+from ..protocol import CONVERGE_TIMEOUT, RESOLVE_TIMEOUT, Phase, PhaseError, cluster_names, stage_name, stage_names
 from .codec import ActorAddress, MembersQuery, MemberStatus, MembersView
 from .localproc import ChildProcess, ClusterKeys
 from .node import NODE_ACTOR, Node, NodeConfig
@@ -59,12 +59,12 @@ async def converge(
         detail = explain(missing) if explain else ", ".join(sorted(i[:10] for i in missing))
         alive_n = len(want) - len(missing)
         raise PhaseError(
-            "converge", f"{alive_n} of {len(want)} members alive after {timeout:.0f} s; missing: {detail}"
+            Phase.CONVERGE, f"{alive_n} of {len(want)} members alive after {timeout:.0f} s; missing: {detail}"
         ) from None
     try:
         await _views_agree(seed, ids, deadline)
     except TimeoutError as e:
-        raise PhaseError("converge", str(e)) from None
+        raise PhaseError(Phase.CONVERGE, str(e)) from None
 
 
 async def _views_agree(seed: Node, ids: list[str], deadline: float) -> None:
@@ -100,7 +100,7 @@ async def resolve_names(seed: Node, num_stages: int, timeout: float) -> dict[str
         try:
             names[name] = await seed.resolve(name, max(0.0, deadline - time.monotonic()))
         except LookupError as e:
-            raise PhaseError("resolve", str(e)) from None
+            raise PhaseError(Phase.RESOLVE, str(e)) from None
     return names
 
 
@@ -163,7 +163,7 @@ class LocalCluster(Resource):
                     lambda e: e.get("event") in ("joined", "ready"), max(0.0, deadline - time.monotonic()), "join"
                 )
             except RuntimeError as e:
-                raise PhaseError("boot", str(e)) from None
+                raise PhaseError(Phase.BOOT, str(e)) from None
         self._phase_done("boot", t)
 
         t = time.monotonic()
@@ -174,9 +174,9 @@ class LocalCluster(Resource):
                     lambda e: e.get("event") in ("ready", "failed"), max(0.0, deadline - time.monotonic()), "ready line"
                 )
             except RuntimeError as e:
-                raise PhaseError("load", str(e)) from None
+                raise PhaseError(Phase.LOAD, str(e)) from None
             if ev["event"] == "failed":
-                raise PhaseError("load", f"{proc.name}: {ev.get('error')}")
+                raise PhaseError(Phase.LOAD, f"{proc.name}: {ev.get('error')}")
             self.ready.append(ev)
         self._phase_done("load", t)
 
@@ -209,4 +209,4 @@ class LocalCluster(Resource):
                     await self.seed.close()
         self._phase_done("teardown", t)
         if errors:
-            raise PhaseError("teardown", "; ".join(errors))
+            raise PhaseError(Phase.TEARDOWN, "; ".join(errors))
