@@ -44,7 +44,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from .harness.settings import GROUPS, OPTIONS, STEPS, SettingError, Settings, plain, read
+from .harness.options import SettingError, plain
+from .harness.settings import GROUPS, OPTIONS, STEPS, Settings, read
 from .nodeids import XDIST_SUFFIX, plain_nodeid
 
 if TYPE_CHECKING:

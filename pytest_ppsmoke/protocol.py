@@ -78,6 +78,12 @@ class Names:
     def __repr__(self) -> str:
         return f"Names({len(self._flags)} flags)"
 
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Names) and (self._flags, self._reap) == (other._flags, other._reap)
+
+    def __hash__(self) -> int:
+        return hash((tuple(sorted(self._flags.items())), self._reap))
+
 
 def stage_name(stage: int | None) -> str:
     """The name stage ``stage`` registers, ``pp-stage-<stage>``; a report's stage that was never

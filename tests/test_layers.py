@@ -258,6 +258,7 @@ def test_loading_the_plugin_imports_only_stdlib_pytest_and_the_settings_table() 
         "pytest_ppsmoke.nodeids",
         "pytest_ppsmoke.harness",
         "pytest_ppsmoke.harness.settings",
+        "pytest_ppsmoke.harness.options",
         "pytest_ppsmoke.harness.gridspec",
         "pytest_ppsmoke.nodeenv",
         "pytest_ppsmoke.failpoints",

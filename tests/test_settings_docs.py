@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from pytest_ppsmoke import nodeenv
-from pytest_ppsmoke.harness.settings import OPTIONS, Option
+from pytest_ppsmoke.harness.options import Option
+from pytest_ppsmoke.harness.settings import OPTIONS
 
 # in the suite that .ci/run and the README's command run (-m local): a check that never runs checks nothing
 pytestmark = pytest.mark.local

@@ -34,8 +34,9 @@ from pathlib import Path
 from ..protocol import PhaseError
 from .accounts import WHERE
 from .driver import SmokeRun
+from .options import Parser, SettingError
 from .progress import Progress
-from .settings import GROUPS, OPTIONS, STEPS, VAST_URL, Parser, SettingError, Settings, face_names, read
+from .settings import GROUPS, OPTIONS, STEPS, VAST_URL, Settings, face_names, read
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING
 
 from .. import checks
 from ..harness.gridspec import WEIGHTS, GridSpec, grid_spec
-from ..harness.settings import Parser, add_option
+from ..harness.options import Parser
+from ..harness.settings import add_option
 from .grid import HOLD_OUT, hold_out, new_grid, run_grid
 from .points import Grid
 
