@@ -211,7 +211,8 @@ def test_the_headline_is_one_line_whatever_the_error_holds() -> None:
 
 def test_each_figure_has_the_step_after_which_it_is_final() -> None:
     """The JUnit properties: each name once, each with a driver step (or the run's end)."""
-    report = Report("local", "m", "hi", 4, 2, "bf16", error="rent: no offers")
+    report = Report("local", "m", "hi", 4, 2, "bf16")
+    report.fail(Phase.RENT, "rent: no offers")
     report.timings = {"rent": 1.0, "decode": 2.0, "total": 3.0, "teardown": 0.5}
     report.vast_api = {"calls": 3, "retries": 0}
     figures = report.figures()
@@ -221,7 +222,8 @@ def test_each_figure_has_the_step_after_which_it_is_final() -> None:
     assert set(step.values()) <= {"", *RUN_STEPS}
     assert (step["ppsmoke_time_rent"], step["ppsmoke_time_decode"], step["ppsmoke_text"]) == ("rent", "infer", "infer")
     assert step["ppsmoke_time_total"] == step["ppsmoke_cost_usd"] == step["ppsmoke_error"] == step["ppsmoke_vast_calls"]
-    assert step["ppsmoke_time_total"] == ""
+    assert step["ppsmoke_time_total"] == "" == step["ppsmoke_failed_phase"]
+    assert dict(report.properties())["ppsmoke_failed_phase"] == "rent"
 
 
 def test_one_table_makes_both_faces_options() -> None:
