@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import logging
 import signal
 import sys
@@ -189,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     if not r.ok and r.error != r.teardown_error:  # the first cause, last: what a user reads first
         print(f"pp-smoke-run: failed at {tails_pointed(r.headline(), settings.report, args.verbose)}", file=sys.stderr)
     if settings.report:
-        settings.report.write_text(json.dumps(r.to_json(), indent=2) + "\n")
+        r.write(settings.report)
     return r.exit_code
 
 
