@@ -31,6 +31,7 @@ from pytest_ppsmoke.messages import InferenceRequest, InferenceResponse, StageSt
 from pytest_ppsmoke.protocol import PhaseError
 from pytest_ppsmoke.runtime.cluster import LocalCluster
 from pytest_ppsmoke.runtime.errors import RemoteError
+from pytest_ppsmoke.runtime.localproc import EventKind
 from pytest_ppsmoke.runtime.swimconfig import SwimConfig
 
 from .helpers import SMOLLM2
@@ -276,7 +277,7 @@ async def test_the_reference_beside_stage_0_answers_or_says_why_it_cannot(
             assert again.token_ids == result.token_ids
             return
         ref = await request_reference(cluster.seed, PROMPT, 4, timeout=60)
-        ready = await cluster.members[0].wait_event(lambda e: e.get("event") == "reference_ready", 10, "reference")
+        ready = await cluster.members[0].wait_event(lambda e: e.kind is EventKind.REFERENCE_READY, 10, "reference")
     assert (ref.loaded, ref.stage, list(ref.token_ids)) == ("beside", 0, result.token_ids)
     assert ref.mem_after > ref.mem_before  # the model stays in its worker
     with pytest.raises(ProcessLookupError):  # gone with its node

@@ -238,7 +238,7 @@ def _walk(value: Any, node: dict[str, Any], defs: dict[str, Any], where: str) ->
         keys, named = set(value), set(node["properties"])
         out += [f"{where}.{k}: in the report, not the schema" for k in sorted(keys - named)]
         out += [f"{where}.{k}: in the schema, not the report" for k in sorted(named - keys)]
-        for k in keys & named:
+        for k in sorted(keys & named):
             out += _walk(value[k], node["properties"][k], defs, f"{where}.{k}")
     elif isinstance(value, dict):
         for k, v in value.items():
