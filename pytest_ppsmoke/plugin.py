@@ -38,7 +38,6 @@ The spec's claims are tests shipped in ``pytest_ppsmoke.spec``:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -291,7 +290,7 @@ def ppsmoke_session(pytestconfig: pytest.Config, ppsmoke_settings: Settings) -> 
         finally:
             report = session.report
             if ppsmoke_settings.report is not None:
-                ppsmoke_settings.report.write_text(json.dumps(report.to_json(), indent=2) + "\n")
+                report.write(ppsmoke_settings.report)
         if report.failed_phase == "teardown" and not state.teardown_reported:
             state.teardown_reported = True
             pytest.fail(report.headline(), pytrace=False)

@@ -106,12 +106,9 @@ class Smoke:
 def report_problems(report: Any) -> list[str]:
     """What makes ``report`` (a parsed JSON report) not one of the shipped schema's: each problem
     with its place in the report; none when it validates."""
-    import jsonschema  # a dev dependency: only the suite validates
+    from pytest_ppsmoke.harness.report import schema_problems
 
-    from pytest_ppsmoke.harness.report import schema
-
-    validator = jsonschema.Draft202012Validator(schema())
-    return [f"{'/'.join(map(str, e.absolute_path)) or '(top)'}: {e.message}" for e in validator.iter_errors(report)]
+    return schema_problems(report)
 
 
 def is_report(value: Any) -> bool:

@@ -121,8 +121,8 @@ def test_uses_the_session(ppsmoke_session):
 
 def test_teardown(ppsmoke_teardown):
     r = ppsmoke_teardown.report
-    assert r.creates_sent == 2 and [i["final_state"] for i in r.instances] == ["destroyed", "destroyed"]
-    assert r.left_after_teardown == [] and r.emulator["live_instances"] == []
+    assert r.creates_sent == 2 and [i.final_state for i in r.instances] == ["destroyed", "destroyed"]
+    assert r.left_after_teardown == [] and r.emulator.live_instances == []
 """
 
 

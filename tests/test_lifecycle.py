@@ -42,6 +42,7 @@ from pytest_ppsmoke.messages import (
 )
 from pytest_ppsmoke.protocol import ORCHESTRATOR_ACTOR, STAGE_ACTOR, Phase
 from pytest_ppsmoke.runtime.codec import ActorAddress, MemberState, MemberStatus
+from pytest_ppsmoke.runtime.localproc import EventKind
 from pytest_ppsmoke.runtime.swim import MemberEvent
 from pytest_ppsmoke.runtime.transport import TransportError
 from pytest_ppsmoke.stage.gpu_node import StageActor
@@ -200,7 +201,7 @@ async def test_either_worker_never_ready_names_its_stage_and_instance(
         assert node.proc is not None
         points, stalled = node.proc.env.get(failpoints.ENV, ""), node.stage == stage
         assert ("node.stall_worker" in points) == stalled, f"stage {node.stage}'s node had {failpoints.ENV}={points!r}"
-        failed = [e for e in node.proc.events if e.get("event") == "failed"]
+        failed = [e for e in node.proc.events if e.kind is EventKind.FAILED]
         assert bool(failed) == stalled, f"stage {node.stage}'s node: {failed}"
     await assert_all_destroyed(fake, smoke, report, 2)
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from pytest_ppsmoke.runtime.localproc import ChildError, ChildProcess
+from pytest_ppsmoke.runtime.localproc import ChildError, ChildProcess, EventKind
 
 from .helpers import alive
 
@@ -20,7 +20,7 @@ async def test_a_long_output_line_neither_kills_the_reader_nor_blocks_the_child(
     child = ChildProcess("chatty", [sys.executable, "-c", script], os.environ)
     await child.start()
     try:
-        assert (await child.wait_event(lambda e: e.get("event") == "ready", 30, "ready"))["event"] == "ready"
+        assert (await child.wait_event(lambda e: e.kind is EventKind.READY, 30, "ready")).kind is EventKind.READY
     finally:
         assert await child.stop() == -15
 
@@ -38,7 +38,7 @@ async def test_a_missed_deadline_says_what_the_child_printed_last() -> None:
     await child.start()
     try:
         with pytest.raises(ChildError, match=r"mute: no ready line within 0.5 s; stderr:\nloading weights"):
-            await child.wait_event(lambda e: e.get("event") == "ready", 0.5, "ready line")
+            await child.wait_event(lambda e: e.kind is EventKind.READY, 0.5, "ready line")
     finally:
         await child.stop()
 
@@ -52,7 +52,7 @@ async def test_a_cancelled_stop_still_kills_the_whole_group() -> None:
     )
     child = ChildProcess("stubborn", [sys.executable, "-c", script], os.environ)
     await child.start()
-    ready = await child.wait_event(lambda e: e.get("event") == "ready", 30, "ready")
+    ready = await child.wait_event(lambda e: e.kind is EventKind.READY, 30, "ready")
     stopping = asyncio.ensure_future(child.stop(grace=30))
     await asyncio.sleep(0.3)
     stopping.cancel()
@@ -74,7 +74,7 @@ async def test_a_stopped_child_is_gone_with_its_whole_group_when_stop_returns() 
     )
     child = ChildProcess("leaver", [sys.executable, "-c", script], os.environ)
     await child.start()
-    ready = await child.wait_event(lambda e: e.get("event") == "ready", 30, "ready")
+    ready = await child.wait_event(lambda e: e.kind is EventKind.READY, 30, "ready")
     await child.stop(grace=10)
     with pytest.raises(ProcessLookupError):
         os.killpg(child.pid, 0)  # the group: no member left, zombies included

@@ -23,7 +23,7 @@ from pytest_ppsmoke.nodeenv import NodeEnv, process_env
 from pytest_ppsmoke.protocol import STATUS_ACTOR, stage_name
 from pytest_ppsmoke.runtime import codec
 from pytest_ppsmoke.runtime.codec import ActorAddress, Envelope
-from pytest_ppsmoke.runtime.localproc import ChildProcess, ClusterKeys
+from pytest_ppsmoke.runtime.localproc import ChildProcess, ClusterKeys, EventKind
 from pytest_ppsmoke.runtime.logring import LogRing
 from pytest_ppsmoke.runtime.node import Node, NodeConfig
 from pytest_ppsmoke.runtime.stalls import TICK, LoopStall, LoopWatch
@@ -188,7 +188,7 @@ async def test_a_paused_node_tells_the_stall_it_measured() -> None:
         assert env[failpoints.ENV] == "node.stall_worker"
         proc = ChildProcess(stage_name(0), [sys.executable, "-m", "pytest_ppsmoke.stage.gpu_node"], env)
         await proc.start()
-        await proc.wait_event(lambda e: e.get("event") == "joined", 60, "join")
+        await proc.wait_event(lambda e: e.kind is EventKind.JOINED, 60, "join")
         status = ActorAddress(keys.ids[1], STATUS_ACTOR)
         before = await seed.request(status, LogTailQuery(200, 1 << 16), timeout=30)
         assert isinstance(before, LogTail) and before.stage == 0

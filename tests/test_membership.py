@@ -12,7 +12,7 @@ import pytest
 import pytest_asyncio
 
 from pytest_ppsmoke.runtime.codec import MembersQuery, MemberStatus, MembersView, Resolved, ResolveQuery
-from pytest_ppsmoke.runtime.localproc import ChildProcess, ClusterKeys, member_env, member_process
+from pytest_ppsmoke.runtime.localproc import ChildProcess, ClusterKeys, EventKind, member_env, member_process
 from pytest_ppsmoke.runtime.node import NODE_ACTOR, Node, NodeConfig, RemoteError
 from pytest_ppsmoke.runtime.registry import NameNotFound
 from pytest_ppsmoke.runtime.swim import MemberEvent
@@ -61,7 +61,7 @@ async def boot(c: Cluster) -> None:
     for m in c.members:
         await m.start()
     for m in c.members:
-        await m.wait_event(lambda e: e["event"] == "ready", 30, "ready line")
+        await m.wait_event(lambda e: e.kind is EventKind.READY, 30, "ready line")
     await c.seed.membership.wait_until(lambda: len(c.seed.membership.alive()) == 3, 10, "3 alive members")
     # a member registers its names once joined: they reach the seed with a later gossip
     await c.seed.membership.wait_until(
@@ -94,7 +94,7 @@ async def test_seed_and_two_members_converge_to_the_same_view(cluster: Cluster) 
             await asyncio.sleep(0.05)  # polling a remote view: no local event to wait on
         assert view == expected, f"{member_id[:10]} sees {view}"
     for i, m in enumerate(cluster.members):
-        ready = m.find(lambda e: e["event"] == "ready")
+        ready = m.find(lambda e: e.kind is EventKind.READY)
         assert ready is not None and ready["id"] == cluster.ids[i]
 
 
@@ -138,10 +138,12 @@ async def test_a_killed_member_is_declared_dead_and_its_names_vanish(cluster: Cl
     assert cluster.seed.registry.lookup("pp-stage-1") is None
     assert cluster.seed.registry.lookup("pp-entry") is not None
     survivor = cluster.members[0]
-    await survivor.wait_event(lambda e: e["event"] == "dead" and e["member"] == victim, bound, "dead event on member-0")
+    await survivor.wait_event(
+        lambda e: e.kind is EventKind.DEAD and e["member"] == victim, bound, "dead event on member-0"
+    )
     # no death before a suspicion ran its time: counted from the first suspicion anywhere, since
     # the seed may learn the death from member-0, whose suspicion began before the seed heard of it
-    theirs = survivor.find(lambda e: e["event"] == "suspect" and e["member"] == victim)
+    theirs = survivor.find(lambda e: e.kind is EventKind.SUSPECT and e["member"] == victim)
     first = min([cluster.seen("suspect", victim)[0].at, *([theirs["at"]] if theirs else [])])
     assert dead.at - first >= SUSPICION - 0.05, "declared dead before the suspicion time ran out"
     with pytest.raises(RemoteError, match="NameNotFound: name 'pp-exit'"):
@@ -182,7 +184,7 @@ async def test_a_stopped_member_resumed_within_the_suspicion_time_refutes_and_it
         if not c.seen("dead", victim):  # as on an idle machine: it stays, and so do its names
             assert c.seed.membership.members[victim].status != MemberStatus.dead
             assert c.seed.registry.lookup("pp-exit") is not None
-            assert c.members[0].find(lambda e: e["event"] == "dead") is None
+            assert c.members[0].find(lambda e: e.kind is EventKind.DEAD) is None
     finally:
         await shut(c)
 

@@ -18,6 +18,7 @@ import pytest
 
 from pytest_ppsmoke.cloud.emulator.server import FakeVast
 from pytest_ppsmoke.network import netns, unavailable
+from pytest_ppsmoke.runtime.localproc import EventKind
 
 from .smoke import Smoke, assert_nothing_left
 from .test_lifecycle import assert_all_destroyed, assert_failed_at, detectors
@@ -88,7 +89,7 @@ async def test_the_orchestrator_cut_off_leaves_the_nodes_to_destroy_their_instan
     assert fake.live() == []  # each node DELETEd its own instance with its container key
     for inst in fake.destroyed:
         assert inst.proc is not None
-        assert any(e.get("event") == "expired" and "lost the orchestrator" in e["reason"] for e in inst.proc.events)
+        assert any(e.kind is EventKind.EXPIRED and "lost the orchestrator" in e["reason"] for e in inst.proc.events)
     # the orchestrator's calls got no answer, and it said that something may still be billing
     assert any(status == 0 for _, _, status in fake.requests)
     assert re.search(r"was NOT destroyed: .*no answer.*pp-smoke-run --reap", smoke.stderr), smoke.stderr[-3000:]

@@ -26,10 +26,12 @@ import pytest
 import pytest_asyncio
 
 from pytest_ppsmoke.harness.pipeline import InferenceResult, request_reference, run_inference
+from pytest_ppsmoke.harness.report import KvFill
 from pytest_ppsmoke.messages import InferenceRequest, InferenceResponse, StageStats, StageStatsQuery
 from pytest_ppsmoke.protocol import PhaseError
 from pytest_ppsmoke.runtime.cluster import LocalCluster
 from pytest_ppsmoke.runtime.errors import RemoteError
+from pytest_ppsmoke.runtime.localproc import EventKind
 from pytest_ppsmoke.runtime.swimconfig import SwimConfig
 
 from .helpers import SMOLLM2
@@ -164,25 +166,26 @@ def check_evidence(result: InferenceResult, num_stages: int) -> None:
     summary = result.kv_summary()
     assert len(summary) == num_stages
     for k in summary:
-        owned = [k["blocks"]]
-        assert k["present"] == k["realized"] == k["cached"] == owned, k
-        assert k["filled"] == [{"blocks": owned, "positions": [[0, filled]]}], k
-        assert (k["prefill_len"], k["prefill_digest_kept"], k["prefill_digest_changed"]) == (
+        owned = [k.blocks]
+        assert k.present == k.realized == k.cached == owned, k
+        assert k.filled == [KvFill(blocks=owned, positions=[(0, filled)])], k
+        assert (k.prefill_len, k.prefill_digest_kept, k.prefill_digest_changed) == (
             len(result.prompt_token_ids),
             owned,
             [],
         ), k
-        assert k["writes"] == [[0, filled]], k
+        assert k.writes == [(0, filled)], k
     for sender, receiver in zip(result.stages, result.stages[1:], strict=False):
         sent = [(h.request_id, h.position, h.seq_len, h.bytes, h.digest) for h in sender.hops_out]
         received = [(a.request_id, a.position, a.seq_len, a.bytes, a.digest) for a in receiver.activations_in]
         assert sent == received and len(sent) == len(result.token_ids)
         assert {r[0] for r in sent} == {result.request_id} and all(len(r[4]) == 16 for r in sent)
-    seed = result.frames["orchestrator"]
-    assert seed["decode"]["received"] == {"InferenceResponse": 1} and seed["decode"]["sent"] == {}
-    assert seed["prefill"]["received"] == {"Accepted": 1, "FirstToken": 1}
-    assert seed["prefill"]["sent"] == {"InferenceRequest": 1}
-    assert result.frames["stages"]["pp-stage-0"]["received"]["NextToken"] == len(result.token_ids)
+    seed = result.frames.orchestrator
+    assert seed.decode is not None and seed.prefill is not None, seed
+    assert seed.decode.received == {"InferenceResponse": 1} and seed.decode.sent == {}
+    assert seed.prefill.received == {"Accepted": 1, "FirstToken": 1}
+    assert seed.prefill.sent == {"InferenceRequest": 1}
+    assert result.frames.stages["pp-stage-0"].received["NextToken"] == len(result.token_ids)
 
 
 async def test_kv_cache_lives_on_the_stage_that_owns_the_blocks(f32_run: InferenceResult) -> None:
@@ -198,8 +201,8 @@ async def test_kv_cache_lives_on_the_stage_that_owns_the_blocks(f32_run: Inferen
     assert {a.seq_len for a in decode} == {1}
     assert [a.position for a in decode] == list(range(len(f32_run.prompt_token_ids), filled))
     hop = f32_run.hops["pp-stage-0->pp-stage-1"]
-    assert hop["prefill"]["bytes_each"] == [len(f32_run.prompt_token_ids) * SMOLLM2.dim * 4]
-    assert hop["decode"]["bytes_each"] == [SMOLLM2.dim * 4] and hop["decode"]["count"] == len(decode)
+    assert hop.prefill.bytes_each == [len(f32_run.prompt_token_ids) * SMOLLM2.dim * 4]
+    assert hop.decode.bytes_each == [SMOLLM2.dim * 4] and hop.decode.count == len(decode)
 
 
 async def test_a_second_request_while_one_runs_is_refused_as_busy(f32_cluster: LocalCluster, reference: dict) -> None:
@@ -274,7 +277,7 @@ async def test_the_reference_beside_stage_0_answers_or_says_why_it_cannot(
             assert again.token_ids == result.token_ids
             return
         ref = await request_reference(cluster.seed, PROMPT, 4, timeout=60)
-        ready = await cluster.members[0].wait_event(lambda e: e.get("event") == "reference_ready", 10, "reference")
+        ready = await cluster.members[0].wait_event(lambda e: e.kind is EventKind.REFERENCE_READY, 10, "reference")
     assert (ref.loaded, ref.stage, list(ref.token_ids)) == ("beside", 0, result.token_ids)
     assert ref.mem_after > ref.mem_before  # the model stays in its worker
     with pytest.raises(ProcessLookupError):  # gone with its node

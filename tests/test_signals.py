@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from pytest_ppsmoke.runtime.localproc import EventKind
+
 from .helpers import node_processes
 from .smoke import TAG, Smoke, assert_nothing_left
 
@@ -38,7 +40,7 @@ async def _tokens_flowing(smoke: Smoke) -> None:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         events = [e for i in smoke.fake.live() if i.proc for e in i.proc.events]
-        if any(e.get("event") == "token" and e["n"] >= 2 for e in events):
+        if any(e.kind is EventKind.TOKEN and e["n"] >= 2 for e in events):
             return
         await asyncio.sleep(0.02)
     pytest.fail("decode never got under way")
@@ -48,7 +50,7 @@ async def _reference_running(smoke: Smoke) -> None:
     """Stage 0's node has taken the reference query (held there by vast.slow_reference)."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        if any(e.get("event") == "reference" for i in smoke.fake.live() if i.proc for e in i.proc.events):
+        if any(e.kind is EventKind.REFERENCE for i in smoke.fake.live() if i.proc for e in i.proc.events):
             return
         await asyncio.sleep(0.02)
     pytest.fail("the reference never started")
@@ -119,7 +121,7 @@ async def test_nodes_destroy_their_own_instances_when_the_orchestrator_is_killed
     assert sorted(deletes) == sorted(("DELETE", f"/api/v0/instances/{i.id}/", 200) for i in fake.destroyed)
     for inst in fake.destroyed:
         assert inst.proc is not None
-        assert any(e.get("event") == "expired" and "lost the orchestrator" in e["reason"] for e in inst.proc.events)
+        assert any(e.kind is EventKind.EXPIRED and "lost the orchestrator" in e["reason"] for e in inst.proc.events)
     deadline = time.monotonic() + 15
     while node_processes(TAG) and time.monotonic() < deadline:
         await asyncio.sleep(0.2)

@@ -6,6 +6,7 @@ orchestrator's timing, and the report's ``swim`` entry says what each one took."
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import types
 from dataclasses import replace
@@ -15,7 +16,7 @@ import jsonschema
 import pytest
 
 from pytest_ppsmoke.harness import reach
-from pytest_ppsmoke.harness.report import schema
+from pytest_ppsmoke.harness.report import SwimFigures, parse, schema
 from pytest_ppsmoke.harness.runconfig import RunConfig, swim_for_rtt
 from pytest_ppsmoke.network.swimsim import Link, SimHost, SimNet, member_id
 from pytest_ppsmoke.protocol import stage_name
@@ -53,6 +54,14 @@ class Member:
 
     async def request(self, to: Any, msg: Message, timeout: float | None = None, *, sender: str = "") -> Message:
         return await self.host.request(to, msg, timeout, sender=sender)
+
+
+def as_reported(timing: dict[str, Any], seed: Member) -> None:
+    """What the step measured, as the driver puts it in the report (the failure detector's counts
+    added): every key and type a :class:`SwimFigures`, and valid as the schema's."""
+    swim = parse(SwimFigures, {**timing, "stats": dataclasses.asdict(seed.membership.stats())})
+    assert swim.nodes.keys() == timing["nodes"].keys() and swim.set_by == timing["set_by"]
+    jsonschema.validate(dataclasses.asdict(swim), {"$defs": schema()["$defs"], "$ref": "#/$defs/SwimFigures"})
 
 
 async def test_after_converge_every_node_runs_with_at_least_the_orchestrators_timing() -> None:
@@ -97,7 +106,7 @@ async def test_after_converge_every_node_runs_with_at_least_the_orchestrators_ti
     }
     assert timing["nodes"]["pp-stage-0"]["ping_timeout"] == chosen.ping_timeout
     assert timing["nodes"]["pp-stage-2"] == {"ping_timeout": 5.0, "protocol_period": 10.0}
-    jsonschema.validate(timing, schema()["properties"]["swim"])
+    as_reported(timing, seed)
 
 
 async def test_on_loopback_the_nodes_are_told_the_timing_they_already_run_with() -> None:
@@ -113,7 +122,7 @@ async def test_on_loopback_the_nodes_are_told_the_timing_they_already_run_with()
     assert all(n.membership.config == config.swim for n in nodes)
     expected = {"ping_timeout": config.swim.ping_timeout, "protocol_period": config.swim.protocol_period}
     assert timing["nodes"] == {"pp-stage-0": expected, "pp-stage-1": expected}
-    jsonschema.validate(timing, schema()["properties"]["swim"])
+    as_reported(timing, seed)
 
 
 class Older(Actors):
@@ -138,4 +147,4 @@ async def test_a_node_that_refuses_the_timing_is_named_with_why_and_the_others_t
     }
     assert "unknown message type 23" in timing["nodes"]["pp-stage-1"]["error"]
     assert nodes[1].membership.config == config.swim  # it keeps its start-up timing
-    jsonschema.validate(timing, schema()["properties"]["swim"])
+    as_reported(timing, seed)

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import logging
 import signal
 import sys
@@ -193,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
     if settings.report:
-        settings.report.write_text(json.dumps(r.to_json(), indent=2) + "\n")
+        r.write(settings.report)
     return r.exit_code
 
 

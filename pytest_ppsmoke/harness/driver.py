@@ -41,7 +41,24 @@ from . import accounts
 from .check import refusal
 from .deployment import Deployment
 from .pipeline import InferenceResult, request_reference, run_inference
-from .report import ReferenceFigures, Report
+from .report import (
+    ApiFigures,
+    EmulatorFigures,
+    HostLoss,
+    InstanceFigures,
+    LinkStats,
+    ListedInstance,
+    NetworkFigures,
+    PathFigures,
+    Paths,
+    PreflightFigures,
+    ReferenceFigures,
+    Report,
+    SkippedOffer,
+    StageSplit,
+    SwimFigures,
+    parse,
+)
 from .settings import STEPS, Settings, face_names
 from .setup import open_place
 
@@ -57,20 +74,19 @@ ACCOUNTS_SHARE = 0.25  # and, the steps' deadline passed, this share of the tear
 LATE_TEARDOWN = 0.5  # the share of teardown_timeout a teardown gets even when the budget is spent
 
 
-def stage_paths(result: InferenceResult, dep: Deployment) -> dict[str, Any]:
-    """How each stage reached its peers during the request, as it said (``StageStats.paths``):
-    ``{"pp-stage-0->pp-stage-1": {path, remote_addr, rtt_ms, dialled_by, selected}, ...}``."""
+def stage_paths(result: InferenceResult, dep: Deployment) -> dict[str, PathFigures]:
+    """How each stage reached its peers during the request, as it said (``StageStats.paths``),
+    by ``pp-stage-0->pp-stage-1``."""
     names = {i.endpoint_id: stage_name(i.stage) for i in dep.instances if i.endpoint_id}
     if dep.seed is not None:
         names[dep.seed.id] = "orchestrator"
-    out: dict[str, Any] = {}
+    out: dict[str, PathFigures] = {}
     for st in result.stages:
         for p in st.paths:
             if p.peer in names:
-                out[f"{stage_name(st.stage)}->{names[p.peer]}"] = {
-                    "path": p.path, "remote_addr": p.remote_addr, "rtt_ms": p.rtt_ms, "dialled_by": p.dialled_by,
-                    "selected": p.selected,
-                }  # fmt: skip
+                out[f"{stage_name(st.stage)}->{names[p.peer]}"] = PathFigures(
+                    p.path, p.remote_addr, p.rtt_ms, p.dialled_by, p.selected
+                )
     return dict(sorted(out.items()))
 
 
@@ -116,7 +132,7 @@ class SmokeRun(Resource):
         self.vast: VastClient | None = None
         self.deployment: Deployment | None = None
         self.result: InferenceResult | None = None
-        self.stage_paths: dict[str, Any] = {}  # how each stage reached its peers (the request's StageStats)
+        self.stage_paths: dict[str, PathFigures] = {}  # how each stage reached its peers (the request's StageStats)
         self.failure: PhaseError | None = None
         self.accounts: dict[int, accounts.Account] = {}  # each node's own account of a failure, by stage
         self.failed_step: str | None = None  # the step that failed: every later one fails with it
@@ -169,7 +185,8 @@ class SmokeRun(Resource):
             self.report.fail(failure.phase, str(failure))
             raise failure from None if failure is e else e
         self.vast, self.fake = place.vast, place.fake
-        self.report.vast_url, self.report.network = place.url, place.network
+        self.report.vast_url = place.url
+        self.report.network = parse(NetworkFigures, place.network) if place.network is not None else None
         self.deployment = place.deployment(on_phase=self.on_phase)
         self.deployment.on_start = self.on_start
         self.report.run_id = self.deployment.run_id
@@ -301,13 +318,13 @@ class SmokeRun(Resource):
         r = self.report
         kv = {k.stage: k for k in result.kv}
         r.split = [
-            {
-                "stage": i,
-                "blocks": [kv[i].first_block, kv[i].end_block] if i in kv else None,
-                "instance": inst.id,
+            StageSplit(
+                stage=i,
+                blocks=(kv[i].first_block, kv[i].end_block) if i in kv else None,
+                instance=inst.id,
                 # weights cached or not, programs: the line derived from the node's load figures
-                "load": ((st.load.describe() if st.load else "") if (st := dep.ready.get(i)) else None),
-            }
+                load=((st.load.describe() if st.load else "") if (st := dep.ready.get(i)) else None),
+            )
             for i, inst in enumerate(dep.instances)
         ]
         r.text, r.prompt_token_ids, r.token_ids = result.text, result.prompt_token_ids, result.token_ids
@@ -365,25 +382,30 @@ class SmokeRun(Resource):
         if dep is None:
             return
         r.timings.update(dep.timings)
-        r.preflight = dep.preflight.summary() if dep.preflight is not None else None
+        # the lower layers' records (their summaries) as the report's parts, every key and type checked
+        r.preflight = parse(PreflightFigures, dep.preflight.summary()) if dep.preflight is not None else None
         r.instances = [
-            {**i.summary(), **(a.summary() if (a := self.accounts.get(i.stage)) else accounts.NO_ACCOUNT)}
+            parse(
+                InstanceFigures,
+                {**i.summary(), **(a.summary() if (a := self.accounts.get(i.stage)) else accounts.NO_ACCOUNT)},
+            )
             for i in dep.instances
         ]
         r.cost_usd = round(dep.cost_usd(), 6)
         r.creates_sent = dep.creates_sent
-        r.offers_skipped = list(dep.offers_skipped)
+        r.offers_skipped = parse(list[SkippedOffer], dep.offers_skipped)
         if self.vast is not None:
-            r.vast_api = self.vast.stats.summary()
+            r.vast_api = parse(ApiFigures, self.vast.stats.summary())
         if not r.split and dep.instances:
-            r.split = [{"stage": i.stage, "blocks": None, "instance": i.id} for i in dep.instances]
+            r.split = [StageSplit(stage=i.stage, instance=i.id) for i in dep.instances]
         if dep.seed is not None and "converge" in dep.timings:
-            r.paths = {**dep.paths(), **({"stages": self.stage_paths} if self.stage_paths else {})}
+            r.paths = parse(Paths, dep.paths())
+            r.paths.stages = dict(self.stage_paths)
         if dep.swim_timing and dep.seed is not None:  # the orchestrator's failure detector's counts so far
             stats = dataclasses.asdict(dep.seed.membership.stats())
-            r.swim = {**dep.swim_timing, "stats": stats, "deaths": list(dep.swim_deaths)}
-            if dep.watch is not None:
-                r.swim["orchestrator_stalls"] = dep.watch.summary()
+            stalls = dep.watch.summary() if dep.watch is not None else None
+            swim = {**dep.swim_timing, "stats": stats, "deaths": dep.swim_deaths, "orchestrator_stalls": stalls}
+            r.swim = parse(SwimFigures, swim)
 
     # --- teardown --------------------------------------------------------------------------
 
@@ -417,8 +439,8 @@ class SmokeRun(Resource):
                             left = await self.vast.list_instances(self.deployment.label_prefix)
                         # only what names them: a record also holds the instance's own key; one still
                         # listed but on its way out (its state fields say so) is gone, and shown apart
-                        r.left_after_teardown = [i.names() for i in left if not going_away(i)]
-                        r.going_after_teardown = [i.names() for i in left if going_away(i)]
+                        r.left_after_teardown = [parse(ListedInstance, i.names()) for i in left if not going_away(i)]
+                        r.going_after_teardown = [parse(ListedInstance, i.names()) for i in left if going_away(i)]
                     except Exception as e:  # TimeoutError included: the teardown's deadline has passed
                         log.warning("could not list the run's instances after teardown: %r", e)
         finally:
@@ -427,14 +449,13 @@ class SmokeRun(Resource):
                     await self.vast.close()
             if self.fake is not None and self.fake.network is not None:
                 with contextlib.suppress(Exception):
-                    r.network_stats = await self.fake.network.stats()
+                    r.network_stats = parse(dict[str, LinkStats], await self.fake.network.stats())
             if self.fake is not None:
-                emulated: dict[str, Any] = {
-                    "live_instances": [i.id for i in self.fake.live()],
-                    "destroyed_instances": [i.id for i in self.fake.destroyed],
-                    "host_losses": list(self.fake.host_losses),
-                }
-                r.emulator = emulated
+                r.emulator = EmulatorFigures(
+                    live_instances=[i.id for i in self.fake.live()],
+                    destroyed_instances=[i.id for i in self.fake.destroyed],
+                    host_losses=parse(list[HostLoss], self.fake.host_losses),
+                )
                 with contextlib.suppress(Exception):
                     await self.fake.close()
             if self.started is not None:

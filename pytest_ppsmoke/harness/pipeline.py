@@ -29,7 +29,7 @@ import logging
 import re
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +52,7 @@ from ..runtime.codec import MESSAGE_TYPES
 from ..runtime.errors import RemoteError
 from ..runtime.node import Context, Node
 from ..runtime.swim import MemberEvent
+from .report import Frames, FrameWindow, HopFigures, HopPhases, KvFigures, KvFill, OrchestratorFrames
 
 log = logging.getLogger(__name__)
 
@@ -70,63 +71,64 @@ class InferenceResult:
     token_ids: list[int]
     prompt_token_ids: list[int]
     timings: dict[str, float]
-    hops: dict[str, Any]
+    hops: dict[str, HopPhases]
     kv: list[KvInfo]
     stages: list[StageStats] = field(repr=False)
     request_id: int | None = None
-    # "orchestrator": {"prefill": window, "decode": window}; "stages": {"pp-stage-i": window}; a
-    # window: {"sent": {type: n}, "received": {type: n}, "membership": {"sent": n, "received": n}}
-    frames: dict[str, Any] = field(default_factory=dict)
+    # the orchestrator's prefill and decode windows, each stage's (by name): frames by type name
+    frames: Frames = field(default_factory=Frames)
 
-    def kv_summary(self) -> list[dict[str, Any]]:
+    def kv_summary(self) -> list[KvFigures]:
         """Each stage's caches as its worker read them, as the reports give them: the blocks it
         owns; those present, realized and cached (as [start, end) ranges of block indices); the
         positions filled, blocks with the same fill grouped; the prompt's length and which caches
         kept their prefill digest; the writes its calls made."""
         return [
-            {
-                "stage": k.stage,
-                "blocks": [k.first_block, k.end_block],
-                "present": _ranges(b.block for b in k.blocks if b.present),
-                "realized": _ranges(b.block for b in k.blocks if b.weights_realized),
-                "cached": _ranges(b.block for b in k.blocks if b.cache_shape),
-                "cache_shapes": sorted({tuple(b.cache_shape) for b in k.blocks if b.cache_shape}),
-                "filled": _fills(k.blocks),
-                "prefill_len": k.prefill_len,
-                "prefill_digest_kept": _ranges(
+            KvFigures(
+                stage=k.stage,
+                blocks=(k.first_block, k.end_block),
+                present=_ranges(b.block for b in k.blocks if b.present),
+                realized=_ranges(b.block for b in k.blocks if b.weights_realized),
+                cached=_ranges(b.block for b in k.blocks if b.cache_shape),
+                cache_shapes=[
+                    list(shape) for shape in sorted({tuple(b.cache_shape) for b in k.blocks if b.cache_shape})
+                ],
+                filled=_fills(k.blocks),
+                prefill_len=k.prefill_len,
+                prefill_digest_kept=_ranges(
                     b.block for b in k.blocks if b.prefill_digest and b.digest == b.prefill_digest
                 ),
-                "prefill_digest_changed": _ranges(
+                prefill_digest_changed=_ranges(
                     b.block for b in k.blocks if b.prefill_digest and b.digest != b.prefill_digest
                 ),
-                "writes": _spans(k.writes),
-            }
+                writes=_spans(k.writes),
+            )
             for k in self.kv
         ]
 
 
-def _ranges(indices: Any) -> list[list[int]]:
+def _ranges(indices: Iterable[int]) -> list[tuple[int, int]]:
     """Sorted ints as [start, end) ranges of consecutive ones."""
-    out: list[list[int]] = []
+    out: list[tuple[int, int]] = []
     for i in sorted(indices):
         if out and out[-1][1] == i:
-            out[-1][1] = i + 1
+            out[-1] = (out[-1][0], i + 1)
         else:
-            out.append([i, i + 1])
+            out.append((i, i + 1))
     return out
 
 
-def _spans(spans: tuple[Span, ...]) -> list[list[int]]:
-    return [[s.start, s.end] for s in spans]
+def _spans(spans: tuple[Span, ...]) -> list[tuple[int, int]]:
+    return [(s.start, s.end) for s in spans]
 
 
-def _fills(blocks: tuple[BlockCache, ...]) -> list[dict[str, Any]]:
-    """The cached blocks grouped by the positions filled: [{"blocks": ranges, "positions": spans}]."""
+def _fills(blocks: tuple[BlockCache, ...]) -> list[KvFill]:
+    """The cached blocks grouped by the positions filled."""
     groups: dict[tuple[tuple[int, int], ...], list[int]] = {}
     for b in blocks:
         if b.cache_shape:
             groups.setdefault(tuple((s.start, s.end) for s in b.filled), []).append(b.block)
-    return [{"blocks": _ranges(ids), "positions": [list(s) for s in key]} for key, ids in groups.items()]
+    return [KvFill(blocks=_ranges(ids), positions=list(key)) for key, ids in groups.items()]
 
 
 def type_name(code: int) -> str:
@@ -134,19 +136,21 @@ def type_name(code: int) -> str:
     return cls.__name__ if cls is not None else f"type {code}"
 
 
-def frame_window(pairs: dict[int, tuple[int, int]]) -> dict[str, Any]:
+def frame_window(pairs: dict[int, tuple[int, int]]) -> FrameWindow:
     """``{code: (sent, received)}`` counts of a window as the report gives them: by type name,
     membership traffic apart."""
-    window: dict[str, Any] = {"sent": {}, "received": {}, "membership": {"sent": 0, "received": 0}}
+    window = FrameWindow()
     for code in sorted(pairs):
         name = type_name(code)
-        for direction, n in zip(("sent", "received"), pairs[code], strict=True):
-            if not n:
-                continue
-            if name in MEMBERSHIP_MESSAGES:
-                window["membership"][direction] += n
-            else:
-                window[direction][name] = n
+        sent, received = pairs[code]
+        if name in MEMBERSHIP_MESSAGES:
+            window.membership.sent += sent
+            window.membership.received += received
+            continue
+        if sent:
+            window.sent[name] = sent
+        if received:
+            window.received[name] = received
     return window
 
 
@@ -343,22 +347,22 @@ async def _stage_stats(seed: Node, addr: Any, request_id: int, wait_finished: bo
         await asyncio.sleep(0.02)
 
 
-def _frames(orch: _Orchestrator, stages: list[StageStats]) -> dict[str, Any]:
+def _frames(orch: _Orchestrator, stages: list[StageStats]) -> Frames:
     """The frames of the request: the seed's prefill and decode windows, each stage's own."""
-    seed: dict[str, Any] = {}
+    seed = OrchestratorFrames()
     first, last = orch.frames_at_first_token, orch.frames_at_response
     if first is not None:
-        seed["prefill"] = frame_window(_between(orch.frames_at_send, first))
+        seed.prefill = frame_window(_between(orch.frames_at_send, first))
         if last is not None:
-            seed["decode"] = frame_window(_between(first, last))
+            seed.decode = frame_window(_between(first, last))
     elif last is not None:  # no FirstToken: the whole request is one window
-        seed["prefill"] = frame_window(_between(orch.frames_at_send, last))
-    return {
-        "orchestrator": seed,
-        "stages": {
+        seed.prefill = frame_window(_between(orch.frames_at_send, last))
+    return Frames(
+        orchestrator=seed,
+        stages={
             stage_name(st.stage): frame_window({f.type_code: (f.sent, f.received) for f in st.frames}) for st in stages
         },
-    }
+    )
 
 
 REFERENCE_SLACK = 5.0  # seconds the orchestrator waits beyond the node's deadline for its answer
@@ -403,18 +407,22 @@ def _figures(
         "decode_tokens_per_s": _rate(generated, decode_s),
         "inference": round(finished - started, 4),
     }
-    hops: dict[str, Any] = {}
+    hops: dict[str, HopPhases] = {}
     for i, st in enumerate(stages[:-1]):
         received = {(a.position, a.seq_len): a.at for a in stages[i + 1].activations_in}
-        for phase, want_prefill in (("prefill", True), ("decode", False)):
+        phases = []
+        for want_prefill in (True, False):
             out = [h for h in st.hops_out if (h.position == 0) == want_prefill]
             lat = [received[(h.position, h.seq_len)] - h.at for h in out if (h.position, h.seq_len) in received]
-            hops.setdefault(f"{stage_name(i)}->{stage_name(i + 1)}", {})[phase] = {
-                "count": len(out),
-                "bytes_each": sorted({h.bytes for h in out}),
-                "bytes_total": sum(h.bytes for h in out),
-                "median_s": round(statistics.median(lat), 6) if lat else None,
-            }
+            phases.append(
+                HopFigures(
+                    count=len(out),
+                    bytes_each=sorted({h.bytes for h in out}),
+                    bytes_total=sum(h.bytes for h in out),
+                    median_s=round(statistics.median(lat), 6) if lat else None,
+                )
+            )
+        hops[f"{stage_name(i)}->{stage_name(i + 1)}"] = HopPhases(prefill=phases[0], decode=phases[1])
     return InferenceResult(
         response.text,
         list(response.token_ids),

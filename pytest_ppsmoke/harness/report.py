@@ -2,27 +2,44 @@
 what the terminal summary prints and what the JUnit properties carry. One type, filled by the
 driver as the run goes, so that every face of the tool writes the same keys.
 
-The JSON report carries ``schema_version`` (:data:`SCHEMA_VERSION`); ``report.schema.json``,
-beside this module and shipped with the package (:func:`schema`), is its JSON Schema: every key
-with its type, no other key at the top. A key removed, renamed or given another type makes the
-next version.
+Every part of the report is a dataclass of this module, typed with primitives, enums, these
+dataclasses and lists, tuples and ``dict[str, X]`` maps of them (``tests/test_typed.py`` checks
+it); a map is keyed by data (a stage's, a hop's, a frame type's or a phase's name), a record with
+fixed keys is a dataclass. The JSON report carries ``schema_version`` (:data:`SCHEMA_VERSION`);
+``report.schema.json``, beside this module and shipped with the package (:func:`schema`), is its
+JSON Schema, generated from the dataclasses (:func:`json_schema`;
+``python -m pytest_ppsmoke.harness.report --schema > pytest_ppsmoke/harness/report.schema.json``):
+every object names all its keys, requires them and refuses any other. A key removed, renamed or
+given another type makes the next version. :meth:`Report.write` checks the report against it
+before writing it.
 
-This module imports only the standard library (the plugin's terminal summary uses it).
+:func:`parse` builds a part from the plain records of the layers below (their ``summary()``
+dicts), checking every key and type on the way: a producer that drifts from the report fails
+there, not in a reader of the report.
+
+This module imports only the standard library and ``protocol`` (the plugin's terminal summary
+uses it); writing a report imports ``jsonschema``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
+import sys
 import time
+import types
+import typing
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any
+from pathlib import Path
+from typing import Any, TypeVar
 
 from ..protocol import Names, Phase, stage_name
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 SCHEMA_FILE = "report.schema.json"  # beside this module, in the package
+REGENERATE = "python -m pytest_ppsmoke.harness.report --schema > pytest_ppsmoke/harness/report.schema.json"
 
 
 @dataclass
@@ -60,6 +77,368 @@ class ReferenceFigures:
         return f"reference on {where}: MISMATCH at token {self.first_difference}"
 
 
+class NodeState(enum.StrEnum):
+    """What became of an instance's node when the run failed (``harness/accounts.py``)."""
+
+    ANSWERED = "answered"
+    STALLED = "stalled"
+    HUNG = "hung"
+    DEAD = "dead"
+    UNKNOWN = "unknown"
+    BOOTING = "booting"
+
+
+class LogSource(enum.StrEnum):
+    """Where a node's log tail came from: the node itself over the cluster, or vast.ai's logs."""
+
+    CLUSTER = "cluster"
+    VAST_LOGS = "vast.ai logs"
+
+
+@dataclass
+class StageSplit:
+    """One stage of the split: its blocks ``[first, end)`` (None before the stages said), its
+    instance, and the line of its load (weights cached or not, programs; None before it loaded)."""
+
+    stage: int
+    blocks: tuple[int, int] | None = None
+    instance: int | None = None
+    load: str | None = None
+
+
+@dataclass
+class HopFigures:
+    """One hop's frames in one phase: how many, their sizes, and the median time on the wire."""
+
+    count: int
+    bytes_each: list[int]
+    bytes_total: int
+    median_s: float | None
+
+
+@dataclass
+class HopPhases:
+    """One hop (``pp-stage-0->pp-stage-1``), prefill and decode apart."""
+
+    prefill: HopFigures
+    decode: HopFigures
+
+
+@dataclass
+class KvFill:
+    """Cached blocks with the same positions filled: both as ``[start, end)`` ranges."""
+
+    blocks: list[tuple[int, int]]
+    positions: list[tuple[int, int]]
+
+
+@dataclass
+class KvFigures:
+    """One stage's caches as its worker read them: the blocks it owns; those present, realized and
+    cached (``[start, end)`` ranges of block indices); the caches' shapes; the positions filled;
+    the prompt's length and which caches kept their prefill digest; the writes its calls made."""
+
+    stage: int
+    blocks: tuple[int, int]
+    present: list[tuple[int, int]]
+    realized: list[tuple[int, int]]
+    cached: list[tuple[int, int]]
+    cache_shapes: list[list[int]]
+    filled: list[KvFill]
+    prefill_len: int
+    prefill_digest_kept: list[tuple[int, int]]
+    prefill_digest_changed: list[tuple[int, int]]
+    writes: list[tuple[int, int]]
+
+
+@dataclass
+class MembershipCounts:
+    """SWIM's and the name registry's frames, summed: what a node sends whatever the pipeline does."""
+
+    sent: int = 0
+    received: int = 0
+
+
+@dataclass
+class FrameWindow:
+    """The frames of a window by message type name, membership traffic summed apart."""
+
+    sent: dict[str, int] = field(default_factory=dict)
+    received: dict[str, int] = field(default_factory=dict)
+    membership: MembershipCounts = field(default_factory=MembershipCounts)
+
+
+@dataclass
+class OrchestratorFrames:
+    """The orchestrator's windows: prefill (from the request to the FirstToken) and decode (from
+    there to the InferenceResponse); with no FirstToken, the whole request is prefill's."""
+
+    prefill: FrameWindow | None = None
+    decode: FrameWindow | None = None
+
+
+@dataclass
+class Frames:
+    """The request's frames: the orchestrator's windows, and each stage's, by stage name."""
+
+    orchestrator: OrchestratorFrames = field(default_factory=OrchestratorFrames)
+    stages: dict[str, FrameWindow] = field(default_factory=dict)
+
+
+@dataclass
+class ImageFigures:
+    """The node image as its registry holds it (``cloud/oci.py``'s ``ImageInfo``)."""
+
+    image: str
+    digest: str
+    platforms: list[str]
+    layers: int
+    compressed_bytes: int
+
+
+@dataclass
+class PreflightFigures:
+    """What the checks before the first create found (``cloud/preflight.py``)."""
+
+    credit_usd: float | None
+    worst_case_usd: float
+    image: ImageFigures | None
+    image_checked: str
+    offers: int
+    model_blocks: int | None
+    seconds: float
+
+
+@dataclass
+class OfferFigures:
+    """The offer an instance was created on."""
+
+    id: int
+    gpu_name: str
+    num_gpus: int
+    gpu_ram_mb: float
+    dph_total: float
+    reliability: float
+    geolocation: str
+
+
+@dataclass
+class Stall:
+    """A stall of an event loop: seconds after the watch began, and how long."""
+
+    at: float
+    seconds: float
+
+
+@dataclass
+class InstanceFigures:
+    """One rented instance (``cloud/rental.py``'s ``RentedInstance``) and, when the run failed, its
+    node's own account (``harness/accounts.py``): its state, in words, the tail of its log and
+    where it came from, its loop's stalls. ``timeline``: the instance's steps reached, by name,
+    in seconds since the run began."""
+
+    id: int | None
+    stage: int
+    label: str
+    endpoint_id: str
+    offer: OfferFigures
+    dph_total: float
+    seconds: float
+    cost_usd: float
+    final_state: str | None
+    status_msg: str | None
+    destroy_error: str | None
+    public_udp: str | None
+    timeline: dict[str, float]
+    node_state: NodeState | None = None
+    node_words: str = ""
+    log_source: LogSource | None = None
+    log_tail: list[str] = field(default_factory=list)
+    stalls: list[Stall] = field(default_factory=list)
+
+
+@dataclass
+class ListedInstance:
+    """An instance as vast.ai listed it after the teardown: what names it and its state."""
+
+    id: int | None
+    label: str | None
+    actual_status: str | None
+    intended_status: str | None
+    next_state: str | None
+
+
+@dataclass
+class SkippedOffer:
+    """An offer taken by someone else between the search and the create."""
+
+    stage: int
+    offer: int
+    dph_total: float
+    status: int | None
+    error: str
+
+
+@dataclass
+class NetworkFigures:
+    """The emulated network: its profile, the orchestrator's address on it (``host_addr``; behind
+    an internet profile's home NAT, ``public_addr`` and ``home_addr``), its subnet and the prefix
+    of its devices' names (None for an emulator started apart)."""
+
+    spec: str
+    subnet: str | None
+    prefix: str | None = None
+    host_addr: str | None = None
+    public_addr: str | None = None
+    home_addr: str | None = None
+
+
+@dataclass
+class LinkStats:
+    """One directed link of the delay switch: its profile, packets, bytes, delivered, dropped (lost,
+    partitioned, overflow), and the added delay measured, mean and max, in ms."""
+
+    profile: str
+    packets: int
+    bytes: int
+    delivered: int
+    dropped: int
+    lost: int
+    partitioned: int
+    overflow: int
+    mean_delay_ms: float | None
+    max_delay_ms: float | None
+
+
+@dataclass
+class PathFigures:
+    """How one end reaches another: the path (``direct`` or ``relay``; None before any), the
+    peer's address, the round trip, who dialled, and ``selected`` (False: the connection had no
+    path selected at that moment, and the one that carried the most out is given); ``paths``: how
+    many the connection listed (the orchestrator's links only)."""
+
+    path: str | None
+    remote_addr: str | None
+    rtt_ms: float | None
+    dialled_by: str
+    selected: bool
+    paths: int | None = None
+
+
+@dataclass
+class Paths:
+    """How the orchestrator reaches each stage (``links``, by stage name: None with no
+    connection), the connections it dialled and accepted, and how each stage reached its peers
+    during the request (``stages``, by ``pp-stage-0->pp-stage-1``)."""
+
+    links: dict[str, PathFigures | None]
+    dialled: int
+    accepted: int
+    stages: dict[str, PathFigures] = field(default_factory=dict)
+
+
+@dataclass
+class SwimNode:
+    """The SWIM timing a node runs with after the orchestrator told it its own, or why it did not
+    answer (``error``)."""
+
+    ping_timeout: float | None = None
+    protocol_period: float | None = None
+    error: str | None = None
+
+
+@dataclass
+class SwimCounts:
+    """The orchestrator's failure detector's counts (``runtime/swimconfig.py``'s ``SwimStats``)."""
+
+    awareness: int
+    suspicions_raised: int
+    suspicions_refuted: int
+    confirmations: int
+    deaths_declared: int
+    refuted_about_me: int
+    stalls_excused: int
+
+
+@dataclass
+class SwimDeath:
+    """A stage the orchestrator's SWIM declared dead, and when (epoch seconds)."""
+
+    member: str
+    at: float
+
+
+@dataclass
+class LoopStalls:
+    """The orchestrator's own event loop, watched from the rent on: stalls longer than its SWIM
+    ping timeout, how many, the longest (seconds), and those kept."""
+
+    count: int
+    longest: float
+    stalls: list[Stall]
+
+
+@dataclass
+class SwimFigures:
+    """The round trips measured after converge (ms, by stage name), the SWIM timing chosen and who
+    chose it, each node's timing, the failure detector's counts, the stages it declared dead, and
+    the orchestrator's loop stalls (None without a watch)."""
+
+    rtt_ms: dict[str, float | None]
+    worst_rtt_ms: float
+    ping_timeout: float
+    protocol_period: float
+    suspicion_timeout: float
+    suspicion_max_mult: float
+    set_by: str
+    nodes: dict[str, SwimNode]
+    stats: SwimCounts
+    deaths: list[SwimDeath] = field(default_factory=list)
+    orchestrator_stalls: LoopStalls | None = None
+
+
+@dataclass
+class ApiCounts:
+    """Calls to one endpoint of vast.ai's API (or all): requests sent (retries included), answers
+    429 and those retried, retries after a 5xx or no answer, seconds slept before retries and
+    seconds calls waited for their endpoint's pace."""
+
+    calls: int = 0
+    rate_limited: int = 0
+    rate_limit_retries: int = 0
+    retries: int = 0
+    retry_wait_s: float = 0.0
+    pace_wait_s: float = 0.0
+
+
+@dataclass
+class ApiFigures(ApiCounts):
+    """The client's calls in all, and each endpoint's."""
+
+    endpoints: dict[str, ApiCounts] = field(default_factory=dict)
+
+
+@dataclass
+class HostLoss:
+    """An instance the emulator's failpoints killed, froze or took the host of (``vast.kill_stage``,
+    ``vast.lose_host``), after how many tokens, and when (epoch seconds, just before the signal)."""
+
+    instance: int
+    stage: int | None
+    how: str
+    after_tokens: int
+    at: float
+
+
+@dataclass
+class EmulatorFigures:
+    """The embedded emulator's own record: its live and destroyed instances, and its host losses."""
+
+    live_instances: list[int]
+    destroyed_instances: list[int]
+    host_losses: list[HostLoss] = field(default_factory=list)
+
+
 @dataclass
 class Report:
     mode: str
@@ -78,25 +457,25 @@ class Report:
     text: str | None = None
     prompt_token_ids: list[int] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
-    split: list[dict[str, Any]] = field(default_factory=list)  # each stage's blocks and instance
+    split: list[StageSplit] = field(default_factory=list)  # each stage's blocks and instance
     timings: dict[str, float] = field(default_factory=dict)  # seconds per phase, total, decode tokens/s
-    hops: dict[str, Any] = field(default_factory=dict)  # bytes and time per hop, prefill and decode apart
-    kv: list[dict[str, Any]] = field(default_factory=list)  # each stage's caches as its worker read them
-    frames: dict[str, Any] = field(default_factory=dict)  # frames by type: the seed's prefill and decode, each stage's
-    preflight: dict[str, Any] | None = None  # what the checks before the first create found (credit, image, offers)
-    instances: list[dict[str, Any]] = field(default_factory=list)  # id, offer, price, final state
+    hops: dict[str, HopPhases] = field(default_factory=dict)  # bytes and time per hop, prefill and decode apart
+    kv: list[KvFigures] = field(default_factory=list)  # each stage's caches as its worker read them
+    frames: Frames = field(default_factory=Frames)  # frames by type: the seed's prefill and decode, each stage's
+    preflight: PreflightFigures | None = None  # what the checks before the first create found
+    instances: list[InstanceFigures] = field(default_factory=list)  # id, offer, price, final state
     cost_usd: float = 0.0
     creates_sent: int = 0  # create calls sent to vast.ai: nothing can be billing when 0
     teardown_error: str | None = None  # what could not be destroyed, even when an earlier failure is the error
-    left_after_teardown: list[dict[str, Any]] | None = None  # vast.ai's list of the run's label, after
-    going_after_teardown: list[dict[str, Any]] = field(default_factory=list)  # still listed, on their way out
-    offers_skipped: list[dict[str, Any]] = field(default_factory=list)  # taken by someone else before our create
-    network: dict[str, Any] | None = None  # the emulated network: its profile and each link's figures
-    network_stats: dict[str, Any] | None = None  # the delay switch's counts per link, at the end
-    paths: dict[str, Any] | None = None  # how the orchestrator reached each stage (direct or relay, rtt), accepted
-    swim: dict[str, Any] | None = None  # the round trips measured after converge, SWIM's timing, each node's
-    vast_api: dict[str, Any] = field(default_factory=dict)  # the client's calls, 429s, retries and waits
-    emulator: dict[str, list[int]] | None = None  # the embedded emulator's own record (local mode)
+    left_after_teardown: list[ListedInstance] | None = None  # vast.ai's list of the run's label, after
+    going_after_teardown: list[ListedInstance] = field(default_factory=list)  # still listed, on their way out
+    offers_skipped: list[SkippedOffer] = field(default_factory=list)  # taken by someone else before our create
+    network: NetworkFigures | None = None  # the emulated network
+    network_stats: dict[str, LinkStats] | None = None  # the delay switch's counts per link, at the end
+    paths: Paths | None = None  # how the orchestrator reached each stage (direct or relay, rtt), accepted
+    swim: SwimFigures | None = None  # the round trips measured after converge, SWIM's timing, each node's
+    vast_api: ApiFigures | None = None  # the client's calls, 429s, retries and waits (None: no client)
+    emulator: EmulatorFigures | None = None  # the embedded emulator's own record (local mode)
     reference: ReferenceFigures = field(default_factory=ReferenceFigures)  # the token-exact reference
 
     def fail(self, phase: Phase | None, message: str) -> None:
@@ -133,28 +512,44 @@ class Report:
         """What vast.ai's API cost the run when it pushed back: its 429s (absorbed, and the time
         waited on them), other retries, and the offers taken by someone else first; None when
         every call was answered at once."""
-        a = self.vast_api
+        a = self.vast_api or ApiFigures()
         parts = []
-        if a.get("rate_limited"):
+        if a.rate_limited:
             parts.append(
-                f"{a['rate_limited']} answered 429 (absorbed: {a.get('retry_wait_s', 0):.1f} s waited on retries, "
-                f"{a.get('pace_wait_s', 0):.1f} s spacing calls)"
+                f"{a.rate_limited} answered 429 (absorbed: {a.retry_wait_s:.1f} s waited on retries, "
+                f"{a.pace_wait_s:.1f} s spacing calls)"
             )
-        if a.get("retries"):
-            parts.append(f"{a['retries']} retried after a 5xx or no answer")
+        if a.retries:
+            parts.append(f"{a.retries} retried after a 5xx or no answer")
         if self.offers_skipped:
-            taken = ", ".join(f"{o['offer']} (HTTP {o['status']}, stage {o['stage']})" for o in self.offers_skipped)
+            taken = ", ".join(f"{o.offer} (HTTP {o.status}, stage {o.stage})" for o in self.offers_skipped)
             parts.append(f"{len(self.offers_skipped)} offer(s) taken by someone else first: {taken}")
         if not parts:
             return None
-        return f"vast.ai API: {a.get('calls', 0)} calls; " + "; ".join(parts)
+        return f"vast.ai API: {a.calls} calls; " + "; ".join(parts)
 
     def destroyed(self) -> int:
-        return sum(i.get("final_state") in ("destroyed", "destroying") for i in self.instances)
+        return sum(i.final_state in ("destroyed", "destroying") for i in self.instances)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON report: ``schema_version`` first, then every field (``report.schema.json``)."""
-        return {"schema_version": SCHEMA_VERSION, **dataclasses.asdict(self)}
+        found: dict[str, Any] = json.loads(json.dumps(dataclasses.asdict(self)))  # tuples and enums as JSON has them
+        return {"schema_version": SCHEMA_VERSION, **found}
+
+    def problems(self) -> list[str]:
+        """What makes :meth:`to_json` not one of :func:`schema`'s, each with its place; none when
+        it validates (the check :meth:`write` makes)."""
+        return schema_problems(self.to_json())
+
+    def write(self, path: Path) -> None:
+        """Write the JSON report to ``path``, checked against :func:`schema`: a report that does
+        not match it is a bug here; it is written all the same (the run's figures are kept), then
+        ValueError names each problem."""
+        found = self.to_json()
+        problems = schema_problems(found)
+        path.write_text(json.dumps(found, indent=2) + "\n")
+        if problems:
+            raise ValueError(f"{path} does not match the report's schema ({SCHEMA_FILE}): {'; '.join(problems)}")
 
     def figures(self) -> list[tuple[str, str, Any]]:
         """The figures as JUnit properties, each with the driver step after which it is final
@@ -164,9 +559,9 @@ class Report:
         out: list[tuple[str, str, Any]] = [("rent", "ppsmoke_mode", self.mode), ("rent", "ppsmoke_run_id", self.run_id)]
         out += [(_timing_step(k), f"ppsmoke_time_{k}", v) for k, v in sorted(self.timings.items())]
         for hop, phases in sorted(self.hops.items()):
-            for phase, h in phases.items():
-                out.append(("infer", f"ppsmoke_hop_{hop}_{phase}_bytes", h["bytes_each"]))
-                out.append(("infer", f"ppsmoke_hop_{hop}_{phase}_median_s", h["median_s"]))
+            for phase, h in (("prefill", phases.prefill), ("decode", phases.decode)):
+                out.append(("infer", f"ppsmoke_hop_{hop}_{phase}_bytes", h.bytes_each))
+                out.append(("infer", f"ppsmoke_hop_{hop}_{phase}_median_s", h.median_s))
         out.append(("infer", "ppsmoke_text", self.text or ""))
         out.append(("infer", "ppsmoke_token_ids", ",".join(map(str, self.token_ids))))
         ref = self.reference
@@ -177,14 +572,13 @@ class Report:
             out.append(("reference", "ppsmoke_reference_where", f"{stage_name(ref.stage)} {ref.device}: {ref.method}"))
         elif ref.detail:
             out.append(("reference", "ppsmoke_reference_detail", ref.detail))
-        a = self.vast_api
-        out += [
-            ("", f"ppsmoke_vast_{k}", a[k])
-            for k in ("calls", "rate_limited", "retries", "retry_wait_s", "pace_wait_s")
-            if k in a
-        ]
-        out.append(("rent", "ppsmoke_offers_skipped", ",".join(str(o["offer"]) for o in self.offers_skipped)))
-        out.append(("rent", "ppsmoke_instances", ",".join(str(i["id"]) for i in self.instances)))
+        if (a := self.vast_api) is not None:
+            out += [
+                ("", f"ppsmoke_vast_{k}", getattr(a, k))
+                for k in ("calls", "rate_limited", "retries", "retry_wait_s", "pace_wait_s")
+            ]
+        out.append(("rent", "ppsmoke_offers_skipped", ",".join(str(o.offer) for o in self.offers_skipped)))
+        out.append(("rent", "ppsmoke_instances", ",".join(str(i.id) for i in self.instances)))
         out.append(("", "ppsmoke_cost_usd", self.cost_usd))
         if self.error:
             out.append(("", "ppsmoke_error", self.error))
@@ -196,11 +590,11 @@ class Report:
         ``ppsmoke_log_tail_pp-stage-N``, its words, then its log tail (where it came from)."""
         out = []
         for i in self.instances:
-            if i.get("node_state") is None:
+            if i.node_state is None:
                 continue
-            source = f"its log from {i['log_source']}:" if i.get("log_source") else "no log could be read"
-            text = "\n".join([i.get("node_words") or i["node_state"], source, *i.get("log_tail", [])])
-            out.append((f"ppsmoke_log_tail_{stage_name(i['stage'])}", text))
+            source = f"its log from {i.log_source}:" if i.log_source else "no log could be read"
+            text = "\n".join([i.node_words or i.node_state, source, *i.log_tail])
+            out.append((f"ppsmoke_log_tail_{stage_name(i.stage)}", text))
         return out
 
     def properties(self) -> list[tuple[str, Any]]:
@@ -214,29 +608,30 @@ class Report:
         if "decode_tokens_per_s" in t:
             lines.append(f"decode {t['decode_tokens_per_s']} tokens/s, {len(self.token_ids)} tokens")
         for hop, phases in sorted(self.hops.items()):
-            for phase, h in phases.items():
-                lines.append(f"{hop} {phase}: {h['count']} x {h['bytes_each']} B, median {h['median_s']} s")
+            for phase, h in (("prefill", phases.prefill), ("decode", phases.decode)):
+                lines.append(f"{hop} {phase}: {h.count} x {h.bytes_each} B, median {h.median_s} s")
         for k in self.kv:
-            fill = "; ".join(f"blocks {_ranges(f['blocks'])} at {_ranges(f['positions'])}" for f in k["filled"])
-            kept, changed = _ranges(k["prefill_digest_kept"]) or "no block", _ranges(k["prefill_digest_changed"])
+            fill = "; ".join(f"blocks {_ranges(f.blocks)} at {_ranges(f.positions)}" for f in k.filled)
+            kept, changed = _ranges(k.prefill_digest_kept) or "no block", _ranges(k.prefill_digest_changed)
             lines.append(
-                f"{stage_name(k['stage'])} KV: owns {_ranges([k['blocks']])}, cached {_ranges(k['cached']) or 'none'}"
-                f" ({fill or 'nothing filled'}); prefill of {k['prefill_len']} kept its digest in {kept},"
+                f"{stage_name(k.stage)} KV: owns {_ranges([k.blocks])}, cached {_ranges(k.cached) or 'none'}"
+                f" ({fill or 'nothing filled'}); prefill of {k.prefill_len} kept its digest in {kept},"
                 f" changed in {changed or 'none'}"
             )
-        for who, window in sorted(self.frames.get("orchestrator", {}).items()):
-            lines.append(f"orchestrator frames in {who}: {_window(window)}")
-        for who, window in sorted(self.frames.get("stages", {}).items()):
-            lines.append(f"{who} frames: {_window(window)}")
+        seed = self.frames.orchestrator
+        for who, window in (("decode", seed.decode), ("prefill", seed.prefill)):
+            if window is not None:
+                lines.append(f"orchestrator frames in {who}: {_window(window)}")
+        for name, window in sorted(self.frames.stages.items()):
+            lines.append(f"{name} frames: {_window(window)}")
         if self.reference.state != "not run":
             lines.append(self.reference.line())
         if (api := self.api_line()) is not None:
             lines.append(api)
         for i in self.instances:
-            gpu = (i.get("offer") or {}).get("gpu_name", "?")
-            lines.append(f"instance {i['id']} stage {i['stage']}: {gpu} ${i['dph_total']:.4f}/h, {i['final_state']}")
-            if i.get("node_words"):
-                lines.append(f"  {i['node_words']}")
+            lines.append(f"instance {i.id} stage {i.stage}: {i.offer.gpu_name} ${i.dph_total:.4f}/h, {i.final_state}")
+            if i.node_words:
+                lines.append(f"  {i.node_words}")
         failed = f"; failed at {self.failed_phase or 'the start'} (the error is shown above)" if self.error else ""
         lines.append(f"cost ${self.cost_usd:.4f}{failed}")
         return lines
@@ -250,6 +645,143 @@ def _timing_step(key: str) -> str:
     return "infer" if key in ("decode_tokens_per_s", "inference") else ""
 
 
+def _ranges(ranges: list[tuple[int, int]]) -> str:
+    return ", ".join(f"[{a}, {b})" for a, b in ranges)
+
+
+def _window(window: FrameWindow) -> str:
+    """One window of frame counts in a line: the request's own by type, membership summed."""
+
+    def line(counts: dict[str, int]) -> str:
+        return ", ".join(f"{name} {n}" for name, n in sorted(counts.items())) or "nothing"
+
+    m = window.membership
+    return (
+        f"received {line(window.received)}; sent {line(window.sent)} (membership: {m.received} received, {m.sent} sent)"
+    )
+
+
+# --- parts from plain records, and the schema from the dataclasses ---------------------------------
+
+T = TypeVar("T")
+_PRIMITIVES: dict[type, str] = {str: "string", int: "integer", float: "number", bool: "boolean"}
+
+
+def parse(cls: type[T], value: Any) -> T:
+    """``value`` (a lower layer's plain record: dicts, lists, primitives) as the report's part
+    ``cls``, every key and type checked: a key ``cls`` does not name, a field without a default
+    that ``value`` lacks, or a value of another type raises TypeError, naming where."""
+    found: T = _parse(cls, value, cls.__name__)
+    return found
+
+
+def _parse(hint: Any, value: Any, where: str) -> Any:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        kinds = [a for a in args if a is not type(None)]
+        if len(kinds) != 1:
+            raise TypeError(f"{where}: a union of {hint} is not a report type")
+        return _parse(kinds[0], value, where)
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise TypeError(f"{where}: expected a list, got {type(value).__name__}")
+        return [_parse(args[0], v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)) or len(value) != len(args):
+            raise TypeError(f"{where}: expected {len(args)} items, got {value!r}")
+        return tuple(_parse(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value, strict=True)))
+    if origin is dict:
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise TypeError(f"{where}: expected an object keyed by strings, got {type(value).__name__}")
+        return {k: _parse(args[1], v, f"{where}[{k!r}]") for k, v in value.items()}
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            value = dataclasses.asdict(value)
+        if not isinstance(value, dict):
+            raise TypeError(f"{where}: expected an object for {hint.__name__}, got {type(value).__name__}")
+        hints = typing.get_type_hints(hint)
+        names = {f.name for f in dataclasses.fields(hint)}
+        if unknown := sorted(set(value) - names):
+            raise TypeError(f"{where}: {hint.__name__} has no field {', '.join(unknown)}")
+        return hint(**{k: _parse(hints[k], v, f"{where}.{k}") for k, v in value.items()})
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        try:
+            return hint(value)
+        except ValueError:
+            raise TypeError(f"{where}: {value!r} is not one of {[m.value for m in hint]}") from None
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint in _PRIMITIVES and isinstance(value, hint) and (hint is bool or not isinstance(value, bool)):
+        return value
+    raise TypeError(f"{where}: expected {getattr(hint, '__name__', hint)}, got {value!r}")
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of :meth:`Report.to_json`, from the dataclasses: each
+    dataclass a ``$defs`` entry whose keys are all named and required, no other allowed; a
+    ``dict[str, X]`` map an object whose values are X's; ``X | None`` X's or null; an enum its
+    values; a ``tuple`` its items in order. ``report.schema.json`` is this, written out."""
+    defs: dict[str, Any] = {}
+    top = _object(Report, defs)
+    top["properties"] = {"schema_version": {"const": SCHEMA_VERSION}, **top["properties"]}
+    top["required"] = ["schema_version", *top["required"]]
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "pytest-ppsmoke run report",
+        **top,
+        "$defs": dict(sorted(defs.items())),
+    }
+
+
+def _object(cls: type, defs: dict[str, Any]) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    out: dict[str, Any] = {"type": "object"}
+    if cls.__doc__ and not cls.__doc__.startswith(f"{cls.__name__}("):  # not dataclass's own
+        out["description"] = " ".join(cls.__doc__.split())
+    out["properties"] = {n: _type(hints[n], defs) for n in names}
+    out["required"] = names
+    out["additionalProperties"] = False
+    return out
+
+
+def _type(hint: Any, defs: dict[str, Any]) -> dict[str, Any]:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        kinds = [a for a in args if a is not type(None)]
+        if len(kinds) != 1 or len(args) != 2:
+            raise TypeError(f"{hint}: only X | None is a report type")
+        inner = _type(kinds[0], defs)
+        if set(inner) == {"type"}:
+            return {"type": [inner["type"], "null"]}
+        if set(inner) == {"enum"}:
+            return {"enum": [*inner["enum"], None]}
+        return {"anyOf": [inner, {"type": "null"}]}
+    if origin is list:
+        return {"type": "array", "items": _type(args[0], defs)}
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return {"type": "array", "items": _type(args[0], defs)}
+        n = len(args)
+        return {"type": "array", "prefixItems": [_type(a, defs) for a in args], "minItems": n, "maxItems": n}
+    if origin is dict:
+        if args[0] is not str:
+            raise TypeError(f"{hint}: a map's keys are strings")
+        return {"type": "object", "additionalProperties": _type(args[1], defs)}
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        if hint.__name__ not in defs:
+            defs[hint.__name__] = {}  # taken, for a part that names itself
+            defs[hint.__name__] = _object(hint, defs)
+        return {"$ref": f"#/$defs/{hint.__name__}"}
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return {"enum": [m.value for m in hint]}
+    if hint in _PRIMITIVES:
+        return {"type": _PRIMITIVES[hint]}
+    raise TypeError(f"{hint!r} is not a report type")
+
+
 def schema() -> dict[str, Any]:
     """The JSON Schema of :meth:`Report.to_json` (``report.schema.json``, shipped in the package)."""
     text = resources.files(__package__).joinpath(SCHEMA_FILE).read_text()
@@ -257,18 +789,29 @@ def schema() -> dict[str, Any]:
     return found
 
 
-def _ranges(ranges: list[list[int]]) -> str:
-    return ", ".join(f"[{a}, {b})" for a, b in ranges)
+def schema_text() -> str:
+    """:func:`json_schema` as ``report.schema.json`` holds it."""
+    return json.dumps(json_schema(), indent=2) + "\n"
 
 
-def _window(window: dict[str, Any]) -> str:
-    """One window of frame counts in a line: the request's own by type, membership summed."""
+def schema_problems(report: Any) -> list[str]:
+    """What makes ``report`` (a parsed JSON report) not one of :func:`schema`'s: each problem with
+    its place in the report; none when it validates."""
+    import jsonschema  # a dependency of the package (the emulator's API checks), loaded only here
 
-    def line(counts: dict[str, int]) -> str:
-        return ", ".join(f"{name} {n}" for name, n in sorted(counts.items())) or "nothing"
+    validator = jsonschema.Draft202012Validator(schema())
+    return [f"{'/'.join(map(str, e.absolute_path)) or '(top)'}: {e.message}" for e in validator.iter_errors(report)]
 
-    m = window["membership"]
-    return (
-        f"received {line(window['received'])}; sent {line(window['sent'])}"
-        f" (membership: {m['received']} received, {m['sent']} sent)"
-    )
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m pytest_ppsmoke.harness.report --schema``: print the generated schema."""
+    args = sys.argv[1:] if argv is None else argv
+    if args != ["--schema"]:
+        print("usage: python -m pytest_ppsmoke.harness.report --schema > pytest_ppsmoke/harness/report.schema.json")
+        return 2
+    sys.stdout.write(schema_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..runtime.localproc import ChildError, ChildProcess
+from ..runtime.localproc import ChildError, ChildProcess, EventKind
 from ..runtime.resource import Resource
 from . import netns
 from .profiles import NetworkSpec
@@ -99,7 +99,7 @@ class EmulatedNetwork(Resource):
         self._switch = ChildProcess(f"switch {self.prefix}", argv, os.environ)
         await self._switch.start()
         try:
-            ready = await self._switch.wait_event(lambda e: e.get("event") == "ready", self.timeout, "switch ready")
+            ready = await self._switch.wait_event(lambda e: e.kind is EventKind.READY, self.timeout, "switch ready")
         except ChildError as e:
             raise NetworkError(str(e)) from None
         self.host_addr = str(ready["host_addr"])
@@ -124,7 +124,7 @@ class EmulatedNetwork(Resource):
                 raise NetworkError(f"the switch of network {self.spec.name!r} failed during {op}: {e}") from None
         if not reply.get("ok"):
             raise NetworkError(f"network {self.spec.name!r}: {op} {args}: {reply.get('error')}")
-        return reply
+        return dict(reply.fields)
 
     async def add_member(self, name: str, ports: list[int] | None = None, server: bool = False) -> Member:
         """A new member ``name`` (``0``, ``1``, ...; ``host`` is the root namespace's, always there).

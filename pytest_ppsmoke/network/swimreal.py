@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..runtime.codec import MemberStatus
-from ..runtime.localproc import ChildProcess, ClusterKeys, member_env
+from ..runtime.localproc import ChildProcess, ClusterKeys, EventKind, member_env
 from ..runtime.node import Node, NodeConfig
 from ..runtime.swim import MemberEvent
 from ..runtime.swimconfig import SwimConfig
@@ -172,7 +172,7 @@ async def run_members(net: EmulatedNetwork, spec: RealSpec) -> RealResult:
             for e in new:
                 if "member" in e and "at" in e:
                     alive = e.get("status") == "alive"
-                    views.add(ids[i], float(e["at"]), str(e["event"]), str(e["member"]), int(e["incarnation"]), alive)
+                    views.add(ids[i], float(e["at"]), str(e.name), str(e["member"]), int(e["incarnation"]), alive)
 
     try:
         await seed.start()
@@ -191,7 +191,7 @@ async def run_members(net: EmulatedNetwork, spec: RealSpec) -> RealResult:
                 await p.start()
             for p in procs[k : k + wave]:
                 readies.append(
-                    await p.wait_event(lambda e: e.get("event") == "ready", spec.limit_s + 3 * wave, "ready")
+                    await p.wait_event(lambda e: e.kind is EventKind.READY, spec.limit_s + 3 * wave, "ready")
                 )
         starts = [float(r["at"]) - float(r["joined_in_s"]) for r in readies]
         ends = [float(r["at"]) for r in readies]

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from ..nodeenv import DEFAULTS, NodeEnv, process_env
 from ..protocol import CONVERGE_TIMEOUT, RESOLVE_TIMEOUT, Phase, PhaseError, cluster_names, stage_name, stage_names
 from .codec import ActorAddress, MembersQuery, MemberStatus, MembersView
-from .localproc import ChildProcess, ClusterKeys
+from .localproc import ChildProcess, ClusterKeys, Event, EventKind
 from .node import NODE_ACTOR, Node, NodeConfig
 from .resource import Resource
 from .swimconfig import SwimConfig
@@ -121,7 +121,7 @@ class LocalCluster(Resource):
     seed: Node | None = None
     members: list[ChildProcess] = field(default_factory=list)
     names: dict[str, ActorAddress] = field(default_factory=dict)
-    ready: list[dict[str, object]] = field(default_factory=list)
+    ready: list[Event] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     keys: ClusterKeys | None = field(default=None, repr=False)
 
@@ -160,7 +160,9 @@ class LocalCluster(Resource):
         for proc in self.members:
             try:
                 await proc.wait_event(
-                    lambda e: e.get("event") in ("joined", "ready"), max(0.0, deadline - time.monotonic()), "join"
+                    lambda e: e.kind in (EventKind.JOINED, EventKind.READY),
+                    max(0.0, deadline - time.monotonic()),
+                    "join",
                 )
             except RuntimeError as e:
                 raise PhaseError(Phase.BOOT, str(e)) from None
@@ -171,11 +173,13 @@ class LocalCluster(Resource):
         for proc in self.members:
             try:
                 ev = await proc.wait_event(
-                    lambda e: e.get("event") in ("ready", "failed"), max(0.0, deadline - time.monotonic()), "ready line"
+                    lambda e: e.kind in (EventKind.READY, EventKind.FAILED),
+                    max(0.0, deadline - time.monotonic()),
+                    "ready line",
                 )
             except RuntimeError as e:
                 raise PhaseError(Phase.LOAD, str(e)) from None
-            if ev["event"] == "failed":
+            if ev.kind is EventKind.FAILED:
                 raise PhaseError(Phase.LOAD, f"{proc.name}: {ev.get('error')}")
             self.ready.append(ev)
         self._phase_done("load", t)

@@ -1,5 +1,9 @@
 """Child processes on this machine that speak JSON lines on stdout (members, later nodes).
 
+Each JSON object line is an :class:`Event`: its kind (``"event"``, one of :class:`EventKind`;
+None for a line without one, such as the delay switch's replies) and every field it carried.
+Callers test ``e.kind is EventKind.READY``, and read a field as ``e["reason"]`` or ``e.get("n")``.
+
 Every wait has a deadline and its error carries the tail of the child's stderr, so a failure says
 what the child was doing. ``stop`` escalates SIGTERM -> SIGKILL and always reaps.
 """
@@ -8,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import json
 import logging
 import os
@@ -16,6 +21,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from ..nodeenv import DEFAULTS, NodeEnv, process_env
@@ -29,13 +35,60 @@ class ChildError(RuntimeError):
     pass
 
 
+class EventKind(enum.StrEnum):
+    """What a child's line says happened (its ``"event"``): a node's or a member's start
+    (``joined``, ``ready``, ``failed``), a node's progress and lifetime (``token``,
+    ``reference_ready``, ``reference``, ``orchestrator``, ``expired``), and a bare member's
+    membership events (``runtime/member.py``: ``joined``, ``alive``, ``suspect``, ``dead``,
+    ``updated``)."""
+
+    JOINED = "joined"
+    READY = "ready"
+    FAILED = "failed"
+    TOKEN = "token"
+    REFERENCE_READY = "reference_ready"
+    REFERENCE = "reference"
+    ORCHESTRATOR = "orchestrator"
+    EXPIRED = "expired"
+    ALIVE = "alive"
+    SUSPECT = "suspect"
+    DEAD = "dead"
+    UPDATED = "updated"
+
+
+@dataclass(frozen=True)
+class Event:
+    """One JSON object line of a child: its :class:`EventKind` (None for a line with no
+    ``"event"``, or one this version does not know: ``name`` keeps what it said) and its fields,
+    ``"event"`` among them, as the line had them."""
+
+    kind: EventKind | None
+    name: str | None
+    fields: Mapping[str, Any]
+
+    @classmethod
+    def of(cls, line: Mapping[str, Any]) -> Event:
+        name = line.get("event")
+        known = name if isinstance(name, str) and name in EventKind._value2member_map_ else None
+        return cls(None if known is None else EventKind(known), name if isinstance(name, str) else None, line)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.fields[key]
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.fields
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.fields.get(key, default)
+
+
 class ChildProcess:
     def __init__(self, name: str, argv: list[str], env: Mapping[str, str]) -> None:
         self.name = name
         self.argv = argv
         self.env = dict(env)
         self.proc: asyncio.subprocess.Process | None = None
-        self.events: list[dict[str, Any]] = []
+        self.events: list[Event] = []
         self._stderr: deque[str] = deque(maxlen=40)
         self._new = asyncio.Event()
         self._readers: list[asyncio.Task[None]] = []
@@ -75,7 +128,7 @@ class ChildProcess:
                 self._stderr.append("stdout: " + line.decode(errors="replace").rstrip())
                 continue
             if isinstance(obj, dict):
-                self.events.append(obj)
+                self.events.append(Event.of(obj))
                 self._new.set()
 
     async def _read_stderr(self, stream: asyncio.StreamReader) -> None:
@@ -85,10 +138,10 @@ class ChildProcess:
     def stderr_tail(self) -> str:
         return "\n".join(self._stderr)
 
-    def find(self, pred: Callable[[dict[str, Any]], bool]) -> dict[str, Any] | None:
+    def find(self, pred: Callable[[Event], bool]) -> Event | None:
         return next((e for e in self.events if pred(e)), None)
 
-    async def wait_event(self, pred: Callable[[dict[str, Any]], bool], timeout: float, what: str) -> dict[str, Any]:
+    async def wait_event(self, pred: Callable[[Event], bool], timeout: float, what: str) -> Event:
         """The first event (past or future) that satisfies ``pred``."""
         deadline = time.monotonic() + timeout
         while True:

@@ -184,22 +184,24 @@ def test_decode_loop_closes_without_the_orchestrator(
     _stages(ppsmoke_inference, n)
     g = len(ppsmoke_inference.token_ids)
     frames = ppsmoke_inference.frames
-    seed = frames["orchestrator"]
-    assert "decode" in seed, f"no FirstToken reached the orchestrator, so decode has no window: {seed}"
-    prefill, decode = seed["prefill"], seed["decode"]
-    assert prefill["received"].get("FirstToken") == 1, f"orchestrator, prefill: received {prefill['received']}"
-    assert decode["received"] == {"InferenceResponse": 1}, (
-        f"orchestrator, decode: received {decode['received']} (membership aside); expected only the InferenceResponse"
+    seed = frames.orchestrator
+    prefill, decode = seed.prefill, seed.decode
+    assert prefill is not None and decode is not None, (
+        f"no FirstToken reached the orchestrator, so decode has no window: {seed}"
     )
-    assert decode["sent"] == {}, f"orchestrator, decode: sent {decode['sent']} (membership aside); expected nothing"
-    assert not {"NextToken", "StageActivation"} & (set(prefill["received"]) | set(prefill["sent"])), (
+    assert prefill.received.get("FirstToken") == 1, f"orchestrator, prefill: received {prefill.received}"
+    assert decode.received == {"InferenceResponse": 1}, (
+        f"orchestrator, decode: received {decode.received} (membership aside); expected only the InferenceResponse"
+    )
+    assert decode.sent == {}, f"orchestrator, decode: sent {decode.sent} (membership aside); expected nothing"
+    assert not {"NextToken", "StageActivation"} & (set(prefill.received) | set(prefill.sent)), (
         f"orchestrator, prefill: {prefill}"
     )
-    first, last = frames["stages"][stage_name(0)], frames["stages"][stage_name(n - 1)]
-    assert first["received"].get("NextToken") == g, (
-        f"{stage_name(0)} received {first['received'].get('NextToken', 0)} NextToken frames for {g} generated tokens"
+    first, last = frames.stages[stage_name(0)], frames.stages[stage_name(n - 1)]
+    assert first.received.get("NextToken") == g, (
+        f"{stage_name(0)} received {first.received.get('NextToken', 0)} NextToken frames for {g} generated tokens"
     )
-    assert last["sent"].get("NextToken") == g, f"{stage_name(n - 1)} sent {last['sent'].get('NextToken', 0)} NextToken"
+    assert last.sent.get("NextToken") == g, f"{stage_name(n - 1)} sent {last.sent.get('NextToken', 0)} NextToken"
 
 
 def test_output_is_coherent_text(ppsmoke_session: SmokeSession, ppsmoke_inference: InferenceResult) -> None:
@@ -244,9 +246,9 @@ def test_teardown_leaves_no_instance_with_the_runs_label(ppsmoke_teardown: Smoke
     report = ppsmoke_teardown.report
     if not report.creates_sent:
         pytest.skip(f"nothing to destroy: no instance was created (the deployment failed at {report.failed_phase})")
-    assert report.instances and all(i["final_state"] in ("destroyed", "destroying") for i in report.instances)
+    assert report.instances and all(i.final_state in ("destroyed", "destroying") for i in report.instances)
     left = report.left_after_teardown
     assert left is not None, "vast.ai's list of the run's instances could not be read after the teardown"
-    assert left == [], f"still rented: {[(i.get('id'), i.get('label')) for i in left or []]}"
+    assert left == [], f"still rented: {[(i.id, i.label) for i in left or []]}"
     if report.emulator is not None:
-        assert report.emulator["live_instances"] == []
+        assert report.emulator.live_instances == []

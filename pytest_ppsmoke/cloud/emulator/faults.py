@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from ... import failpoints
 from ...nodeenv import NodeEnv
+from ...runtime.localproc import EventKind
 from ...runtime.peeraddr import PeerAddr
 from .instances import Instance
 
@@ -142,7 +143,7 @@ class HostLoss:
         while True:
             await asyncio.sleep(0.02)
             events = [e for i in vast.instances.values() if i.proc for e in i.proc.events]
-            sampled = max((e.get("n", 0) for e in events if e.get("event") == "token"), default=0)
+            sampled = max((e.get("n", 0) for e in events if e.kind is EventKind.TOKEN), default=0)
             if sampled < after:
                 continue
             if cuts or isolate:
