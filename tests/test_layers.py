@@ -185,6 +185,53 @@ def cloud_crossings(edges: dict[str, list[tuple[int, str]]]) -> list[str]:
     return out
 
 
+# the provider seam (cloud/provider.py): vast.ai's client, its records and the emulator are named
+# only inside cloud/ and by harness/setup.py (where a run picks its provider); never by the neutral
+# modules of cloud/ itself, nor by the in-memory provider of the tests
+PROVIDER_MODULES = ("cloud.vast", "cloud.vastrecords", "cloud.emulator")
+PROVIDER_NAMERS = ("cloud", "harness.setup")
+NEUTRAL = ("cloud.provider", "cloud.rental", "cloud.waits", "cloud.preflight")
+# harness/settings.py still reads OfferQuery's defaults and the runtimes' names through
+# cloud.vastrecords and cloud.emulator.registry; both are importable from cloud.provider and
+# cloud.runtimenames, where its imports move next
+NOT_YET = ("harness.settings",)
+TESTS = Path(__file__).resolve().parent
+NEUTRAL_TESTS = ("memprovider.py", "test_provider.py")
+
+
+def names_a_provider(target: str) -> bool:
+    return any(target == m or target.startswith(m + ".") for m in PROVIDER_MODULES)
+
+
+def provider_crossings(edges: dict[str, list[tuple[int, str]]]) -> list[str]:
+    out = []
+    for m, targets in sorted(edges.items()):
+        allowed = any(m == p or m.startswith(p + ".") for p in PROVIDER_NAMERS) and m not in NEUTRAL
+        if allowed or m in NOT_YET:
+            continue
+        out += [f"{where(m)}:{line} imports pytest_ppsmoke.{t}" for line, t in targets if names_a_provider(t)]
+    return out
+
+
+def test_only_cloud_and_the_setup_name_a_provider() -> None:
+    problems = provider_crossings(graph())
+    assert not problems, "a provider named past the seam (cloud/provider.py):\n" + "\n".join(problems)
+    known = modules()
+    for name in NEUTRAL_TESTS:  # the in-memory provider and its tests: the seam alone
+        found = [(line, t) for line, t in imports(f"tests.{name[:-3]}", TESTS / name, known) if names_a_provider(t)]
+        assert not found, f"tests/{name} imports {found}"
+
+
+def test_the_provider_check_sees_a_deliberate_break() -> None:
+    edges = graph()
+    edges["harness.driver"] = [*edges["harness.driver"], (3, "cloud.emulator.server")]
+    edges["cloud.rental"] = [*edges["cloud.rental"], (4, "cloud.vast")]
+    found = provider_crossings(edges)
+    assert any("harness/driver.py:3 imports pytest_ppsmoke.cloud.emulator.server" in p for p in found), found
+    assert any("cloud/rental.py:4 imports pytest_ppsmoke.cloud.vast" in p for p in found), found
+    assert not any("harness/setup.py" in p for p in found), found
+
+
 def test_every_module_is_in_a_layer() -> None:
     for m in modules():
         layer_of(m)
