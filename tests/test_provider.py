@@ -10,6 +10,7 @@ import asyncio
 
 import pytest
 
+from pytest_ppsmoke.cloud.pacing import Pacer
 from pytest_ppsmoke.cloud.provider import Provider
 from pytest_ppsmoke.cloud.rental import Rental, RentalConfig, reap
 from pytest_ppsmoke.harness.deployment import Deployment
@@ -233,3 +234,14 @@ async def test_a_deployments_lost_create_answer_is_swept_at_its_teardown() -> No
     finally:
         await dep.close()
     assert not provider.live() and [(i.stage, i.state) for i in dep.instances] == [(0, "destroyed")]
+
+
+async def test_the_shared_pacer_spaces_calls_of_a_name_on_the_clock() -> None:
+    """The pacing a provider's transport applies (``cloud/pacing.py``): calls of a paced name are
+    sent one at a time, its spacing apart; other names are not held."""
+    clock = VirtualClock()
+    pacer = Pacer({"create": 4.5}, clock=clock, sleep=clock.sleep)
+    waits = await asyncio.gather(*(pacer.turn("create") for _ in range(3)), pacer.turn("show"))
+    assert waits == [0.0, pytest.approx(4.5), pytest.approx(4.5), 0.0] and clock.elapsed == pytest.approx(9.0)
+    pacer.spacing["show"] = 2.0  # learned: counted from the last call of its name
+    assert await pacer.turn("show") == pytest.approx(0.0) and clock.elapsed == pytest.approx(9.0)

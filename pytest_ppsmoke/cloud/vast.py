@@ -41,7 +41,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
 import random
 import re
 import time
@@ -54,6 +53,7 @@ import aiohttp
 from .. import checks
 from ..protocol import VAST_ENDPOINTS
 from ..redact import Redactor
+from .pacing import Pacer
 
 # the records, re-exported: code that rents through the client may name them from here
 from .provider import DEAD_STATES as DEAD_STATES
@@ -200,12 +200,16 @@ class VastClient:
         self.stats = ApiStats()
         # endpoint -> the least seconds between its calls: from ``pace`` (thresholds known before the
         # first call, e.g. VAST_PACE), or learned from a 429 that names its threshold
-        self.pace: dict[str, float] = {k: checks.number(v, above=0) * PACE_MARGIN for k, v in (pace or {}).items()}
-        self._pace_locks: dict[str, asyncio.Lock] = {}
-        self._last_send: dict[str, float] = {}
+        spacing = {k: checks.number(v, above=0) * PACE_MARGIN for k, v in (pace or {}).items()}
+        self.pacer = Pacer(spacing, clock=clock, sleep=sleep)  # the shared pacing, per endpoint
         self._session: aiohttp.ClientSession | None = None
         self._bare: aiohttp.ClientSession | None = None  # no key: for URLs vast.ai hands out (logs)
         self.container_keys: dict[int, str] = {}  # each created instance's own key (its create's answer)
+
+    @property
+    def pace(self) -> dict[str, float]:
+        """Endpoint -> the least seconds between its calls: known beforehand (``pace``) or learned."""
+        return self.pacer.spacing
 
     @property
     def calls(self) -> int:
@@ -268,15 +272,8 @@ class VastClient:
         raises :class:`SearchQuotaExceeded`."""
         endpoint = endpoint_name(method, path)
         stats = self.stats.of(endpoint)
-        if endpoint in self.pace:  # one at a time, spaced: the lock is held for the wait, not the call
-            async with self._pace_locks.setdefault(endpoint, asyncio.Lock()):
-                wait = self._last_send.get(endpoint, -math.inf) + self.pace[endpoint] - self.clock()
-                if wait > 0:
-                    stats.pace_wait_s += wait
-                    await self.sleep(wait)
-                self._last_send[endpoint] = self.clock()
-        else:
-            self._last_send[endpoint] = self.clock()
+        waited = await self.pacer.turn(endpoint)  # one at a time, spaced, where paced
+        stats.pace_wait_s += waited  # added after the wait: calls paced together each count theirs
         stats.calls += 1
         try:
             async with self._http().request(method, self.base_url + path, json=body, params=params) as resp:
