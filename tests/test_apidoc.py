@@ -15,7 +15,7 @@ import pytest
 from pytest_ppsmoke.cloud.emulator import apidoc
 from pytest_ppsmoke.cloud.emulator.server import FakeVast
 from pytest_ppsmoke.cloud.vast import VastClient
-from pytest_ppsmoke.cloud.vastrecords import OfferQuery
+from pytest_ppsmoke.cloud.vastrecords import OfferQuery, search_body
 
 from .helpers import SLEEPER
 
@@ -72,10 +72,10 @@ async def test_a_body_the_description_refuses_fails_the_call_naming_the_field_ne
     whose disk is not a number is not: the answer names disk, and not the key in env beside it."""
     assert os.environ["PP_EMULATOR_OPENAPI"] == "strict" and apidoc.strict()
     async with FakeVast(node_argv=SLEEPER) as fake:
-        status, data = await call(fake, "POST", "/api/v0/bundles/", {**OfferQuery().body(), "type": "bogus"})
+        status, data = await call(fake, "POST", "/api/v0/bundles/", {**search_body(OfferQuery()), "type": "bogus"})
         assert status == 400 and data["error"] == "openapi_violation", data
         assert data["msg"] == "POST /api/v0/bundles/ request: type: not one of ['ondemand', 'bid', 'reserved'] (enum)"
-        status, data = await call(fake, "POST", "/api/v0/bundles/", OfferQuery().body())  # vast-cli's "on-demand"
+        status, data = await call(fake, "POST", "/api/v0/bundles/", search_body(OfferQuery()))  # vast-cli's "on-demand"
         assert status == 200 and data["offers"]
         secret = "0123456789abcdef" * 4
         body = {"image": "i:1", "env": {"PP_NODE_KEY": secret}, "disk": "lots", "label": "x", "price": None}

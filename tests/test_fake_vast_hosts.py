@@ -18,7 +18,7 @@ import pytest_asyncio
 from pytest_ppsmoke.cloud.emulator.catalogue import default_catalogue, search
 from pytest_ppsmoke.cloud.emulator.server import FakeVast
 from pytest_ppsmoke.cloud.vast import VastClient
-from pytest_ppsmoke.cloud.vastrecords import OfferQuery, going_away
+from pytest_ppsmoke.cloud.vastrecords import OfferQuery, going_away, search_body
 from pytest_ppsmoke.protocol import COMPUTE_CAPS
 
 from .helpers import SLEEPER, stripped
@@ -58,7 +58,7 @@ def environ(pid: int) -> list[bytes]:
 def unfiltered() -> dict[str, Any]:
     """The client's default query without the filters the image and the boot window need (its
     compute capability and download speed)."""
-    q = OfferQuery().body()
+    q = search_body(OfferQuery())
     del q["compute_cap"], q["inet_down"]
     return q
 
@@ -101,7 +101,7 @@ def test_the_catalogue_has_vast_ais_spread_and_the_hosts_a_careful_query_skips()
     assert min(o["inet_down"] for o in cat) <= 50 and max(o["inet_down"] for o in cat) >= 10_000
     assert any(o["direct_port_count"] == 0 for o in cat)
     assert all(0.05 <= o["storage_cost"] <= 0.5 for o in cat) and len({o["storage_cost"] for o in cat}) > 3
-    taken = {o["id"] for o in search(cat, OfferQuery().body())}
+    taken = {o["id"] for o in search(cat, search_body(OfferQuery()))}
     skipped = [o for o in cat if o["id"] not in taken]
     for why in (
         lambda o: not o["verified"],
@@ -110,7 +110,7 @@ def test_the_catalogue_has_vast_ais_spread_and_the_hosts_a_careful_query_skips()
         lambda o: o["cuda_max_good"] < 12.4,
     ):
         assert sum(map(why, skipped)) >= 2
-    wan = OfferQuery(direct_ports=1).body()
+    wan = search_body(OfferQuery(direct_ports=1))
     assert len(search(cat, wan)) >= 2 and all(o["direct_port_count"] >= 1 for o in search(cat, wan))
 
 
@@ -149,7 +149,7 @@ async def test_every_string_is_served_padded_and_the_client_strips_them(fake: Fa
     answers = [
         raw,
         (await call(fake, "GET", "/api/v1/instances/"))[1],
-        (await call(fake, "POST", "/api/v0/bundles/", OfferQuery().body()))[1],
+        (await call(fake, "POST", "/api/v0/bundles/", search_body(OfferQuery())))[1],
     ]
     for answer in answers:
         values = list(strings(answer))

@@ -23,7 +23,7 @@ from pytest_ppsmoke.cloud.emulator.catalogue import default_catalogue
 from pytest_ppsmoke.cloud.emulator.instances import Instance
 from pytest_ppsmoke.cloud.emulator.runtimes import Image, NetworkMembers, Runtime
 from pytest_ppsmoke.cloud.emulator.server import FakeVast
-from pytest_ppsmoke.cloud.vastrecords import OfferQuery
+from pytest_ppsmoke.cloud.vastrecords import OfferQuery, search_body
 from pytest_ppsmoke.harness import settings
 from pytest_ppsmoke.protocol import COMPUTE_CAPS
 from pytest_ppsmoke.stage.cudacheck import ARCHES
@@ -202,7 +202,7 @@ def test_the_images_nvrtc_compiles_f16_and_bf16_kernels_for_the_offers_gpus(buil
     the NVRTC and headers the image ships, compiles real f16 and bf16 kernels for every compute
     capability an offer search admits (this machine's own CUDA toolkit, if any, is outside the
     container); and refuses Blackwell's, which the search therefore excludes."""
-    admitted = OfferQuery().body()["compute_cap"]
+    admitted = search_body(OfferQuery())["compute_cap"]
     arches = [f"sm_{cap // 10}" for cap in COMPUTE_CAPS]
     assert arches == list(ARCHES) and admitted == {"gte": min(COMPUTE_CAPS), "lte": max(COMPUTE_CAPS)}
     done = run_in(built_image, ["python", "-m", "pytest_ppsmoke.stage.cudacheck"], {"CUDA": "0"})

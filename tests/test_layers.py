@@ -185,6 +185,53 @@ def cloud_crossings(edges: dict[str, list[tuple[int, str]]]) -> list[str]:
     return out
 
 
+# the provider seam (cloud/provider.py): vast.ai's client, its records and the emulator are named
+# only inside cloud/ and by harness/setup.py (where a run picks its provider); never by the neutral
+# modules of cloud/ itself, nor by the in-memory provider of the tests
+PROVIDER_MODULES = ("cloud.vast", "cloud.vastrecords", "cloud.emulator")
+PROVIDER_NAMERS = ("cloud", "harness.setup")
+NEUTRAL = ("cloud.provider", "cloud.rental", "cloud.waits", "cloud.preflight")
+TESTS = Path(__file__).resolve().parent
+NEUTRAL_TESTS = ("memprovider.py", "test_provider.py")
+
+
+def names_a_provider(target: str) -> bool:
+    return any(target == m or target.startswith(m + ".") for m in PROVIDER_MODULES)
+
+
+def provider_crossings(edges: dict[str, list[tuple[int, str]]]) -> list[str]:
+    out = []
+    for m, targets in sorted(edges.items()):
+        allowed = any(m == p or m.startswith(p + ".") for p in PROVIDER_NAMERS) and m not in NEUTRAL
+        if allowed:
+            continue
+        out += [f"{where(m)}:{line} imports pytest_ppsmoke.{t}" for line, t in targets if names_a_provider(t)]
+    return out
+
+
+def test_only_cloud_and_the_setup_name_a_provider() -> None:
+    problems = provider_crossings(graph())
+    assert not problems, "a provider named past the seam (cloud/provider.py):\n" + "\n".join(problems)
+    known = modules()
+    for name in NEUTRAL_TESTS:  # the in-memory provider and its tests: the seam alone
+        found = [(line, t) for line, t in imports(f"tests.{name[:-3]}", TESTS / name, known) if names_a_provider(t)]
+        assert not found, f"tests/{name} imports {found}"
+
+
+def test_the_provider_check_sees_a_deliberate_break() -> None:
+    edges = graph()
+    edges["harness.driver"] = [*edges["harness.driver"], (3, "cloud.emulator.server")]
+    edges["cloud.rental"] = [*edges["cloud.rental"], (4, "cloud.vast")]
+    found = provider_crossings(edges)
+    assert any("harness/driver.py:3 imports pytest_ppsmoke.cloud.emulator.server" in p for p in found), found
+    assert any("cloud/rental.py:4 imports pytest_ppsmoke.cloud.vast" in p for p in found), found
+    assert not any("harness/setup.py" in p for p in found), found
+    edges["harness.settings"] = [*edges["harness.settings"], (5, "cloud.emulator.registry")]
+    assert any(
+        "harness/settings.py:5 imports pytest_ppsmoke.cloud.emulator.registry" in p for p in provider_crossings(edges)
+    )
+
+
 def test_every_module_is_in_a_layer() -> None:
     for m in modules():
         layer_of(m)
@@ -265,9 +312,8 @@ def test_loading_the_plugin_imports_only_stdlib_pytest_and_the_settings_table() 
         "pytest_ppsmoke.protocol",
         "pytest_ppsmoke.checks",
         "pytest_ppsmoke.cloud",  # its __init__ imports nothing
-        "pytest_ppsmoke.cloud.emulator",  # its __init__ imports nothing
-        "pytest_ppsmoke.cloud.emulator.registry",  # the runtimes' names (standard library only)
-        "pytest_ppsmoke.cloud.vastrecords",  # the offer search's defaults (standard library only)
+        "pytest_ppsmoke.cloud.provider",  # the neutral records, OfferQuery's defaults (standard library only)
+        "pytest_ppsmoke.cloud.runtimenames",  # the emulator's runtimes' names (standard library only)
     }
     assert ours <= allowed, sorted(ours - allowed)
     others = {m.split(".")[0] for m in loaded - ours} - set(sys.stdlib_module_names)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from pytest_ppsmoke import nodeenv, protocol
+from pytest_ppsmoke.cloud.vastrecords import search_body
 from pytest_ppsmoke.harness.runconfig import RunConfig
 from pytest_ppsmoke.nodeenv import DEFAULTS, NodeEnv
 from pytest_ppsmoke.runtime.cluster import LocalCluster
@@ -218,7 +219,7 @@ def test_the_direct_port_and_the_relay_reach_the_node_and_the_public_side_is_adv
     from pytest_ppsmoke.runtime.node import NodeConfig
 
     config = RunConfig(transport="wan", port=7100, relay="https://relay.example.com", check_image=False)
-    assert config.direct and config.query.body()["direct_port_count"] == {"gte": 1}
+    assert config.direct and search_body(config.query)["direct_port_count"] == {"gte": 1}
     env = {**config.node_env().replace(node_key=KEY).to_env(), "PUBLIC_IPADDR": "203.0.113.7"}
     assert (env["PP_PORT"], env["PP_RELAY"]) == ("7100", "https://relay.example.com")
     node = NodeConfig.from_env({**env, "VAST_UDP_PORT_7100": "41234"})
@@ -238,6 +239,6 @@ def test_the_direct_port_and_the_relay_reach_the_node_and_the_public_side_is_adv
     with pytest.raises(ValueError, match="VAST_UDP_PORT_7100 must be a UDP port"):
         NodeConfig.from_env({**env, "VAST_UDP_PORT_7100": "70000"})
     local = RunConfig(transport="local", check_image=False)
-    assert not local.direct and "direct_port_count" not in local.query.body()
+    assert not local.direct and "direct_port_count" not in search_body(local.query)
     with pytest.raises(ValueError, match="port must be a UDP port"):
         RunConfig(transport="wan", port=70000, check_image=False)

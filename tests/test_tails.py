@@ -24,7 +24,7 @@ import pytest
 from pytest_ppsmoke.cloud.emulator.logs import RESULT_PATH
 from pytest_ppsmoke.cloud.emulator.server import FakeVast
 from pytest_ppsmoke.cloud.rental import RentedInstance
-from pytest_ppsmoke.cloud.vastrecords import Offer
+from pytest_ppsmoke.cloud.vastrecords import offer_from_json
 from pytest_ppsmoke.harness import accounts, driver
 from pytest_ppsmoke.harness.settings import Settings
 from pytest_ppsmoke.protocol import Phase, PhaseError
@@ -117,7 +117,7 @@ class _Rental:
     """What accounts.gather needs of a Rental: its instances, vast.ai's state of each, its log."""
 
     def __init__(self, states: dict[int, str], log: str) -> None:
-        offer = Offer.from_json({"id": 1, "dph_total": 0.1})
+        offer = offer_from_json({"id": 1, "dph_total": 0.1})
         self.instances = [RentedInstance(s, offer, f"l{s}", id=100 + s) for s in states]
         for inst in self.instances[:-1]:  # each joined the cluster once, but the last
             inst.timeline["joined"] = 1.0

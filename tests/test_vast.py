@@ -24,7 +24,15 @@ from pytest_ppsmoke import failpoints
 from pytest_ppsmoke.cloud.emulator.catalogue import default_catalogue, match_offer, search, widened
 from pytest_ppsmoke.cloud.emulator.server import FakeVast
 from pytest_ppsmoke.cloud.vast import VastClient
-from pytest_ppsmoke.cloud.vastrecords import Instance, Label, Offer, OfferQuery, VastError
+from pytest_ppsmoke.cloud.vastrecords import (
+    Instance,
+    Label,
+    NeverRuns,
+    OfferQuery,
+    VastError,
+    offer_from_json,
+    search_body,
+)
 
 from .helpers import SLEEPER, stripped
 
@@ -72,7 +80,7 @@ async def test_offers_match_the_query_cheapest_first(fake: FakeVast) -> None:
 
 
 def test_the_catalogue_widens_to_the_stage_count_only_where_the_query_takes_too_few() -> None:
-    query = OfferQuery().body()
+    query = search_body(OfferQuery())
     size = len(default_catalogue())
     assert len(search(default_catalogue(), query)) == 5  # the default query takes 5 of the 18
     for n in (1, 2, 5):  # enough already: the default catalogue, offer for offer
@@ -92,7 +100,7 @@ def test_the_catalogue_widens_to_the_stage_count_only_where_the_query_takes_too_
     big = {**query, "allocated_storage": 200}
     assert len(search(widened(9, big), big)) == 9
     # a query that takes none: nothing to copy, the preflight says so
-    assert widened(8, OfferQuery(gpu_ram_gb=100).body()) == default_catalogue()
+    assert widened(8, search_body(OfferQuery(gpu_ram_gb=100))) == default_catalogue()
 
 
 @pytest.mark.parametrize("fake", ["vast.offers=1"], indirect=True)
@@ -115,7 +123,7 @@ async def test_instance_lifecycle_create_show_label_list_destroy(fake: FakeVast)
         assert rec.label == "ppsmoke-t-stage0" and rec.run_label == Label("t", 0)
         # priced for the 30 GB the create rents, where the search priced the query's 20 GB
         extra = offer.raw["storage_cost"] * 10 / 720
-        assert rec.raw["dph_total"] == pytest.approx(offer.dph_total + extra) == rec.machine().dph_total
+        assert rec.raw["dph_total"] == pytest.approx(offer.dph_total + extra) == rec.machine.dph_total
         assert (
             ["STAGE", "0"] in rec.raw["extra_env"] and rec.raw["disk_space"] == 30 and rec.raw["image_uuid"] == "img:1"
         )
@@ -144,7 +152,7 @@ async def test_status_goes_to_exited_when_the_process_dies() -> None:
         assert rec.status_msg == "container exited with status 3"
         # crashed, not destroyed: still intended running, its contract stopped
         assert (rec.intended_status, rec.cur_state, rec.next_state) == ("running", "stopped", "running")
-        with pytest.raises(VastError, match=r"is exited \(container exited with status 3\); it will never run"):
+        with pytest.raises(NeverRuns, match=r"is exited \(container exited with status 3\); it will never run"):
             await vast.wait_running(iid, 60, 0.02)
         await vast.destroy_instance(iid)
 
@@ -265,7 +273,7 @@ async def test_a_create_whose_answer_was_lost_is_found_by_its_label(fake: FakeVa
 
 def test_offer_parsing_names_what_is_missing() -> None:
     with pytest.raises(VastError, match="an offer without a usable 'dph_total'"):
-        Offer.from_json({"id": 1})
+        offer_from_json({"id": 1})
 
 
 # --- the official vastai CLI -------------------------------------------------------------------

@@ -24,7 +24,6 @@ from pytest_ppsmoke.cloud.emulator.server import FakeVast
 from pytest_ppsmoke.cloud.vast import PACE_MARGIN, VAST_PACE, VastClient, endpoint_name, strip_strings
 from pytest_ppsmoke.cloud.vastrecords import (
     ApiStats,
-    Instance,
     Label,
     NeverRuns,
     OfferGone,
@@ -32,6 +31,8 @@ from pytest_ppsmoke.cloud.vastrecords import (
     SearchQuotaExceeded,
     VastError,
     going_away,
+    instance_from_json,
+    search_body,
 )
 from pytest_ppsmoke.protocol import VAST_ENDPOINTS
 
@@ -40,7 +41,7 @@ from .helpers import SLEEPER
 pytestmark = pytest.mark.local
 KEY = "vk-test-0123456789abcdef-DISTINCT"
 OFFERS = [int(o["id"]) for o in default_catalogue()]
-TAKEN = len(search(default_catalogue(), OfferQuery().body()))  # the offers the default query takes
+TAKEN = len(search(default_catalogue(), search_body(OfferQuery())))  # the offers the default query takes
 
 
 @asynccontextmanager
@@ -361,7 +362,7 @@ async def test_destroy_of_an_instance_already_gone_is_false() -> None:
 
 def test_going_away_reads_the_state_fields() -> None:
     def gone(record: dict[str, Any]) -> bool:
-        return going_away(Instance.from_json(record))
+        return going_away(instance_from_json(record))
 
     lingering = {"actual_status": "running", "cur_state": "running", "intended_status": "stopped"}
     assert gone({**lingering, "next_state": "stopped"})
@@ -376,7 +377,7 @@ def test_going_away_reads_the_state_fields() -> None:
     assert not gone(held)  # a destroy that was lost: everything still says running
     assert gone({**held, "cur_state": "unloaded"})
     assert gone({**held, "cur_state": " unloaded\n"}) is False  # Instance.from_json keeps what it is given ...
-    assert going_away(Instance.from_json(strip_strings({**held, "cur_state": " unloaded\n"})))  # ... the client strips
+    assert going_away(instance_from_json(strip_strings({**held, "cur_state": " unloaded\n"})))  # ... the client strips
     for status in ("destroyed", "terminated"):
         assert gone({**held, "intended_status": status}) and gone({**held, "actual_status": status})
     assert gone({**held, "actual_status": "offline"})  # vast-cli's instance_exist: an offline host bills nothing
@@ -399,19 +400,19 @@ def test_an_instance_record_is_decoded_once_tolerating_missing_and_extra_fields(
         "gpu_name": "RTX 4090",
         "extra": [1],
     }
-    inst = Instance.from_json(record)
+    inst = instance_from_json(record)
     assert (inst.id, inst.actual_status, inst.intended_status, inst.status_msg, inst.start_date) == (
         7, "running", None, "", 1.5,
     )  # fmt: skip
     assert inst.run_label == Label("20260101T000000-ab12cd", 1) and inst.raw is record
     assert inst.names() == {k: record.get(k) for k in ("id", "label", "actual_status", "intended_status", "next_state")}
-    assert (inst.machine().dph_total, inst.machine().gpu_name, inst.machine().num_gpus) == (0.3, "RTX 4090", 1)
-    bare = Instance.from_json({})
+    assert (inst.machine.dph_total, inst.machine.gpu_name, inst.machine.num_gpus) == (0.3, "RTX 4090", 1)
+    bare = instance_from_json({})
     assert (bare.id, bare.label, bare.actual_status, bare.status_msg, bare.run_label) == (None, None, None, "", None)
-    assert (bare.machine().id, bare.machine().gpu_name, bare.machine().dph_total) == (0, "?", 0.0)
-    assert Instance.from_json({"start_date": 17, "id": True}).start_date is None  # not a float, not an id
+    assert (bare.machine.id, bare.machine.gpu_name, bare.machine.dph_total) == (0, "?", 0.0)
+    assert instance_from_json({"start_date": 17, "id": True}).start_date is None  # not a float, not an id
     with pytest.raises(VastError, match="expected an instance record, got a list of 0"):
-        Instance.from_json([])
+        instance_from_json([])
 
 
 def test_a_label_is_formatted_and_parsed_in_one_place() -> None:
@@ -425,7 +426,7 @@ def test_a_label_is_formatted_and_parsed_in_one_place() -> None:
 
 
 async def test_gpu_ram_is_sent_and_kept_in_mb() -> None:
-    assert OfferQuery(gpu_ram_gb=16).body()["gpu_ram"] == {"gte": 16000}
+    assert search_body(OfferQuery(gpu_ram_gb=16))["gpu_ram"] == {"gte": 16000}
     async with emulator("") as fake, VastClient(KEY, fake.url) as vast:
         # 24,570 MB: the 3090's 24,576 MB passes, the 4090s' 24,564 MB do not (in GB or GiB, all or none would)
         offers = await vast.search_offers(OfferQuery(gpu_ram_gb=24.57))
@@ -465,10 +466,10 @@ def test_the_query_admits_only_gpus_the_image_compiles_for_and_prices_the_disk_r
     query sends the disk the create rents, so the price filter, the pre-flight's worst case and the
     report's cost include it. ``compute_cap`` bounds the GPUs to what the image's NVRTC compiles for
     (Blackwell's 1000 and 1200 out), ``inet_down`` the hosts to those that download in time."""
-    body = OfferQuery(disk_gb=35).body()
+    body = search_body(OfferQuery(disk_gb=35))
     assert body["allocated_storage"] == 35 and body["disk_space"] == {"gte": 35}
     assert body["compute_cap"] == {"gte": 600, "lte": 900} and body["inet_down"] == {"gte": 200.0}
-    assert "inet_down" not in OfferQuery(min_inet_down=0).body()
+    assert "inet_down" not in search_body(OfferQuery(min_inet_down=0))
     text = OfferQuery(disk_gb=35).describe()
     assert "compute capability 6-9" in text and "with 35 GB of storage" in text and ">= 200 Mbit/s" in text
 

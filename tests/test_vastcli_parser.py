@@ -36,7 +36,7 @@ from vastai.data.offer import Offer
 from pytest_ppsmoke import failpoints
 from pytest_ppsmoke.cloud.emulator import catalogue, logs
 from pytest_ppsmoke.cloud.emulator.server import FakeVast
-from pytest_ppsmoke.cloud.vastrecords import OfferQuery
+from pytest_ppsmoke.cloud.vastrecords import OfferQuery, search_body
 from pytest_ppsmoke.redact import REDACTED, forms
 
 from .helpers import SLEEPER
@@ -44,7 +44,7 @@ from .test_vast import KEY
 
 pytestmark = pytest.mark.local
 
-QUERY = OfferQuery(direct_ports=1).body()  # our client's, for nodes reached on a forwarded port (as ENV asks)
+QUERY = search_body(OfferQuery(direct_ports=1))  # our client's, for nodes reached on a forwarded port (as ENV asks)
 # what vast-cli's search_offers adds to a query itself: its default filters (with the values ours
 # has), the order, the type, the limit and allocated_storage (the last three from its arguments)
 CLI_ADDS = {"verified", "external", "rentable", "rented", "order", "type", "limit", "allocated_storage"}

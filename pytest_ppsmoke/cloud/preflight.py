@@ -29,8 +29,7 @@ from ..ggufinfo import GGUFError, blocks_of, check_complete
 from ..protocol import Names, Phase, PhaseError
 from ..stage.catalog import declared
 from .oci import ImageInfo, ImageProblem, ImageRef, inspect_image, on_loopback
-from .vast import VastClient
-from .vastrecords import Offer, OfferQuery, SearchQuotaExceeded, VastError
+from .provider import Offer, OfferQuery, Provider, ProviderError, QuotaExceeded
 
 
 @dataclass
@@ -76,7 +75,7 @@ def _fail(message: str) -> PhaseError:
 
 
 async def preflight(
-    vast: VastClient,
+    vast: Provider,
     *,
     query: OfferQuery,
     num_stages: int,
@@ -115,15 +114,15 @@ async def preflight(
 
 
 async def find_offers(
-    vast: VastClient, query: OfferQuery, num_stages: int, names: Names, phase: Phase = Phase.PREFLIGHT
+    vast: Provider, query: OfferQuery, num_stages: int, names: Names, phase: Phase = Phase.PREFLIGHT
 ) -> list[Offer]:
     """The offers that match ``query``, cheapest first: the search the rent uses, with or without
     the pre-flight. PhaseError (``phase``) if it fails or fewer than ``num_stages`` match."""
     try:
         offers = await vast.search_offers(query)
-    except SearchQuotaExceeded as e:  # its own words: a daily quota, not a failed search
+    except QuotaExceeded as e:  # its own words: a daily quota, not a failed search
         raise PhaseError(phase, str(e)) from None
-    except VastError as e:
+    except ProviderError as e:
         raise PhaseError(
             phase, unreachable(vast, e, names) if e.status == 0 else f"searching offers failed: {e}"
         ) from None
@@ -136,20 +135,20 @@ async def find_offers(
     return offers
 
 
-def unreachable(vast: VastClient, e: VastError, names: Names) -> str:
+def unreachable(vast: Provider, e: ProviderError, names: Names) -> str:
     """A call that got no answer (connection refused, a name that does not resolve, a timeout):
     where it went, why, and the fixes."""
     return (
-        f"cannot reach vast.ai at {vast.base_url} ({e}); check this machine's network and its proxy "
+        f"cannot reach vast.ai at {vast.where} ({e}); check this machine's network and its proxy "
         f"(HTTPS_PROXY), or point {names.setting('vast_url')} at the API"
     )
 
 
-async def _key(vast: VastClient, names: Names) -> float | None:
+async def _key(vast: Provider, names: Names) -> float | None:
     """The account's credit ($), None where the record has none; PhaseError if the key is refused."""
     try:
-        user = await vast.current_user()
-    except VastError as e:
+        return await vast.credit()
+    except ProviderError as e:
         if e.status in (401, 403):
             raise _fail(
                 f"vast.ai refused the API key (HTTP {e.status}); check {names.setting('api_key')} "
@@ -158,8 +157,6 @@ async def _key(vast: VastClient, names: Names) -> float | None:
         if e.status == 0:
             raise _fail(unreachable(vast, e, names)) from None
         raise _fail(f"asking vast.ai for the account failed: {e}") from None
-    credit = user.get("credit")
-    return float(credit) if isinstance(credit, (int, float)) and not isinstance(credit, bool) else None
 
 
 def _blocks(model: str, num_stages: int, names: Names) -> int | None:

@@ -1,7 +1,7 @@
-"""Renting, apart from the cluster: the provider's few steps for one run on vast.ai (or anything
-behind its REST API, the emulator included).
+"""Renting, apart from the cluster: the provider's few steps for one run, on any provider
+(``provider.py``'s seam: vast.ai's REST client, real or emulated, or a test's in-memory one).
 
-    rental = Rental(vast, config, run_id)
+    rental = Rental(provider, config, run_id)          # clock=, sleep=: a test's virtual clock
     offers = await rental.check()                       # the pre-flight: the matching offers
     inst = await rental.rent(stage, env, offers)        # a create, moving past offers raced away
     await rental.wait_running(inst)                     # running within its boot window, its port
@@ -21,7 +21,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +29,8 @@ from .. import DEFAULT_IMAGE
 from ..nodeenv import DEFAULTS
 from ..protocol import BOOT_POLL_INTERVAL, BOOT_POLLS, BUDGET, DIRECT_PORT, Names, Phase, PhaseError, stage_name
 from .preflight import Preflight, find_offers, image_check, preflight
-from .vast import Instance, Label, NeverRuns, Offer, OfferGone, OfferQuery, VastClient, VastError, going_away
+from .provider import Instance, Label, NeverRuns, Offer, OfferGone, OfferQuery, Provider, ProviderError, going_away
+from .waits import wait_running
 
 log = logging.getLogger(__name__)
 
@@ -117,11 +118,12 @@ class RentedInstance:
         """How a failure names it: ``pp-stage-1 on instance N (label)``."""
         return f"{stage_name(self.stage)} on instance {self.id} ({self.label})"
 
-    def reached(self, step: str, since: float) -> None:
-        """Stamp ``step`` (one of :data:`STEPS`) at the seconds since ``since`` (a monotonic time)."""
+    def reached(self, step: str, since: float, now: float | None = None) -> None:
+        """Stamp ``step`` (one of :data:`STEPS`) at the seconds from ``since`` to ``now`` (times of
+        one clock; ``now`` by default: ``time.monotonic()``)."""
         if step not in STEPS:
             raise ValueError(f"unknown instance step {step!r}; expected one of {', '.join(STEPS)}")
-        self.timeline.setdefault(step, round(time.monotonic() - since, 3))
+        self.timeline.setdefault(step, round((time.monotonic() if now is None else now) - since, 3))
 
     def seconds(self) -> float:
         if self.created_at is None:
@@ -154,10 +156,21 @@ class RentedInstance:
 
 
 class Rental:
-    """One run's instances on a vast.ai API: rent, wait for running, watch, destroy, list."""
+    """One run's instances on a provider: rent, wait for running, watch, destroy, list. Every wait
+    reads and spends ``clock`` and ``sleep`` (the real ones unless a test runs it on a virtual
+    clock), the teardown's deadline included."""
 
-    def __init__(self, vast: VastClient, config: RentalConfig, run_id: str) -> None:
-        self.vast, self.config, self.run_id = vast, config, run_id
+    def __init__(
+        self,
+        provider: Provider,
+        config: RentalConfig,
+        run_id: str,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self.provider, self.config, self.run_id = provider, config, run_id
+        self.clock, self.sleep = clock, sleep
         self.instances: list[RentedInstance] = []
         self.creates_sent = 0  # create calls sent: with none, nothing of this run can be billing
         self._uncertain_creates = False
@@ -176,9 +189,9 @@ class Rental:
         rented. Off (``config.preflight``): the offer search alone, in the rent."""
         c = self.config
         if not c.preflight:
-            return await find_offers(self.vast, c.query, c.num_stages, c.names, phase=Phase.RENT)
+            return await find_offers(self.provider, c.query, c.num_stages, c.names, phase=Phase.RENT)
         self.preflight = await preflight(
-            self.vast, query=c.query, num_stages=c.num_stages, image=c.image, check_image=c.check_image or "",
+            self.provider, query=c.query, num_stages=c.num_stages, image=c.image, check_image=c.check_image or "",
             model=c.model, budget_s=c.budget, names=c.names,
         )  # fmt: skip
         return self.preflight.offers
@@ -215,14 +228,14 @@ class Rental:
             self.creates_sent += 1
             self._uncertain_creates = True  # until its answer is in: cancelled now, it may still rent
             try:
-                inst.id = await self.vast.create_instance(
+                inst.id = await self.provider.create_instance(
                     offer.id, image=c.image, env={**env, **ports}, label=inst.label, disk_gb=c.disk_gb
                 )
             except OfferGone as e:
                 self._uncertain_creates = False  # refused: nothing was rented
                 self._skipped(stage, offer, e)
                 continue
-            except VastError as e:
+            except ProviderError as e:
                 self._uncertain_creates = e.status == 0  # a definite refusal rented nothing
                 raise PhaseError(Phase.RENT, f"creating stage {stage} on offer {offer.id} was rejected: {e}") from None
             self._uncertain_creates = False
@@ -262,7 +275,9 @@ class Rental:
 
         looks = max(1, math.ceil(c.boot_window / c.poll_interval))
         try:
-            record = await self.vast.wait_running(inst.id, looks, c.poll_interval, seen)
+            record = await wait_running(
+                self.provider, inst.id, looks, c.poll_interval, seen, clock=self.clock, sleep=self.sleep
+            )
         except NeverRuns as e:
             fix = ""
             if e.failure == "image pull":
@@ -271,7 +286,7 @@ class Rental:
         except TimeoutError as e:
             window = f"its {c.boot_window:g} s boot window ({c.polls} polls at vast.ai's {BOOT_POLL_INTERVAL:g} s)"
             raise PhaseError(Phase.BOOT, f"stage {inst.stage}: not running within {window}: {e}") from None
-        except VastError as e:
+        except ProviderError as e:
             raise PhaseError(Phase.BOOT, f"stage {inst.stage}: {e}") from None
         if c.direct:
             inst.public_udp = await self._forwarded(inst, record)
@@ -283,12 +298,12 @@ class Rental:
         alone (discovery and relays)."""
         c = self.config
         assert inst.id is not None
-        deadline = time.monotonic() + PORTS_WAIT
-        while (public := record.public_udp(c.port)) is None and time.monotonic() < deadline:
-            await asyncio.sleep(c.poll_interval)
+        deadline = self.clock() + PORTS_WAIT
+        while (public := record.public_udp(c.port)) is None and self.clock() < deadline:
+            await self.sleep(c.poll_interval)
             try:
-                later = await self.vast.show_instance(inst.id)
-            except VastError as e:
+                later = await self.provider.show_instance(inst.id)
+            except ProviderError as e:
                 log.info("%s: looking for its forwarded port: %s", inst.name, e)
                 continue
             if later is not None:
@@ -308,10 +323,10 @@ class Rental:
         the stage and the instance. A list that fails is retried next time."""
         missing: dict[int, int] = {}
         while not lost.done():
-            await asyncio.sleep(self.config.poll_interval)
+            await self.sleep(self.config.poll_interval)
             try:
-                listed = {r.id: r for r in await self.vast.list_instances(self.label_prefix)}
-            except VastError as e:
+                listed = {r.id: r for r in await self.provider.list_instances(self.label_prefix)}
+            except ProviderError as e:
                 log.info("watching the run's instances: %s", e)
                 continue
             for inst in self.instances:
@@ -340,15 +355,15 @@ class Rental:
 
     async def log_tail(self, inst: RentedInstance, lines: int) -> str:
         """The last ``lines`` of the instance's log, as vast.ai serves it (``request_logs``, then
-        its result URL); VastError when vast.ai cannot."""
+        its result URL); ProviderError when the provider cannot."""
         assert inst.id is not None
-        return await self.vast.request_logs(inst.id, lines)
+        return await self.provider.request_logs(inst.id, lines)
 
     async def state_now(self, inst: RentedInstance) -> tuple[str, str]:
         """What vast.ai shows of the instance now: its ``actual_status`` (``missing`` once it is
         no longer shown, ``null`` before it has one) and its status message."""
         assert inst.id is not None
-        record = await self.vast.show_instance(inst.id)
+        record = await self.provider.show_instance(inst.id)
         if record is None:
             return "missing", "vast.ai no longer shows the instance"
         return record.actual_status or "null", record.status_msg
@@ -360,9 +375,7 @@ class Rental:
         that could not be destroyed; never stops at the first failure, and ends within
         ``teardown_timeout`` even when vast.ai does not answer."""
         try:
-            async with asyncio.timeout(self.teardown_timeout):
-                await asyncio.gather(*(self._destroy(i) for i in self.instances if i.id is not None))
-                await self._sweep()
+            await self._within(self.teardown_timeout, self._destroy_all())
         except TimeoutError:
             for i in self.instances:
                 if i.state not in ("destroyed", "destroying") and not i.destroy_error:
@@ -379,6 +392,24 @@ class Rental:
             )
             raise PhaseError(Phase.TEARDOWN, "; ".join(problems) + advice)
 
+    async def _destroy_all(self) -> None:
+        await asyncio.gather(*(self._destroy(i) for i in self.instances if i.id is not None))
+        await self._sweep()
+
+    async def _within(self, seconds: float, work: Awaitable[None]) -> None:
+        """``work``, cancelled with TimeoutError once ``seconds`` of the rental's clock have passed."""
+        task = asyncio.ensure_future(work)
+        timer = asyncio.ensure_future(self.sleep(seconds))
+        try:
+            await asyncio.wait([task, timer], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in (task, timer):
+                t.cancel()
+            await asyncio.gather(task, timer, return_exceptions=True)
+        if task.cancelled():
+            raise TimeoutError
+        task.result()
+
     def close_line(self) -> str:
         failed = sum(1 for i in self.instances if i.destroy_error)
         return f"{len(self.instances) - failed} of {len(self.instances)} destroyed"
@@ -393,7 +424,7 @@ class Rental:
             return
         for attempt in range(1 + self.config.redestroys):
             try:
-                await self.vast.destroy_instance(inst.id)
+                await self.provider.destroy_instance(inst.id)
             except Exception as e:  # any failure is reported against this instance; the others go on
                 inst.destroy_error = str(e) or type(e).__name__
                 log.warning("could not destroy %s: %s", inst.name, inst.destroy_error)
@@ -401,7 +432,7 @@ class Rental:
             inst.ended_at = inst.ended_at or time.time()  # billing stops with the accepted destroy
             inst.destroy_error = None
             try:
-                record = await self.vast.show_instance(inst.id)
+                record = await self.provider.show_instance(inst.id)
             except Exception as e:
                 log.info("destroy of %s accepted; the check afterwards failed: %s", inst.name, e)
                 inst.state = "destroying"
@@ -412,7 +443,7 @@ class Rental:
             inst.seen(record)
             log.warning("%s: destroy accepted, but vast.ai still shows it intended running", inst.name)
             if attempt < self.config.redestroys:
-                await asyncio.sleep(min(2.0, self.config.poll_interval))
+                await self.sleep(min(2.0, self.config.poll_interval))
         inst.ended_at = None  # still billing
         inst.destroy_error = (
             f"vast.ai accepted {1 + self.config.redestroys} destroys but still shows it intended running "
@@ -428,7 +459,7 @@ class Rental:
         looks = 4 if self._uncertain_creates else 1
         for look in range(looks):
             try:
-                listed = await self.vast.list_instances(self.label_prefix)
+                listed = await self.provider.list_instances(self.label_prefix)
             except Exception as e:
                 self.teardown_errors.append(f"could not list this run's instances to sweep them: {e}")
                 return
@@ -437,15 +468,15 @@ class Rental:
                 if record.id not in known:
                     await self._destroy(self._adopt(record))
             if look < looks - 1:
-                await asyncio.sleep(min(2.0, self.config.poll_interval))
+                await self.sleep(min(2.0, self.config.poll_interval))
 
     def _adopt(self, record: Instance) -> RentedInstance:
         label = str(record.label)
         log.warning("destroying instance %s (%s): created by this run, its answer lost", record.id, label)
         stage = record.run_label.stage if record.run_label is not None else -1
         if record.id is None:
-            raise VastError("GET", "/api/v1/instances/", 200, f"a record labelled {label} without an id")
-        orphan = RentedInstance(stage, record.machine(), label, record.id, record.start_date)
+            raise ProviderError(f"a record labelled {label} without an id", 200)
+        orphan = RentedInstance(stage, record.machine, label, record.id, record.start_date)
         orphan.state = record.actual_status
         self.instances.append(orphan)
         return orphan
@@ -454,10 +485,10 @@ class Rental:
         return sum(i.cost_usd() for i in self.instances)
 
 
-async def reap(vast: VastClient, run_id: str | None = None) -> list[dict[str, Any]]:
+async def reap(provider: Provider, run_id: str | None = None) -> list[dict[str, Any]]:
     """Destroy every instance labelled by this tool (of one run, if ``run_id`` is given)."""
     out = []
-    for record in await vast.list_instances(Label.prefix(run_id)):
+    for record in await provider.list_instances(Label.prefix(run_id)):
         entry: dict[str, Any] = {
             "id": record.id,
             "label": record.label,
@@ -466,10 +497,10 @@ async def reap(vast: VastClient, run_id: str | None = None) -> list[dict[str, An
         }
         try:
             if record.id is None:
-                raise VastError("GET", "/api/v1/instances/", 200, f"a record labelled {record.label} without an id")
-            await vast.destroy_instance(record.id)
+                raise ProviderError(f"a record labelled {record.label} without an id", 200)
+            await provider.destroy_instance(record.id)
             entry["destroyed"] = True
-        except VastError as e:
+        except ProviderError as e:
             entry["error"] = str(e)
         out.append(entry)
     return out

@@ -41,7 +41,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
 import random
 import re
 import time
@@ -54,9 +53,19 @@ import aiohttp
 from .. import checks
 from ..protocol import VAST_ENDPOINTS
 from ..redact import Redactor
+from .pacing import Pacer
 
 # the records, re-exported: code that rents through the client may name them from here
-from .vastrecords import ApiStats, SearchQuotaExceeded, shape
+from .provider import DEAD_STATES as DEAD_STATES
+from .vastrecords import (
+    ApiStats,
+    SearchQuotaExceeded,
+    VastOfferGone,
+    instance_from_json,
+    offer_from_json,
+    search_body,
+    shape,
+)
 from .vastrecords import Instance as Instance
 from .vastrecords import Label as Label
 from .vastrecords import NeverRuns as NeverRuns
@@ -65,6 +74,8 @@ from .vastrecords import OfferGone as OfferGone
 from .vastrecords import OfferQuery as OfferQuery
 from .vastrecords import VastError as VastError
 from .vastrecords import going_away as going_away
+from .waits import start_failure as start_failure
+from .waits import wait_running
 
 log = logging.getLogger(__name__)
 
@@ -189,12 +200,16 @@ class VastClient:
         self.stats = ApiStats()
         # endpoint -> the least seconds between its calls: from ``pace`` (thresholds known before the
         # first call, e.g. VAST_PACE), or learned from a 429 that names its threshold
-        self.pace: dict[str, float] = {k: checks.number(v, above=0) * PACE_MARGIN for k, v in (pace or {}).items()}
-        self._pace_locks: dict[str, asyncio.Lock] = {}
-        self._last_send: dict[str, float] = {}
+        spacing = {k: checks.number(v, above=0) * PACE_MARGIN for k, v in (pace or {}).items()}
+        self.pacer = Pacer(spacing, clock=clock, sleep=sleep)  # the shared pacing, per endpoint
         self._session: aiohttp.ClientSession | None = None
         self._bare: aiohttp.ClientSession | None = None  # no key: for URLs vast.ai hands out (logs)
         self.container_keys: dict[int, str] = {}  # each created instance's own key (its create's answer)
+
+    @property
+    def pace(self) -> dict[str, float]:
+        """Endpoint -> the least seconds between its calls: known beforehand (``pace``) or learned."""
+        return self.pacer.spacing
 
     @property
     def calls(self) -> int:
@@ -209,6 +224,14 @@ class VastClient:
 
     def __repr__(self) -> str:
         return f"VastClient({self.base_url!r})"  # never the key
+
+    @property
+    def where(self) -> str:
+        return self.base_url
+
+    def calls_summary(self) -> dict[str, Any]:
+        """The per-endpoint counts (``stats.summary()``), for the run's report."""
+        return self.stats.summary()
 
     def secrets(self) -> list[str]:
         """What the client holds that must never be shown: its API key and each created instance's
@@ -249,15 +272,8 @@ class VastClient:
         raises :class:`SearchQuotaExceeded`."""
         endpoint = endpoint_name(method, path)
         stats = self.stats.of(endpoint)
-        if endpoint in self.pace:  # one at a time, spaced: the lock is held for the wait, not the call
-            async with self._pace_locks.setdefault(endpoint, asyncio.Lock()):
-                wait = self._last_send.get(endpoint, -math.inf) + self.pace[endpoint] - self.clock()
-                if wait > 0:
-                    stats.pace_wait_s += wait
-                    await self.sleep(wait)
-                self._last_send[endpoint] = self.clock()
-        else:
-            self._last_send[endpoint] = self.clock()
+        waited = await self.pacer.turn(endpoint)  # one at a time, spaced, where paced
+        stats.pace_wait_s += waited  # added after the wait: calls paced together each count theirs
         stats.calls += 1
         try:
             async with self._http().request(method, self.base_url + path, json=body, params=params) as resp:
@@ -319,13 +335,18 @@ class VastClient:
         data.pop("api_key", None)
         return data
 
+    async def credit(self) -> float | None:
+        """The account's ``credit`` ($), None where its record has none."""
+        credit = (await self.current_user()).get("credit")
+        return float(credit) if isinstance(credit, (int, float)) and not isinstance(credit, bool) else None
+
     async def search_offers(self, query: OfferQuery) -> list[Offer]:
         """Offers that match ``query``, cheapest first."""
-        data = await self._ok("POST", "/api/v0/bundles/", body=query.body())
+        data = await self._ok("POST", "/api/v0/bundles/", body=search_body(query))
         offers = data.get("offers") if isinstance(data, dict) else None
         if not isinstance(offers, list):
             raise VastError("POST", "/api/v0/bundles/", 200, f"expected {{'offers': [...]}}, got {shape(data)}")
-        return sorted((Offer.from_json(o) for o in offers), key=lambda o: o.dph_total)
+        return sorted((offer_from_json(o) for o in offers), key=lambda o: o.dph_total)
 
     async def create_instance(
         self,
@@ -365,7 +386,7 @@ class VastClient:
                 return iid
             if status in (404, 410) and isinstance(data, dict) and data.get("error") == "no_such_ask":
                 what = f"{_error_text(data)} (the offer was taken between search and create)"
-                raise OfferGone("PUT", path, status, what)
+                raise VastOfferGone("PUT", path, status, what)
             if status and status not in RETRY_STATUSES:
                 raise VastError("PUT", path, status, _error_text(data))
             if status == 429:  # refused before anything was rented: safe to send again
@@ -402,7 +423,7 @@ class VastClient:
         if inst is None:
             return None
         if isinstance(inst, dict):
-            return Instance.from_json(inst, "GET", path)
+            return instance_from_json(inst, "GET", path)
         raise VastError("GET", path, status, f"expected {{'instances': {{...}}}}, got {shape(data)}")
 
     async def destroy_instance(self, instance_id: int) -> bool:
@@ -431,7 +452,7 @@ class VastClient:
             if not isinstance(page, list):
                 what = f"expected {{'instances': [...]}}, got {shape(data)}"
                 raise VastError("GET", "/api/v1/instances/", 200, what)
-            out.extend(Instance.from_json(r) for r in page)
+            out.extend(instance_from_json(r) for r in page)
             token = data.get("next_token")
             if not token:
                 if label_prefix is None:
@@ -491,60 +512,27 @@ class VastClient:
         interval: float,
         on_poll: Callable[[int, Instance | None], None] | None = None,
     ) -> Instance:
-        """Poll until ``actual_status`` is ``running``; at most ``polls`` polls (the spec: 60).
-        Fails at once (:class:`NeverRuns`) on a state that never becomes running (:data:`DEAD_STATES`)
-        and on a ``status_msg`` that names an error (:func:`start_failure`: a pull vast.ai's host
-        retries for hours); a host that is merely slow gets every poll."""
-        last: Instance | None = None
-        started = self.clock()
-        path = f"/api/v0/instances/{instance_id}/"
-        for poll in range(1, polls + 1):
-            last = await self.show_instance(instance_id)
-            if on_poll is not None:
-                on_poll(poll, last)
-            if last is None and poll > 3:  # a new instance can take a moment to be shown
-                raise VastError("GET", path, 200, "the instance no longer exists")
-            if last is None:
-                await self.sleep(interval)
-                continue
-            state = last.actual_status
-            if state == "running":
-                return last
-            msg = last.status_msg or "no status message"
-            if state in DEAD_STATES:
-                raise NeverRuns("GET", path, 200, f"instance {instance_id} is {state} ({msg}); it will never run")
-            failure = start_failure(last.status_msg)
-            if failure is not None:
-                raise NeverRuns(
-                    "GET", path, 200, f"instance {instance_id} is {state or 'new'}, and its {failure} failed: {msg}",
-                    failure,
-                )  # fmt: skip
-            if poll < polls:
-                await self.sleep(interval)
-        state = last.actual_status if last else None
-        msg = (last.status_msg if last else "") or "no status message"
-        raise TimeoutError(
-            f"instance {instance_id} not running after {polls} polls in {self.clock() - started:.1f} s "
-            f"(last status {state!r}: {msg})"
-        )
+        """The shared wait (:func:`.waits.wait_running`) on this client and its clock."""
+        return await wait_running(self, instance_id, polls, interval, on_poll, clock=self.clock, sleep=self.sleep)
 
 
-# never running from there. Not ``unknown``: vast.ai's "no recent heartbeat from the host" is a
-# gap in the host's reports, which vast-cli's own wait loop polls through (it fails on offline,
-# stopped and exited); a gap the boot window outlasts still ends the boot
-DEAD_STATES = ("exited", "offline", "stopped", "frozen")
-_ERROR_WORDS = ("error", "fail", "denied", "unauthorized", "not found", "manifest unknown", "does not exist")
-_PULL_WORDS = ("pull", "manifest", "not found", "unauthorized", "denied", "repository", "reference")
+class OwnVastInstance:
+    """A node's own instance on vast.ai (or the emulator), destroyed with the instance's own key
+    (``CONTAINER_API_KEY``, set by vast.ai's host agent): :class:`~.provider.OwnInstance`."""
 
+    def __init__(self, instance_id: int, key: str, url: str = DEFAULT_URL) -> None:
+        self._id, self._key, self.url = instance_id, key, url
 
-def start_failure(status_msg: str) -> str | None:
-    """What a ``status_msg`` says failed, as vast-cli's wait loop reads it: ``image pull`` (it
-    names a pull, a manifest, a missing or refused repository) or ``container start`` (any other
-    error); None when it names no error (``Pulling image ...``, ``success, running ...``)."""
-    text = status_msg.lower()
-    if not any(w in text for w in _ERROR_WORDS):
-        return None
-    return "image pull" if any(w in text for w in _PULL_WORDS) else "container start"
+    def __repr__(self) -> str:
+        return f"OwnVastInstance({self._id}, {self.url!r})"  # never the key
+
+    @property
+    def id(self) -> int:
+        return self._id
+
+    async def destroy(self) -> bool:
+        async with VastClient(self._key, self.url, timeout=10, attempts=4) as vast:
+            return await vast.destroy_instance(self._id)
 
 
 def strip_strings(value: Any) -> Any:

@@ -1,9 +1,9 @@
 """vast.ai's records as this tool reads and writes them, apart from the client (``vast.py``) that
-fetches them: the errors a call ends in (:class:`VastError` and its kinds), the instance label
-(:class:`Label`), an instance (:class:`Instance`, with :func:`going_away`), the search
-(:class:`OfferQuery`) and an offer (:class:`Offer`), and the client's per-endpoint counts
-(:class:`ApiStats`). Each decodes vast.ai's JSON once, in ``from_json``; a record's values never
-reach a message (they hold secrets: an instance's key, its ``extra_env``)."""
+fetches them: its errors (:class:`VastError` and its kinds, each a :class:`~.provider.ProviderError`),
+its answers decoded once onto the provider-neutral records of ``provider.py`` (:func:`instance_from_json`,
+:func:`offer_from_json`), the search body of an :class:`~.provider.OfferQuery` (:func:`search_body`),
+and the client's per-endpoint counts (:class:`ApiStats`). A record's values never reach a message
+(they hold secrets: an instance's key, its ``extra_env``). The neutral records are re-exported."""
 
 from __future__ import annotations
 
@@ -11,279 +11,145 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..protocol import COMPUTE_CAPS
+# the neutral records, re-exported: code of the vast.ai client's own may name them from here
+from .provider import DEAD_STATES as DEAD_STATES
+from .provider import GONE_STATES as GONE_STATES
+from .provider import LABEL_PREFIX as LABEL_PREFIX
+from .provider import MIN_INET_DOWN as MIN_INET_DOWN
+from .provider import Instance as Instance
+from .provider import Label as Label
+from .provider import NeverRuns as NeverRuns
+from .provider import Offer as Offer
+from .provider import OfferGone as OfferGone
+from .provider import OfferQuery as OfferQuery
+from .provider import ProviderError, QuotaExceeded
+from .provider import going_away as going_away
 
-LABEL_PREFIX = "ppsmoke-"  # every instance this tool rents carries a label that starts so
 
-
-class VastError(RuntimeError):
+class VastError(ProviderError):
     """A vast.ai call failed for good. ``status`` is the HTTP status (0: no answer at all)."""
 
     def __init__(self, method: str, path: str, status: int, message: str) -> None:
-        super().__init__(f"vast.ai {method} {path}: {f'HTTP {status}' if status else 'no answer'}: {message}")
-        self.method, self.path, self.status = method, path, status
+        super().__init__(f"vast.ai {method} {path}: {f'HTTP {status}' if status else 'no answer'}: {message}", status)
+        self.method, self.path = method, path
 
 
-class SearchQuotaExceeded(VastError):
+class SearchQuotaExceeded(VastError, QuotaExceeded):
     """vast.ai's daily search quota is spent (429 ``search_quota_exceeded``): it resets at UTC
     midnight, so the call is not retried."""
 
 
-class OfferGone(VastError):
-    """A create whose offer was taken between search and create (404/410 ``no_such_ask``):
-    nothing was rented, and the next matching offer may be tried."""
-
-
-class NeverRuns(VastError):
-    """An instance that will never run: a dead state, or an error in its ``status_msg``
-    (``failure``: ``image pull``, ``container start``; "" for a dead state)."""
-
-    def __init__(self, method: str, path: str, status: int, message: str, failure: str = "") -> None:
-        super().__init__(method, path, status, message)
-        self.failure = failure
-
-
-@dataclass(frozen=True)
-class Label:
-    """The label this tool gives an instance, ``ppsmoke-<run id>-stage<i>``: how a run finds its
-    instances again (a create whose answer was lost, a sweep, ``--reap``). :meth:`format` writes it,
-    :meth:`parse` reads it back; :meth:`prefix` is what a run's (or every run's) labels start with."""
-
-    run_id: str
-    stage: int
-
-    def format(self) -> str:
-        return f"{self.prefix(self.run_id)}stage{self.stage}"
-
-    def __str__(self) -> str:
-        return self.format()
-
-    @staticmethod
-    def prefix(run_id: str | None = None) -> str:
-        """What the labels of run ``run_id`` start with; of every run of this tool if None."""
-        return f"{LABEL_PREFIX}{run_id}-" if run_id else LABEL_PREFIX
-
-    @classmethod
-    def parse(cls, text: str | None) -> Label | None:
-        """The run id and stage of a label :meth:`format` wrote; None for any other text."""
-        if not text or not text.startswith(LABEL_PREFIX):
-            return None
-        run_id, sep, stage = text[len(LABEL_PREFIX) :].rpartition("-stage")
-        if not sep or not run_id or not (stage.isascii() and stage.isdigit()):
-            return None
-        return cls(run_id, int(stage))
+class VastOfferGone(VastError, OfferGone):
+    """A create whose offer was taken between search and create (404/410 ``no_such_ask``)."""
 
 
 def _text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-@dataclass(frozen=True)
-class Instance:
-    """An instance as vast.ai shows it (show, list), decoded once by :meth:`from_json`: the fields
-    this tool reads. A field the record lacks (or holds as another type) is None, ``status_msg``
-    then ""; fields it does not read stay in ``raw`` (never shown: a record holds the instance's
-    key and its ``extra_env``)."""
+def instance_from_json(record: Any, method: str = "GET", path: str = "/api/v1/instances/") -> Instance:
+    """The instance record vast.ai answered (for ``method`` ``path``), decoded once: the fields this
+    tool reads, the UDP ports it forwards (``public_ipaddr`` and ``ports["<port>/udp"]``), the
+    machine it runs on; VastError if it is not an object. A field the record lacks (or holds as
+    another type) is None, ``status_msg`` then ""."""
+    if not isinstance(record, Mapping):
+        raise VastError(method, path, 200, f"expected an instance record, got {shape(record)}")
+    iid = record.get("id")
+    start = record.get("start_date")
+    return Instance(
+        id=iid if isinstance(iid, int) and not isinstance(iid, bool) else None,
+        label=_text(record.get("label")),
+        actual_status=_text(record.get("actual_status")),
+        intended_status=_text(record.get("intended_status")),
+        cur_state=_text(record.get("cur_state")),
+        next_state=_text(record.get("next_state")),
+        status_msg=str(record.get("status_msg") or ""),
+        start_date=start if isinstance(start, float) else None,
+        forwarded=_forwarded(record),
+        machine=_machine(record),
+        raw=record,
+    )
 
-    id: int | None
-    label: str | None  # vast.ai's text; ``run_label`` is it parsed, if this tool wrote it
-    actual_status: str | None  # null (new), loading, running, exited, offline, unknown, ...
-    intended_status: str | None  # what the owner wants: running, or stopped once destroyed
-    cur_state: str | None
-    next_state: str | None
-    status_msg: str
-    start_date: float | None
-    raw: Mapping[str, Any] = field(repr=False, compare=False)
 
-    @property
-    def run_label(self) -> Label | None:
-        return Label.parse(self.label)
-
-    @classmethod
-    def from_json(cls, record: Any, method: str = "GET", path: str = "/api/v1/instances/") -> Instance:
-        """The record vast.ai answered (for ``method`` ``path``); VastError if it is not an object."""
-        if not isinstance(record, Mapping):
-            raise VastError(method, path, 200, f"expected an instance record, got {shape(record)}")
-        iid = record.get("id")
-        start = record.get("start_date")
-        return cls(
-            id=iid if isinstance(iid, int) and not isinstance(iid, bool) else None,
-            label=_text(record.get("label")),
-            actual_status=_text(record.get("actual_status")),
-            intended_status=_text(record.get("intended_status")),
-            cur_state=_text(record.get("cur_state")),
-            next_state=_text(record.get("next_state")),
-            status_msg=str(record.get("status_msg") or ""),
-            start_date=start if isinstance(start, float) else None,
-            raw=record,
-        )
-
-    def public_udp(self, port: int) -> str | None:
-        """``public_ipaddr:HostPort`` where vast.ai forwards the container's UDP ``port`` from (the
-        record's ``ports["<port>/udp"]``); None when the record shows no such mapping."""
-        ip, ports = self.raw.get("public_ipaddr"), self.raw.get("ports")
-        if not isinstance(ip, str) or not ip or not isinstance(ports, Mapping):
-            return None
-        bindings = ports.get(f"{port}/udp")
-        if not isinstance(bindings, list):
-            return None
+def _forwarded(record: Mapping[str, Any]) -> dict[int, str]:
+    """``{port: "public_ipaddr:HostPort"}`` for each container UDP port the record shows forwarded
+    (its ``ports["<port>/udp"]``, the first binding with a numeric host port)."""
+    ip, ports = record.get("public_ipaddr"), record.get("ports")
+    if not isinstance(ip, str) or not ip or not isinstance(ports, Mapping):
+        return {}
+    out: dict[int, str] = {}
+    for key, bindings in ports.items():
+        port, _, proto = str(key).partition("/")
+        if proto != "udp" or not port.isdigit() or not isinstance(bindings, list):
+            continue
         for b in bindings:
             host_port = b.get("HostPort") if isinstance(b, Mapping) else None
             if isinstance(host_port, (str, int)) and str(host_port).isdigit():
-                return f"{ip}:{int(host_port)}"
-        return None
+                out[int(port)] = f"{ip}:{int(host_port)}"
+                break
+    return out
 
-    def names(self) -> dict[str, Any]:
-        """What names it and its state, for a report (nothing secret)."""
-        return {
-            "id": self.id,
-            "label": self.label,
-            "actual_status": self.actual_status,
-            "intended_status": self.intended_status,
-            "next_state": self.next_state,
-        }
 
-    def machine(self) -> Offer:
-        """The machine it runs on, as an offer (for the cost of an instance found by its label)."""
-        r = self.raw
-        price = r.get("dph_total")
+def _machine(r: Mapping[str, Any]) -> Offer:
+    """The machine an instance runs on, as an offer (for the cost of an instance found by its label)."""
+    price = r.get("dph_total")
+    return Offer(
+        int(r.get("bundle_id") or 0),
+        str(r.get("gpu_name") or "?"),
+        int(r.get("num_gpus") or 1),
+        float(r.get("gpu_ram") or 0),
+        float(price) if isinstance(price, (int, float)) else 0.0,
+        float(r.get("reliability2") or 0),
+        str(r.get("geolocation") or "?"),
+        {},
+    )
+
+
+def search_body(query: OfferQuery) -> dict[str, Any]:
+    """vast.ai's search body for ``query``. ``allocated_storage`` is the disk the create rents:
+    vast.ai prices each offer's ``dph_total`` for it (its default is 8 GB, vast-cli's 5 GB)."""
+    q: dict[str, Any] = {
+        "num_gpus": {"eq": query.num_gpus},
+        "gpu_ram": {"gte": query.gpu_ram_gb * 1000},  # vast.ai counts GPU RAM in MB
+        "reliability": {"gte": query.min_reliability},
+        "cuda_max_good": {"gte": query.min_cuda},
+        "compute_cap": {"gte": query.compute_caps[0], "lte": query.compute_caps[1]},
+        "disk_space": {"gte": query.disk_gb},
+        "rentable": {"eq": True},
+        "rented": {"eq": False},
+        "external": {"eq": False},
+        "order": [["dph_total", "asc"]],
+        "type": "on-demand",
+        "limit": query.limit,
+        "allocated_storage": query.disk_gb,
+    }
+    if query.min_inet_down:
+        q["inet_down"] = {"gte": query.min_inet_down}
+    if query.verified:
+        q["verified"] = {"eq": True}
+    if query.max_dph is not None:
+        q["dph_total"] = {"lte": query.max_dph}
+    if query.direct_ports:
+        q["direct_port_count"] = {"gte": query.direct_ports}
+    return q
+
+
+def offer_from_json(o: Mapping[str, Any]) -> Offer:
+    """An offer of vast.ai's search answer; VastError for one without a usable id or price."""
+    try:
         return Offer(
-            int(r.get("bundle_id") or 0),
-            str(r.get("gpu_name") or "?"),
-            int(r.get("num_gpus") or 1),
-            float(r.get("gpu_ram") or 0),
-            float(price) if isinstance(price, (int, float)) else 0.0,
-            float(r.get("reliability2") or 0),
-            str(r.get("geolocation") or "?"),
-            {},
+            int(o["id"]),
+            str(o.get("gpu_name", "?")),
+            int(o.get("num_gpus", 1)),
+            float(o.get("gpu_ram", 0)),
+            float(o["dph_total"]),
+            float(o.get("reliability", o.get("reliability2", 0)) or 0),
+            str(o.get("geolocation") or "?"),
+            o,
         )
-
-
-GONE_STATES = ("destroyed", "terminated")  # a status vast-cli reads as gone, whichever field holds it
-
-
-def going_away(inst: Instance | None) -> bool:
-    """Whether an instance whose destroy vast.ai accepted counts as gone, its record as vast.ai's
-    sources describe one: no record at all (a 404, or ``instances: null``); ``cur_state``
-    ``unloaded`` (vast.ai's docs: its hardware "released on destroy"); ``destroyed`` or
-    ``terminated`` in ``intended_status`` or ``actual_status``, or ``offline`` (vast-cli's
-    ``instance_exist``: an offline host bills nothing); or both ``intended_status`` and
-    ``next_state`` present and neither ``running`` (on its way out). ``actual_status`` may still
-    say running while the container stops, and a destroy does not change ``intended_status`` to
-    stopped, so neither alone is asked. A record that still intends to run, on a contract still
-    held (``cur_state`` running), is not going away: the destroy was lost."""
-    if inst is None:
-        return True
-    if inst.cur_state == "unloaded" or inst.actual_status == "offline":
-        return True
-    if inst.intended_status in GONE_STATES or inst.actual_status in GONE_STATES:
-        return True
-    intended, nxt = inst.intended_status, inst.next_state
-    return intended is not None and nxt is not None and "running" not in (intended, nxt)
-
-
-# the least download speed (offers' inet_down, Mbit/s) of a host a run rents: a new host downloads
-# the image, then the node the model, before the first token; at this speed both fit in about a
-# minute, a third of the boot window (docs/lifecycle.md has the arithmetic), where vast.ai's
-# slowest hosts (tens of Mbit/s) would take the whole window and more
-MIN_INET_DOWN = 200.0
-
-
-@dataclass(frozen=True)
-class OfferQuery:
-    """What a stage needs from a machine; ``body()`` is vast.ai's search query."""
-
-    num_gpus: int = 1
-    gpu_ram_gb: float = 8.0
-    min_reliability: float = 0.95
-    min_cuda: float = 12.4
-    max_dph: float | None = 2.0  # dollars per hour, per instance
-    disk_gb: float = 20.0
-    verified: bool = True
-    limit: int = 64
-    direct_ports: int = 0  # ports the machine must be able to forward (offers' direct_port_count)
-    # the GPUs the image's NVRTC compiles for (offers' compute_cap, x100): protocol.COMPUTE_CAPS
-    compute_caps: tuple[int, int] = (min(COMPUTE_CAPS), max(COMPUTE_CAPS))
-    min_inet_down: float = MIN_INET_DOWN  # Mbit/s (0: any host)
-
-    def body(self) -> dict[str, Any]:
-        """vast.ai's search body. ``allocated_storage`` is the disk the create rents: vast.ai
-        prices each offer's ``dph_total`` for it (its default is 8 GB, vast-cli's 5 GB)."""
-        q: dict[str, Any] = {
-            "num_gpus": {"eq": self.num_gpus},
-            "gpu_ram": {"gte": self.gpu_ram_gb * 1000},  # vast.ai counts GPU RAM in MB
-            "reliability": {"gte": self.min_reliability},
-            "cuda_max_good": {"gte": self.min_cuda},
-            "compute_cap": {"gte": self.compute_caps[0], "lte": self.compute_caps[1]},
-            "disk_space": {"gte": self.disk_gb},
-            "rentable": {"eq": True},
-            "rented": {"eq": False},
-            "external": {"eq": False},
-            "order": [["dph_total", "asc"]],
-            "type": "on-demand",
-            "limit": self.limit,
-            "allocated_storage": self.disk_gb,
-        }
-        if self.min_inet_down:
-            q["inet_down"] = {"gte": self.min_inet_down}
-        if self.verified:
-            q["verified"] = {"eq": True}
-        if self.max_dph is not None:
-            q["dph_total"] = {"lte": self.max_dph}
-        if self.direct_ports:
-            q["direct_port_count"] = {"gte": self.direct_ports}
-        return q
-
-    def describe(self) -> str:
-        price = f", at most ${self.max_dph}/h with {self.disk_gb:g} GB of storage" if self.max_dph is not None else ""
-        lo, hi = (c / 100 for c in self.compute_caps)
-        return (
-            f"{self.num_gpus} GPU, >= {self.gpu_ram_gb:g} GB GPU RAM, compute capability {lo:g}-{hi:g}, "
-            f"reliability >= {self.min_reliability}, CUDA >= {self.min_cuda}, disk >= {self.disk_gb:g} GB"
-            f"{', verified' if self.verified else ''}{price}"
-            + (f", >= {self.direct_ports} direct port(s)" if self.direct_ports else "")
-            + (f", download >= {self.min_inet_down:g} Mbit/s" if self.min_inet_down else "")
-        )
-
-
-@dataclass(frozen=True)
-class Offer:
-    id: int
-    gpu_name: str
-    num_gpus: int
-    gpu_ram_mb: float
-    dph_total: float
-    reliability: float
-    geolocation: str
-    raw: Mapping[str, Any] = field(repr=False, compare=False)
-
-    @classmethod
-    def from_json(cls, o: Mapping[str, Any]) -> Offer:
-        try:
-            return cls(
-                int(o["id"]),
-                str(o.get("gpu_name", "?")),
-                int(o.get("num_gpus", 1)),
-                float(o.get("gpu_ram", 0)),
-                float(o["dph_total"]),
-                float(o.get("reliability", o.get("reliability2", 0)) or 0),
-                str(o.get("geolocation") or "?"),
-                o,
-            )
-        except (KeyError, TypeError, ValueError) as e:
-            what = f"an offer without a usable {e}; it has {sorted(o)[:20]}"
-            raise VastError("POST", "/api/v0/bundles/", 200, what) from None
-
-    def summary(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "gpu_name": self.gpu_name,
-            "num_gpus": self.num_gpus,
-            "gpu_ram_mb": self.gpu_ram_mb,
-            "dph_total": self.dph_total,
-            "reliability": self.reliability,
-            "geolocation": self.geolocation,
-        }
+    except (KeyError, TypeError, ValueError) as e:
+        what = f"an offer without a usable {e}; it has {sorted(o)[:20]}"
+        raise VastError("POST", "/api/v0/bundles/", 200, what) from None
 
 
 @dataclass

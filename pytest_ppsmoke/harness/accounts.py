@@ -32,8 +32,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..cloud.provider import DEAD_STATES, ProviderError
 from ..cloud.rental import Rental, RentedInstance
-from ..cloud.vast import DEAD_STATES, VastError
 from ..messages import LogTail, LogTailQuery
 from ..protocol import STATUS_ACTOR, stage_name
 from ..redact import Redactor
@@ -140,7 +140,7 @@ async def from_vast(rental: Rental, inst: RentedInstance, redact: Redactor, why:
     shown: str | None = None
     try:
         shown, msg = await rental.state_now(inst)
-    except VastError as e:
+    except ProviderError as e:
         said = f"{name} is unknown: {why}, and vast.ai could not show its instance ({redact.text(str(e))})"
     else:
         if shown == "running" and "joined" not in inst.timeline:  # its node starting, or unable to join
@@ -163,7 +163,7 @@ async def vast_tail(rental: Rental, inst: RentedInstance, redact: Redactor) -> t
     of why there are none)."""
     try:
         text = await rental.log_tail(inst, TAIL_LINES)
-    except VastError as e:
+    except ProviderError as e:
         return [], None, f"; vast.ai's logs could not be read ({redact.text(str(e))})"
     return capped(redact.lines(text.splitlines())), "vast.ai logs", ""
 

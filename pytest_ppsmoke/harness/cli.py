@@ -35,7 +35,7 @@ from .accounts import WHERE
 from .driver import SmokeRun
 from .options import Parser, SettingError
 from .progress import Progress
-from .settings import GROUPS, OPTIONS, STEPS, VAST_URL, Settings, face_names, read
+from .settings import GROUPS, OPTIONS, STEPS, Settings, face_names, read
 
 log = logging.getLogger(__name__)
 
@@ -98,15 +98,18 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Settings]:
 
 
 async def do_reap(settings: Settings, run_id: str | None) -> int:
+    from ..cloud.provider import ProviderError
     from ..cloud.rental import reap
-    from ..cloud.vast import VastClient, VastError
+    from .setup import provider_for
 
-    async with VastClient(settings.api_key, settings.vast_url or VAST_URL) as vast:
-        try:
-            swept = await reap(vast, run_id)
-        except VastError as e:
-            print(f"pp-smoke-run: reap failed: {e}", file=sys.stderr)
-            return 1
+    provider = provider_for(settings)
+    try:
+        swept = await reap(provider, run_id)
+    except ProviderError as e:
+        print(f"pp-smoke-run: reap failed: {e}", file=sys.stderr)
+        return 1
+    finally:
+        await provider.close()
     for entry in swept:
         if entry["destroyed"]:
             print(f"destroyed instance {entry['id']} ({entry['label']}, was {entry['status']})")

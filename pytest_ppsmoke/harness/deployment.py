@@ -1,6 +1,6 @@
 """The spec's lifecycle on rented instances: the cluster phase over the rental.
 
-    async with VastClient(key, url) as vast:
+    async with VastClient(key, url) as vast:                # any cloud.provider.Provider
         async with Deployment(vast, RunConfig(num_stages=2)) as dep:
             result = await run_inference(dep.seed, 2, "Say hello", 64, timeout=...)
 
@@ -32,11 +32,11 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+from ..cloud.provider import Offer, Provider
 from ..cloud.rental import STEPS, Rental, RentedInstance
-from ..cloud.vast import Offer, VastClient
 from ..messages import NodeStatus
 from ..protocol import Phase, PhaseError, stage_name
 from ..runtime.cluster import converge, resolve_names
@@ -58,15 +58,18 @@ def new_run_id() -> str:
 class Deployment(Resource):
     def __init__(
         self,
-        vast: VastClient,
+        provider: Provider,
         config: RunConfig,
         *,
         run_id: str | None = None,
         on_phase: Callable[[Phase, float, str], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
-        self.vast, self.config = vast, config
+        self.provider, self.config = provider, config
+        self.clock, self.sleep = clock, sleep  # the phases' times and the rental's waits (a test's: virtual)
         self.run_id = run_id or new_run_id()
-        self.rental = Rental(vast, config, self.run_id)
+        self.rental = Rental(provider, config, self.run_id, clock=clock, sleep=sleep)
         self.on_phase = on_phase
         self.seed: Node | None = None
         self.watch: LoopWatch | None = None  # the orchestrator's own event loop, from the rent on
@@ -81,7 +84,7 @@ class Deployment(Resource):
         self.lost: asyncio.Future[PhaseError] | None = None  # the first failure: an instance's, or a host lost
         self.swim_timing: dict[str, Any] = {}  # the round trips measured after converge, and SWIM's timing
         self.swim_deaths: list[dict[str, Any]] = []  # stages the orchestrator's SWIM saw die, and when
-        self._began = time.monotonic()  # the instances' timelines count from here
+        self._began = clock()  # the instances' timelines count from here
         self._tasks: list[asyncio.Task[None]] = []
         self._seed_up: asyncio.Future[None] | None = None  # the seed's start, from the rent on
         self._changed = asyncio.Event()  # an instance reached a step, or failed
@@ -139,12 +142,12 @@ class Deployment(Resource):
 
     def _begin(self, phase: Phase) -> float:
         self.phase = phase
-        return time.monotonic()
+        return self.clock()
 
     def _done(self, phase: Phase, started: float, detail: str = "") -> None:
         """The phase's time, and its line; from the line on, an interruption is the next phase's
         (the user has seen this one end)."""
-        self.timings[phase] = round(time.monotonic() - started, 4)
+        self.timings[phase] = round(self.clock() - started, 4)
         if self.on_phase is not None:
             self.on_phase(phase, self.timings[phase], detail)
         self.phase = phase.next
@@ -183,7 +186,7 @@ class Deployment(Resource):
             self._failed(PhaseError(self.phase, f"{inst.where}: {type(e).__name__}: {e}"))
 
     def _stamp(self, inst: RentedInstance, step: str) -> None:
-        inst.reached(step, self._began)
+        inst.reached(step, self._began, self.clock())
         self._changed.set()
 
     async def _loaded(self, inst: RentedInstance) -> None:

@@ -32,8 +32,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ..cloud.emulator.server import FakeVast
-from ..cloud.vast import VastClient, going_away
+from ..cloud.provider import Provider, going_away
 from ..protocol import Phase, PhaseError, stage_name
 from ..runtime.errors import RemoteError
 from ..runtime.resource import Resource
@@ -44,7 +43,6 @@ from .pipeline import InferenceResult, request_reference, run_inference
 from .report import (
     ApiFigures,
     EmulatorFigures,
-    HostLoss,
     InstanceFigures,
     LinkStats,
     ListedInstance,
@@ -60,7 +58,7 @@ from .report import (
     parse,
 )
 from .settings import STEPS, Settings, face_names
-from .setup import open_place
+from .setup import Place, open_place
 
 log = logging.getLogger(__name__)
 
@@ -128,8 +126,8 @@ class SmokeRun(Resource):
         s = settings
         self.report = Report(s.mode, s.model, s.prompt, s.max_tokens, s.num_stages, s.wire_dtype)
         self.started: float | None = None
-        self.fake: FakeVast | None = None
-        self.vast: VastClient | None = None
+        self.place: Place | None = None  # where it rents: the provider, the embedded emulator if any
+        self.vast: Provider | None = None
         self.deployment: Deployment | None = None
         self.result: InferenceResult | None = None
         self.stage_paths: dict[str, PathFigures] = {}  # how each stage reached its peers (the request's StageStats)
@@ -184,7 +182,7 @@ class SmokeRun(Resource):
             self.failure, self.failed_step = failure, "rent"
             self.report.fail(failure.phase, str(failure))
             raise failure from None if failure is e else e
-        self.vast, self.fake = place.vast, place.fake
+        self.place, self.vast = place, place.provider
         self.report.vast_url = place.url
         self.report.network = parse(NetworkFigures, place.network) if place.network is not None else None
         self.deployment = place.deployment(on_phase=self.on_phase)
@@ -249,7 +247,7 @@ class SmokeRun(Resource):
         secrets = [*(self.vast.secrets() if self.vast is not None else ()), *dep.keys.keys]
         kept = self.vast.deadline if self.vast is not None else None
         if self.vast is not None:
-            self.vast.deadline = self.vast.clock() + timeout
+            self.vast.deadline = time.monotonic() + timeout
         try:
             self.accounts = await accounts.gather(dep.seed, dep.rental, secrets, timeout)
         except Exception:
@@ -395,7 +393,7 @@ class SmokeRun(Resource):
         r.creates_sent = dep.creates_sent
         r.offers_skipped = parse(list[SkippedOffer], dep.offers_skipped)
         if self.vast is not None:
-            r.vast_api = parse(ApiFigures, self.vast.stats.summary())
+            r.vast_api = parse(ApiFigures, self.vast.calls_summary())
         if not r.split and dep.instances:
             r.split = [StageSplit(stage=i.stage, instance=i.id) for i in dep.instances]
         if dep.seed is not None and "converge" in dep.timings:
@@ -447,17 +445,17 @@ class SmokeRun(Resource):
             if self.vast is not None:
                 with contextlib.suppress(Exception):
                     await self.vast.close()
-            if self.fake is not None and self.fake.network is not None:
+            emulated = None
+            if self.place is not None:  # the embedded emulator's own record, before it closes
                 with contextlib.suppress(Exception):
-                    r.network_stats = parse(dict[str, LinkStats], await self.fake.network.stats())
-            if self.fake is not None:
-                r.emulator = EmulatorFigures(
-                    live_instances=[i.id for i in self.fake.live()],
-                    destroyed_instances=[i.id for i in self.fake.destroyed],
-                    host_losses=parse(list[HostLoss], self.fake.host_losses),
-                )
+                    emulated = await self.place.emulated_record()
+            if self.place is not None:
                 with contextlib.suppress(Exception):
-                    await self.fake.close()
+                    await self.place.close()
+            if emulated is not None:  # read after everything closed: a record that does not parse is a bug
+                r.emulator = parse(EmulatorFigures, emulated.emulator)
+                stats = emulated.network_stats
+                r.network_stats = parse(dict[str, LinkStats], stats) if stats is not None else None
             if self.started is not None:
                 r.timings["total"] = round(time.monotonic() - self.started, 4)
             r.finish()

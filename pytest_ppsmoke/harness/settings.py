@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import DEFAULT_IMAGE, checks
-from ..cloud.emulator.registry import NAMES as RUNTIMES  # the emulator's runtimes (stdlib only)
-from ..cloud.vastrecords import OfferQuery  # the offer search's defaults (stdlib only)
+from ..cloud.provider import OfferQuery  # the offer search's defaults (stdlib only)
+from ..cloud.runtimenames import NAMES as RUNTIMES  # the runtimes an emulated instance can be (stdlib only)
 from ..nodeenv import DEFAULTS as NODE
 from ..nodeenv import REFERENCES
 from ..protocol import (

@@ -15,12 +15,17 @@ A place is one of three:
 - an emulator started apart (local mode with a URL), whose network (``--network``) must be the
   one asked for: the seed binds on its host address;
 - vast.ai itself (``vastai`` mode), its creates paced at vast.ai's documented threshold.
+
+This is the one module above ``cloud/`` that names a provider (vast.ai's client, the emulator):
+the rest of the harness sees a :class:`~..cloud.provider.Provider`, and what the report needs of
+the emulator comes through :meth:`Place.emulated_record`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -28,7 +33,9 @@ from typing import TYPE_CHECKING, Any
 from ..cloud.emulator.catalogue import widened
 from ..cloud.emulator.server import NETWORK_PATH, FakeVast
 from ..cloud.preflight import image_check
-from ..cloud.vast import DEFAULT_URL, VAST_PACE, OfferQuery, VastClient
+from ..cloud.provider import OfferQuery, Provider
+from ..cloud.vast import DEFAULT_URL, VAST_PACE, VastClient
+from ..cloud.vastrecords import search_body
 from ..protocol import Names, Phase, PhaseError
 from ..runtime.resource import Resource
 from .deployment import Deployment
@@ -37,6 +44,8 @@ from .settings import Settings
 
 if TYPE_CHECKING:
     from ..network import NetworkSpec
+
+log = logging.getLogger(__name__)
 
 OnPhase = Callable[[str, float, str], None]
 
@@ -134,13 +143,23 @@ async def emulated_network(url: str, key: str, spec: str, names: Names) -> dict[
 
 
 @dataclass
-class Place(Resource):
-    """Where a run rents: a vast.ai API (vast.ai, or an emulator) and the network between its
-    instances. ``config`` is the run's config bound to that network (the seed's address, SWIM's
-    round trip); :meth:`deployment` makes one on it. Closing it closes the client, then the
-    embedded emulator, if any."""
+class Emulated:
+    """What the embedded emulator saw of a run, for the report: its own record (``emulator``:
+    ``live_instances``, ``destroyed_instances``, ``host_losses``) and its network's counts per link
+    (``network_stats``, None without an emulated network)."""
 
-    vast: VastClient
+    emulator: dict[str, Any]
+    network_stats: dict[str, Any] | None = None
+
+
+@dataclass
+class Place(Resource):
+    """Where a run rents: a provider (vast.ai's API: vast.ai, or an emulator) and the network
+    between its instances. ``config`` is the run's config bound to that network (the seed's
+    address, SWIM's round trip); :meth:`deployment` makes one on it. Closing it closes the
+    provider's client, then the embedded emulator, if any."""
+
+    provider: Provider
     config: RunConfig
     url: str
     fake: FakeVast | None = None
@@ -149,14 +168,34 @@ class Place(Resource):
     def deployment(self, on_phase: OnPhase | None = None, **changes: Any) -> Deployment:
         """A deployment on this place, of its config with ``changes`` (a grid's layout)."""
         config = dataclasses.replace(self.config, **changes) if changes else self.config
-        return Deployment(self.vast, config, on_phase=on_phase)
+        return Deployment(self.provider, config, on_phase=on_phase)
+
+    async def emulated_record(self) -> Emulated | None:
+        """What the embedded emulator saw (its instances, its host losses, its network's counts),
+        taken before it closes; None where the run rents from anything else. A network whose
+        counts cannot be read gives None for them."""
+        fake = self.fake
+        if fake is None:
+            return None
+        stats = None
+        if fake.network is not None:
+            try:
+                stats = await fake.network.stats()
+            except Exception:  # the counts are the report's; the run's outcome is not theirs
+                log.debug("the emulated network's counts could not be read", exc_info=True)
+        record: dict[str, Any] = {
+            "live_instances": [i.id for i in fake.live()],
+            "destroyed_instances": [i.id for i in fake.destroyed],
+            "host_losses": list(fake.host_losses),
+        }
+        return Emulated(record, stats)
 
     async def start(self) -> None:
         """Made started by :func:`open_place`."""
 
     async def close(self) -> None:
         try:
-            await self.vast.close()
+            await self.provider.close()
         finally:
             if self.fake is not None:
                 await self.fake.close()
@@ -198,10 +237,16 @@ async def open_place(
     return Place(vast, config, url, network=found)
 
 
+def provider_for(s: Settings) -> Provider:
+    """The provider the settings name, for a call outside a run (the reap): vast.ai's API at the
+    settings' URL (vast.ai itself, or an emulator started apart). The caller closes it."""
+    return VastClient(s.api_key, s.vast_url or DEFAULT_URL)
+
+
 async def _embedded(s: Settings, config: RunConfig, network: str, stages: int, deadline: float | None) -> Place:
     gpus = [g for g in s.gpus.split(",") if g] or None
     # the catalogue widened to the stage count where the query takes fewer (catalogue.widened)
-    offers = widened(stages, config.query.body())
+    offers = widened(stages, search_body(config.query))
     fake = FakeVast(gpus=gpus, runtime=s.runtime, network=network, catalogue=offers)
     await fake.start()
     try:

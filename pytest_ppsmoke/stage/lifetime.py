@@ -1,6 +1,6 @@
 """What a stage node runs with (``Settings``, from its environment) and its own lifetime: the
 time-to-live and the orphan guard that remove a node whose run is over, destroying its own
-instance on vast.ai, and the exit of a node that cannot serve."""
+instance on its provider (``cloud/own.py``), and the exit of a node that cannot serve."""
 
 from __future__ import annotations
 
@@ -78,8 +78,9 @@ async def guard_lifetime(
 ) -> None:
     """The node's own time-to-live: it removes itself when it has lost the orchestrator for
     ``orphan_grace`` seconds, or when ``ttl`` has passed, so that no rented GPU outlives a run
-    whose orchestrator died. On vast.ai it destroys its own instance (``NodeEnv.container_id`` and
-    ``container_api_key``, set by vast.ai's host agent); anywhere it then exits.
+    whose orchestrator died. On a provider it destroys its own instance (``cloud/own.py``: on
+    vast.ai, ``NodeEnv.container_id`` and ``container_api_key``, set by vast.ai's host agent);
+    anywhere it then exits.
 
     Where the orchestrator reaches the node (a seed given by its id alone: vast.ai, where the
     orchestrator may sit behind a NAT), the orphan clock starts at that first contact (the seed
@@ -125,17 +126,17 @@ async def guard_lifetime(
 
 
 async def destroy_own_instance(env: NodeEnv) -> None:
-    instance, key = env.container_id, env.container_api_key
-    if instance is None or not key:
-        return  # not on vast.ai (or its emulator): exiting is all there is to do
-    from ..cloud.vast import DEFAULT_URL, VastClient, VastError  # aiohttp's client: only a node that outlived its run
+    from ..cloud.own import own_instance  # the provider the node runs on, from its environment
+    from ..cloud.provider import ProviderError
 
+    own = own_instance(env)
+    if own is None:
+        return  # on no provider (this machine): exiting is all there is to do
     try:
-        async with VastClient(key, env.vast_url or DEFAULT_URL, timeout=10, attempts=4) as vast:
-            gone = await vast.destroy_instance(instance)
-        log.warning("destroyed own instance %s%s", instance, "" if gone else " (it was already gone)")
-    except (VastError, ValueError) as e:
-        log.error("could not destroy own instance %s: %s; exiting anyway", instance, e)
+        gone = await own.destroy()
+        log.warning("destroyed own instance %s%s", own.id, "" if gone else " (it was already gone)")
+    except (ProviderError, ValueError) as e:
+        log.error("could not destroy own instance %s: %s; exiting anyway", own.id, e)
 
 
 def give_up(error: BaseException, env: NodeEnv, kind: str = "") -> NoReturn:

@@ -3,7 +3,8 @@
 here. ``pp-fake-vast --runtime``, ``FakeVast(runtime=...)`` and the smoke run's ``runtime``
 setting all take these names.
 
-Standard library only: the plugin's settings (read when pytest loads the plugin) list the names.
+Standard library only. The names themselves are ``cloud/runtimenames.py``'s (the plugin's
+settings, read when pytest loads the plugin, list them); this table must name each of them.
 """
 
 from __future__ import annotations
@@ -11,11 +12,14 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from ..runtimenames import NAMES as NAMES
+
 RUNTIMES: dict[str, str] = {
     "processes": "pytest_ppsmoke.cloud.emulator.runtimes:Processes",  # a node process of this Python
     "image": "pytest_ppsmoke.cloud.emulator.runtimes:Image",  # the image the create call names, in a container
 }
-NAMES = tuple(RUNTIMES)
+if tuple(RUNTIMES) != NAMES:  # one name list: the settings' is runtimenames'
+    raise ImportError(f"the runtimes {tuple(RUNTIMES)} are not runtimenames.NAMES {NAMES}")
 
 
 def load(name: str) -> Any:

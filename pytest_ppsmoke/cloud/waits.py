@@ -1,0 +1,72 @@
+"""Waiting on a provider, above the seam (``provider.py``): an instance polled until it runs
+(:func:`wait_running`), and what its ``status_msg`` says failed (:func:`start_failure`). Every
+wait reads and spends the ``clock`` and ``sleep`` it is given (the real ones in a run, a virtual
+clock in a test), so no provider re-implements it and no test waits for real."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from .provider import DEAD_STATES, Instance, NeverRuns, Provider, ProviderError
+
+Clock = Callable[[], float]
+Sleep = Callable[[float], Awaitable[None]]
+
+_ERROR_WORDS = ("error", "fail", "denied", "unauthorized", "not found", "manifest unknown", "does not exist")
+_PULL_WORDS = ("pull", "manifest", "not found", "unauthorized", "denied", "repository", "reference")
+SHOWN_LATE = 3  # polls a new instance may go unshown before it counts as gone
+
+
+def start_failure(status_msg: str) -> str | None:
+    """What a ``status_msg`` says failed, as vast-cli's wait loop reads it: ``image pull`` (it
+    names a pull, a manifest, a missing or refused repository) or ``container start`` (any other
+    error); None when it names no error (``Pulling image ...``, ``success, running ...``)."""
+    text = status_msg.lower()
+    if not any(w in text for w in _ERROR_WORDS):
+        return None
+    return "image pull" if any(w in text for w in _PULL_WORDS) else "container start"
+
+
+async def wait_running(
+    provider: Provider,
+    instance_id: int,
+    polls: int,
+    interval: float,
+    on_poll: Callable[[int, Instance | None], None] | None = None,
+    *,
+    clock: Clock,
+    sleep: Sleep,
+) -> Instance:
+    """Poll until ``actual_status`` is ``running``; at most ``polls`` polls, ``interval`` apart.
+    Fails at once (:class:`NeverRuns`) on a state that never becomes running (:data:`DEAD_STATES`)
+    and on a ``status_msg`` that names an error (:func:`start_failure`: a pull the host retries
+    for hours); ProviderError once the instance is no longer shown; TimeoutError when the polls
+    are spent. A host that is merely slow gets every poll."""
+    last: Instance | None = None
+    started = clock()
+    for poll in range(1, polls + 1):
+        last = await provider.show_instance(instance_id)
+        if on_poll is not None:
+            on_poll(poll, last)
+        if last is None and poll > SHOWN_LATE:  # a new instance can take a moment to be shown
+            raise ProviderError(f"instance {instance_id} no longer exists", 200)
+        if last is None:
+            await sleep(interval)
+            continue
+        state = last.actual_status
+        if state == "running":
+            return last
+        msg = last.status_msg or "no status message"
+        if state in DEAD_STATES:
+            raise NeverRuns(f"instance {instance_id} is {state} ({msg}); it will never run")
+        failure = start_failure(last.status_msg)
+        if failure is not None:
+            raise NeverRuns(f"instance {instance_id} is {state or 'new'}, and its {failure} failed: {msg}", failure)
+        if poll < polls:
+            await sleep(interval)
+    state = last.actual_status if last else None
+    msg = (last.status_msg if last else "") or "no status message"
+    raise TimeoutError(
+        f"instance {instance_id} not running after {polls} polls in {clock() - started:.1f} s "
+        f"(last status {state!r}: {msg})"
+    )
