@@ -297,3 +297,24 @@ def test_parse_checks_every_key_and_type_of_a_lower_layers_record() -> None:
         parse(NodeState, "asleep")
     inst: InstanceFigures = _filled(InstanceFigures)
     assert parse(InstanceFigures, dataclasses.asdict(inst) | {"node_state": "hung"}).node_state is NodeState.HUNG
+
+
+def test_the_reports_enums_are_the_tables_they_stand_for() -> None:
+    """The report's closed sets are the package's own tables: the modes, the wire dtypes, where
+    a reference loads, and how the emulator takes a host away (its failpoints' words)."""
+    from pytest_ppsmoke.cloud.emulator import faults
+    from pytest_ppsmoke.harness.report import LossKind, Mode, ReferenceLoad, WireDtype
+    from pytest_ppsmoke.harness.settings import MODES
+    from pytest_ppsmoke.nodeenv import REFERENCES
+    from pytest_ppsmoke.protocol import WIRE_DTYPES
+
+    assert tuple(Mode) == MODES and tuple(WireDtype) == WIRE_DTYPES
+    assert set(ReferenceLoad) == set(REFERENCES)
+    source = Path(faults.__file__).read_text()
+    for kind in LossKind:  # each is a word the emulator's host losses are recorded with
+        assert f'"{kind}"' in source, kind
+    schema_of = json_schema()
+    assert schema_of["properties"]["mode"] == {"enum": ["local", "vastai"]}
+    assert schema_problems(
+        {**json.loads(json.dumps(Report(Mode.LOCAL, "m", "p", 1, 2, WireDtype.BF16).to_json())), "wire_dtype": "f64"}
+    )

@@ -46,15 +46,19 @@ from .report import (
     InstanceFigures,
     LinkStats,
     ListedInstance,
+    Mode,
     NetworkFigures,
     PathFigures,
     Paths,
     PreflightFigures,
     ReferenceFigures,
+    ReferenceLoad,
+    ReferenceState,
     Report,
     SkippedOffer,
     StageSplit,
     SwimFigures,
+    WireDtype,
     parse,
 )
 from .settings import STEPS, Settings, face_names
@@ -124,7 +128,7 @@ class SmokeRun(Resource):
         self.on_start = on_start  # each phase as it begins
         self.on_answer = on_answer  # the text, as soon as it has come back (before the reference and teardown)
         s = settings
-        self.report = Report(s.mode, s.model, s.prompt, s.max_tokens, s.num_stages, s.wire_dtype)
+        self.report = Report(Mode(s.mode), s.model, s.prompt, s.max_tokens, s.num_stages, WireDtype(s.wire_dtype))
         self.started: float | None = None
         self.place: Place | None = None  # where it rents: the provider, the embedded emulator if any
         self.vast: Provider | None = None
@@ -337,26 +341,26 @@ class SmokeRun(Resource):
         dep, s, r = self.deployment, self.settings, self.report
         assert dep is not None and dep.seed is not None and self.result is not None
         if not s.reference:
-            r.reference = ReferenceFigures("off", "the reference setting is off")
+            r.reference = ReferenceFigures(ReferenceState.OFF, "the reference setting is off")
             return
         left = self.remaining() - REFERENCE_MARGIN
         if left < REFERENCE_LEAST:
             budget = f"{max(0.0, left):.0f} s of the budget of {s.budget:.0f} s"
-            r.reference = ReferenceFigures("skipped", f"only {budget} were left; raise the budget")
+            r.reference = ReferenceFigures(ReferenceState.SKIPPED, f"only {budget} were left; raise the budget")
             return
         dep.phase = Phase.REFERENCE
         started = time.monotonic()
         try:
             ref = await request_reference(dep.seed, s.prompt, s.max_tokens, left)
         except (RemoteError, TimeoutError, ConnectionError, LookupError) as e:
-            r.reference = ReferenceFigures("failed", str(e))
+            r.reference = ReferenceFigures(ReferenceState.FAILED, str(e))
         else:
             got, want = self.result.token_ids, list(ref.token_ids)
             differ = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
             if differ is None and len(got) != len(want):
                 differ = min(len(got), len(want))
             r.reference = ReferenceFigures(
-                "done",
+                ReferenceState.DONE,
                 stage=ref.stage,
                 device=ref.device,
                 method=ref.method,
@@ -368,7 +372,7 @@ class SmokeRun(Resource):
                 generate_s=ref.generate_s,
                 mem_before=ref.mem_before,
                 mem_after=ref.mem_after,
-                loaded=ref.loaded,
+                loaded=ReferenceLoad(ref.loaded) if ref.loaded else None,
             )
         seconds = round(time.monotonic() - started, 4)
         r.reference.seconds = r.timings["reference"] = seconds

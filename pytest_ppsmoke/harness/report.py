@@ -42,6 +42,49 @@ SCHEMA_FILE = "report.schema.json"  # beside this module, in the package
 REGENERATE = "python -m pytest_ppsmoke.harness.report --schema > pytest_ppsmoke/harness/report.schema.json"
 
 
+class Mode(enum.StrEnum):
+    """Where the run rented: the emulator on this machine, or vast.ai."""
+
+    LOCAL = "local"
+    VASTAI = "vastai"
+
+
+class WireDtype(enum.StrEnum):
+    """The hidden states' dtype on the wire (``protocol.WIRE_DTYPES``, the spec's first)."""
+
+    BF16 = "bf16"
+    F16 = "f16"
+    F32 = "f32"
+
+
+class ReferenceState(enum.StrEnum):
+    """What became of the token-exact reference (:class:`ReferenceFigures`)."""
+
+    NOT_RUN = "not run"
+    OFF = "off"
+    SKIPPED = "skipped"
+    FAILED = "failed"
+    DONE = "done"
+
+
+class ReferenceLoad(enum.StrEnum):
+    """Where the reference's model was loaded: a worker of its own beside the stages, or the
+    stage's own worker after the request (``nodeenv.REFERENCES``)."""
+
+    BESIDE = "beside"
+    AFTER = "after"
+
+
+class LossKind(enum.StrEnum):
+    """How the emulator took a host away (its failpoints): the node killed, its host offline
+    (the node stopped), the container exited, or the node frozen."""
+
+    KILLED = "killed"
+    OFFLINE = "offline"
+    EXITED = "exited"
+    FROZEN = "frozen"
+
+
 @dataclass
 class ReferenceFigures:
     """The token-exact reference: the model run in one piece on a stage's node after the request
@@ -50,7 +93,7 @@ class ReferenceFigures:
     with the pipeline's; ``first_difference`` is the first index where they differ (or where the
     shorter list ends). A mismatch does not fail the run: the spec's token-exact test fails on it."""
 
-    state: str = "not run"
+    state: ReferenceState = ReferenceState.NOT_RUN
     detail: str | None = None
     stage: int | None = None
     device: str | None = None  # tinygrad's device on that node: CUDA on a rented GPU, CPU locally
@@ -61,7 +104,9 @@ class ReferenceFigures:
     first_difference: int | None = None
     load_s: float | None = None  # in the worker: loading the whole model (beside: while the stages loaded)
     generate_s: float | None = None  # in the worker: tinygrad's generate
-    loaded: str | None = None  # beside: a reference worker loaded it with the stages; after: the stage's, afresh
+    loaded: ReferenceLoad | None = (
+        None  # beside: a reference worker loaded it with the stages; after: the stage's, afresh
+    )
     seconds: float | None = None  # the step as the orchestrator saw it
     mem_before: int | None = None  # the worker's device bytes in use before the load and after the generate
     mem_after: int | None = None  # (after: the model dropped first; beside: the model kept)
@@ -425,7 +470,7 @@ class HostLoss:
 
     instance: int
     stage: int | None
-    how: str
+    how: LossKind
     after_tokens: int
     at: float
 
@@ -441,12 +486,12 @@ class EmulatorFigures:
 
 @dataclass
 class Report:
-    mode: str
+    mode: Mode
     model: str
     prompt: str
     max_tokens: int
     num_stages: int
-    wire_dtype: str
+    wire_dtype: WireDtype
     ok: bool = False
     exit_code: int = 1
     error: str | None = None  # the first failure, with its phase: "converge: 2 of 3 members alive ..."
