@@ -26,7 +26,7 @@ from pytest_ppsmoke.messages import LogTail, LogTailQuery
 from pytest_ppsmoke.nodeenv import NodeEnv, process_env
 from pytest_ppsmoke.protocol import STATUS_ACTOR, stage_name
 from pytest_ppsmoke.runtime.codec import ActorAddress
-from pytest_ppsmoke.runtime.localproc import ChildProcess, ClusterKeys
+from pytest_ppsmoke.runtime.localproc import ChildProcess, ClusterKeys, EventKind
 from pytest_ppsmoke.runtime.node import Node, NodeConfig
 from pytest_ppsmoke.runtime.stalls import TICK, LoopWatch
 from pytest_ppsmoke.runtime.swimconfig import SwimConfig
@@ -63,7 +63,7 @@ async def pauses(values: list[float]) -> list[dict[str, Any]]:
         )
         proc = ChildProcess(stage_name(0), [sys.executable, "-m", "pytest_ppsmoke.stage.gpu_node"], process_env(env))
         await proc.start()
-        await proc.wait_event(lambda e: e.get("event") == "joined", 60, "join")
+        await proc.wait_event(lambda e: e.kind is EventKind.JOINED, 60, "join")
         status = ActorAddress(keys.ids[1], STATUS_ACTOR)
         for pause in values:
             await asyncio.sleep(1.0)  # the node's loop settles between pauses

@@ -51,7 +51,7 @@ sys.path.insert(0, str(HERE.parent))
 from pytest_ppsmoke.harness.runconfig import RunConfig  # noqa: E402
 from pytest_ppsmoke.harness.setup import rtt_of  # noqa: E402
 from pytest_ppsmoke.network import EmulatedNetwork, parse_network  # noqa: E402
-from pytest_ppsmoke.runtime.localproc import ChildProcess, ClusterKeys, member_env  # noqa: E402
+from pytest_ppsmoke.runtime.localproc import ChildProcess, ClusterKeys, EventKind, member_env  # noqa: E402
 from pytest_ppsmoke.runtime.node import Node, NodeConfig  # noqa: E402
 from pytest_ppsmoke.runtime.swim import MemberEvent  # noqa: E402
 from pytest_ppsmoke.runtime.swimconfig import SwimConfig  # noqa: E402
@@ -72,9 +72,9 @@ def swim_for(profile: str) -> SwimConfig:
 def alive_seen(p: ChildProcess) -> set[str]:
     alive: set[str] = set()
     for e in p.events:
-        if e.get("event") in ("joined", "alive"):
+        if e.kind in (EventKind.JOINED, EventKind.ALIVE):
             alive.add(e["member"])
-        elif e.get("event") == "dead":
+        elif e.kind is EventKind.DEAD:
             alive.discard(e["member"])
     return alive
 
@@ -107,7 +107,7 @@ class Cluster:
         started = time.monotonic()
         for p in self.members:
             await p.start()
-        readies = [await p.wait_event(lambda e: e.get("event") == "ready", 60, "ready") for p in self.members]
+        readies = [await p.wait_event(lambda e: e.kind is EventKind.READY, 60, "ready") for p in self.members]
         joined = time.monotonic()
         seed = self.seed
         await seed.membership.wait_until(lambda: len(seed.membership.alive()) == 3, 60, "3 alive at the seed")
@@ -127,7 +127,7 @@ class Cluster:
         killed one)."""
         kinds = [e.kind for _, e in self.seed_events if e.member.id != exclude]
         for p in self.members:
-            kinds += [e["event"] for e in p.events if e.get("member") not in (None, exclude)]
+            kinds += [e.name for e in p.events if e.get("member") not in (None, exclude)]
         return {"dead": kinds.count("dead"), "suspect": kinds.count("suspect")}
 
     async def close(self) -> None:
@@ -157,7 +157,7 @@ async def detect_one(profile: str, seed: int) -> dict[str, Any]:
             at_seed = next(t for t, e in c.seed_events if e.kind == "dead" and e.member.id == victim)
             out["detect_seed_s"] = round(at_seed - killed, 3)
             ev = await c.members[0].wait_event(
-                lambda e: e.get("event") == "dead" and e.get("member") == victim, 120, "the killed member dead at m1"
+                lambda e: e.kind is EventKind.DEAD and e.get("member") == victim, 120, "the killed member dead at m1"
             )
             out["detect_member_s"] = round(time.monotonic() - killed, 3) if ev else None  # an upper bound: seen now
             out["false_total"] = c.false_events(exclude=victim)

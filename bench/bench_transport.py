@@ -237,7 +237,7 @@ def aggregate(runs: dict[str, list[dict[str, Any]]]) -> tuple[dict[str, Any], di
 
 
 async def swim_timings(rounds: int) -> dict[str, Any]:
-    from pytest_ppsmoke.runtime.localproc import ClusterKeys, member_env, member_process
+    from pytest_ppsmoke.runtime.localproc import ClusterKeys, EventKind, member_env, member_process
     from pytest_ppsmoke.runtime.node import Node, NodeConfig
 
     converge, detect, join = [], [], []
@@ -253,7 +253,7 @@ async def swim_timings(rounds: int) -> dict[str, Any]:
         try:
             for m in members:
                 await m.start()
-            readies = [await m.wait_event(lambda e: e["event"] == "ready", 30, "ready") for m in members]
+            readies = [await m.wait_event(lambda e: e.kind is EventKind.READY, 30, "ready") for m in members]
             join += [r["joined_in_s"] for r in readies]
             t = time.monotonic()  # both members are up and joined the seed: now until all agree
             await seed.membership.wait_until(lambda s=seed: len(s.membership.alive()) == 3, 10, "3 alive")
@@ -279,11 +279,13 @@ async def swim_timings(rounds: int) -> dict[str, Any]:
 
 
 def _alive_count(m: Any) -> int:
+    from pytest_ppsmoke.runtime.localproc import EventKind
+
     alive: set[str] = set()
     for e in m.events:
-        if e["event"] in ("joined", "alive"):
+        if e.kind in (EventKind.JOINED, EventKind.ALIVE):
             alive.add(e["member"])
-        elif e["event"] == "dead":
+        elif e.kind is EventKind.DEAD:
             alive.discard(e["member"])
     return len(alive)
 
