@@ -21,7 +21,16 @@ import pytest
 from pytest_ppsmoke import protocol
 from pytest_ppsmoke.cloud.rental import STEPS
 from pytest_ppsmoke.harness import cli, driver
-from pytest_ppsmoke.harness.report import SCHEMA_VERSION, ApiFigures, ReferenceFigures, Report, schema
+from pytest_ppsmoke.harness.report import (
+    SCHEMA_VERSION,
+    ApiFigures,
+    Mode,
+    ReferenceFigures,
+    ReferenceState,
+    Report,
+    WireDtype,
+    schema,
+)
 from pytest_ppsmoke.harness.settings import OPTIONS, WIRE_DTYPES, Settings
 from pytest_ppsmoke.harness.settings import STEPS as RUN_STEPS
 from pytest_ppsmoke.messages import ReferenceResult
@@ -195,6 +204,16 @@ def test_each_figure_has_the_step_after_which_it_is_final() -> None:
     assert step["ppsmoke_time_total"] == step["ppsmoke_cost_usd"] == step["ppsmoke_error"] == step["ppsmoke_vast_calls"]
     assert step["ppsmoke_time_total"] == "" == step["ppsmoke_failed_phase"]
     assert dict(report.properties())["ppsmoke_failed_phase"] == "rent"
+
+
+def test_every_figure_is_a_plain_value_that_xdist_can_carry() -> None:
+    """A JUnit property travels from a pytest-xdist worker to its controller, which serializes
+    only plain values: no enum (the report's mode, phase, the reference's state) reaches it."""
+    report = Report(Mode.LOCAL, "m", "hi", 4, 2, WireDtype.BF16)
+    report.fail(Phase.DECODE, "decode: lost")
+    report.reference = ReferenceFigures(ReferenceState.DONE, stage=0, token_ids=[1], match=True)
+    for _, name, value in report.figures():
+        assert type(value) in (str, int, float, bool, type(None)), (name, type(value))
 
 
 def test_one_table_makes_both_faces_options() -> None:

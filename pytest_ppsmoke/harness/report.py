@@ -628,7 +628,8 @@ class Report:
         if self.error:
             out.append(("", "ppsmoke_error", self.error))
             out.append(("", "ppsmoke_failed_phase", str(self.failed_phase or "")))
-        return out
+        # plain values only: a property travels between pytest-xdist's processes, which carry no enum
+        return [(step, name, v.value if isinstance(v, enum.Enum) else v) for step, name, v in out]
 
     def tails(self) -> list[tuple[str, str]]:
         """Each node's account of a failure as a JUnit property of the failing test:
