@@ -49,8 +49,8 @@ from .nodeids import XDIST_SUFFIX, plain_nodeid
 
 if TYPE_CHECKING:
     from .harness.deployment import Deployment
+    from .harness.figures import ReferenceFigures
     from .harness.pipeline import InferenceResult
-    from .harness.report import ReferenceFigures
     from .harness.session import SmokeSession
     from .runtime.codec import ActorAddress
 

@@ -21,16 +21,8 @@ import pytest
 from pytest_ppsmoke import protocol
 from pytest_ppsmoke.cloud.rental import STEPS
 from pytest_ppsmoke.harness import cli, driver
-from pytest_ppsmoke.harness.report import (
-    SCHEMA_VERSION,
-    ApiFigures,
-    Mode,
-    ReferenceFigures,
-    ReferenceState,
-    Report,
-    WireDtype,
-    schema,
-)
+from pytest_ppsmoke.harness.figures import ApiFigures, Mode, ReferenceFigures, ReferenceState, WireDtype
+from pytest_ppsmoke.harness.report import SCHEMA_VERSION, Report, schema
 from pytest_ppsmoke.harness.settings import OPTIONS, WIRE_DTYPES, Settings
 from pytest_ppsmoke.harness.settings import STEPS as RUN_STEPS
 from pytest_ppsmoke.messages import ReferenceResult

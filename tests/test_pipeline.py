@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from pytest_ppsmoke.harness.figures import KvFill
 from pytest_ppsmoke.harness.pipeline import InferenceResult, request_reference, run_inference
-from pytest_ppsmoke.harness.report import KvFill
 from pytest_ppsmoke.messages import InferenceRequest, InferenceResponse, StageStats, StageStatsQuery
 from pytest_ppsmoke.protocol import PhaseError
 from pytest_ppsmoke.runtime.cluster import LocalCluster

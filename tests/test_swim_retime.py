@@ -16,7 +16,8 @@ import jsonschema
 import pytest
 
 from pytest_ppsmoke.harness import reach
-from pytest_ppsmoke.harness.report import SwimFigures, parse, schema
+from pytest_ppsmoke.harness.figures import SwimFigures
+from pytest_ppsmoke.harness.report import parse, schema
 from pytest_ppsmoke.harness.runconfig import RunConfig, swim_for_rtt
 from pytest_ppsmoke.network.swimsim import Link, SimHost, SimNet, member_id
 from pytest_ppsmoke.protocol import stage_name

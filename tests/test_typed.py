@@ -23,14 +23,11 @@ import pytest
 
 import pytest_ppsmoke
 from pytest_ppsmoke.harness import report as report_module
+from pytest_ppsmoke.harness.figures import ApiFigures, InstanceFigures, NodeState, SkippedOffer
 from pytest_ppsmoke.harness.report import (
     REGENERATE,
     SCHEMA_FILE,
-    ApiFigures,
-    InstanceFigures,
-    NodeState,
     Report,
-    SkippedOffer,
     json_schema,
     parse,
     schema,
@@ -51,11 +48,14 @@ CONTAINERS = {"list", "tuple", "dict"}
 Classes = dict[str, tuple[ast.ClassDef, Path]]
 
 
-def _classes(here: Path = PACKAGE / "harness" / "report.py") -> Classes:
-    """Every class of the package by name: a name of ``here``'s own first (where the report's
-    parts live; a lower layer's class of the same name is another)."""
+REPORT = (PACKAGE / "harness" / "report.py", PACKAGE / "harness" / "figures.py")
+
+
+def _classes(here: tuple[Path, ...] = REPORT) -> Classes:
+    """Every class of the package by name: the names of ``here``'s own first (where the report
+    and its parts live; a lower layer's class of the same name is another)."""
     out: Classes = {}
-    for path in [here, *sorted(PACKAGE.rglob("*.py"))]:
+    for path in [*here, *sorted(PACKAGE.rglob("*.py"))]:
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.ClassDef):
                 out.setdefault(node.name, (node, path))
@@ -303,7 +303,7 @@ def test_the_reports_enums_are_the_tables_they_stand_for() -> None:
     """The report's closed sets are the package's own tables: the modes, the wire dtypes, where
     a reference loads, and how the emulator takes a host away (its failpoints' words)."""
     from pytest_ppsmoke.cloud.emulator import faults
-    from pytest_ppsmoke.harness.report import LossKind, Mode, ReferenceLoad, WireDtype
+    from pytest_ppsmoke.harness.figures import LossKind, Mode, ReferenceLoad, WireDtype
     from pytest_ppsmoke.harness.settings import MODES
     from pytest_ppsmoke.nodeenv import REFERENCES
     from pytest_ppsmoke.protocol import WIRE_DTYPES

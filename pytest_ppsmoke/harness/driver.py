@@ -39,8 +39,7 @@ from ..runtime.resource import Resource
 from . import accounts
 from .check import refusal
 from .deployment import Deployment
-from .pipeline import InferenceResult, request_reference, run_inference
-from .report import (
+from .figures import (
     ApiFigures,
     EmulatorFigures,
     InstanceFigures,
@@ -54,13 +53,13 @@ from .report import (
     ReferenceFigures,
     ReferenceLoad,
     ReferenceState,
-    Report,
     SkippedOffer,
     StageSplit,
     SwimFigures,
     WireDtype,
-    parse,
 )
+from .pipeline import InferenceResult, request_reference, run_inference
+from .report import Report, parse
 from .settings import STEPS, Settings, face_names
 from .setup import Place, open_place
 

@@ -52,7 +52,7 @@ from ..runtime.codec import MESSAGE_TYPES
 from ..runtime.errors import RemoteError
 from ..runtime.node import Context, Node
 from ..runtime.swim import MemberEvent
-from .report import Frames, FrameWindow, HopFigures, HopPhases, KvFigures, KvFill, OrchestratorFrames
+from .figures import Frames, FrameWindow, HopFigures, HopPhases, KvFigures, KvFill, OrchestratorFrames
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from pytest_ppsmoke.harness.deployment import Deployment
+from pytest_ppsmoke.harness.figures import ReferenceFigures
 from pytest_ppsmoke.harness.pipeline import InferenceResult
-from pytest_ppsmoke.harness.report import ReferenceFigures
 from pytest_ppsmoke.harness.session import SmokeSession
 from pytest_ppsmoke.harness.settings import Settings
 from pytest_ppsmoke.messages import DIGEST_SIZE, Hidden, ProbeReport, RelayProbe, Span, StageStats, WireDtype
