@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import checks
-from .protocol import VAST_DOCUMENTED_LIMITS, VAST_ENDPOINTS
+from .protocol import VAST_ENDPOINTS
 
 ENV = "PP_FAILPOINTS"
 
@@ -127,9 +127,11 @@ def _counts(v: Any) -> dict[int, int]:
     return {_count(a): _count(b) for a, b in dict(v).items()}
 
 
-def _limits(v: Any) -> dict[str, tuple[float, float]]:
-    if v == "documented":
-        return dict(VAST_DOCUMENTED_LIMITS)
+def _limits(v: Any) -> str | dict[str, tuple[float, float]]:
+    """``documented`` (vast.ai's own table, read by the emulator from its OpenAPI files:
+    ``cloud/vastdoc.py``), ``off`` (none) or endpoint:threshold[:penalty] items."""
+    if isinstance(v, str) and v.strip() in ("documented", "off"):
+        return "documented" if v.strip() == "documented" else {}
     items = [item.split(":") for item in v.split(",") if item.strip()] if isinstance(v, str) else None
     if items is None:
         items = [[k, *(t if isinstance(t, (list, tuple)) else [t])] for k, t in dict(v).items()]
@@ -193,11 +195,12 @@ COUNTS = Kind(
 
 
 LIMITS = Kind(
-    "'documented' (vast.ai's: create 4.5 s with a 12 s penalty, show 2 s), or endpoint:threshold[:penalty] "
+    "'documented' (vast.ai's, from its OpenAPI files: create 4.5 s with a 12 s penalty, show 2 s, list 1 s, ...), "
+    "'off', or endpoint:threshold[:penalty] "
     "seconds, comma-separated (e.g. create:4.5:12,show:2); endpoints: search, create, show, label, destroy, list, "
     "destroy_many, user, logs",
     _limits,
-    lambda v: ",".join(f"{k}:{t:g}:{p:g}" for k, (t, p) in sorted(v.items())),
+    lambda v: v if isinstance(v, str) else ",".join(f"{k}:{t:g}:{p:g}" for k, (t, p) in sorted(v.items())) or "off",
 )
 PARTITIONS = Kind(
     "stage:direction:seconds, direction both, in or out, comma-separated (e.g. 1:both:5)",
@@ -409,10 +412,11 @@ POINTS: dict[str, Point] = {
             "vast.rate_limit",
             LIMITS,
             ROW_CREATE,
-            "vast.ai's rate limits, per endpoint and per identity (key and client address): a call sooner than "
-            "the threshold after the last one let through gets HTTP 429 (plain text, no Retry-After), and so "
-            "does every call for the penalty that follows",
-            {},
+            "vast.ai's rate limits, per endpoint and per identity (key and client address), on by default "
+            "(documented, scaled by PP_VAST_TIME_SCALE): a call sooner than the threshold after the last one let "
+            "through gets HTTP 429 (JSON detail, no Retry-After), and so does every call for the penalty that "
+            "follows; 'off' for a test that must send calls faster",
+            "documented",
         ),
         Point(
             "vast.race_offers",

@@ -50,8 +50,7 @@ VAST_ENDPOINTS: dict[tuple[str, str], str] = {
     ("GET", "/api/v0/users/current"): "user",
     ("PUT", "/api/v0/instances/request_logs/{id}/"): "logs",
 }
-# the intervals vast.ai's documentation gives, in seconds: (threshold between calls, penalty once exceeded)
-VAST_DOCUMENTED_LIMITS: dict[str, tuple[float, float]] = {"create": (4.5, 12.0), "show": (2.0, 0.0)}
+# (their rate and input limits are read from vast.ai's OpenAPI files: cloud/vastdoc.py)
 
 
 class Names:

@@ -51,6 +51,12 @@ if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None:
 # one that breaks it (and that the allow-list beside the description does not explain) fails.
 os.environ["PP_EMULATOR_OPENAPI"] = "strict"
 
+# vast.ai's documented rate limits are on in every emulator the suite starts, and every client of
+# one paces by the same table, both at a hundredth of the documented seconds (create 45 ms apart,
+# its penalty 120 ms; docs/lifecycle.md, "Rate limits": the suite's time scale). A test that needs
+# vast.ai's own seconds runs them on a virtual clock (vastdoc.rate_limits(scale=1)).
+os.environ.setdefault("PP_VAST_TIME_SCALE", "0.01")
+
 # pytester points HOME at each test's own directory, so that an inner session reads no user
 # configuration. The caches under HOME went with it: every inner session that ran the spec, and
 # every pp-smoke-run, node and worker it started, found tinygrad's database (programs, schedules)

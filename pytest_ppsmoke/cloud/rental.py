@@ -30,7 +30,7 @@ from ..nodeenv import DEFAULTS
 from ..protocol import BOOT_POLL_INTERVAL, BOOT_POLLS, BUDGET, DIRECT_PORT, Names, Phase, PhaseError, stage_name
 from .preflight import Preflight, find_offers, image_check, preflight
 from .provider import Instance, Label, NeverRuns, Offer, OfferGone, OfferQuery, Provider, ProviderError, going_away
-from .waits import wait_running
+from .waits import Board, wait_running
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +179,8 @@ class Rental:
         self.teardown_timeout = 120.0
         self.teardown_errors: list[str] = []
         self._tried: set[int] = set()
+        # the boot waits' records: one list of the run's instances a round, shared by every wait
+        self.board = Board(provider, self.label_prefix, config.poll_interval / 2, clock=clock)
 
     @property
     def label_prefix(self) -> str:
@@ -276,8 +278,9 @@ class Rental:
         looks = max(1, math.ceil(c.boot_window / c.poll_interval))
         try:
             record = await wait_running(
-                self.provider, inst.id, looks, c.poll_interval, seen, clock=self.clock, sleep=self.sleep
-            )
+                self.provider, inst.id, looks, c.poll_interval, seen,
+                clock=self.clock, sleep=self.sleep, look=self.board.look,
+            )  # fmt: skip
         except NeverRuns as e:
             fix = ""
             if e.failure == "image pull":
@@ -302,7 +305,7 @@ class Rental:
         while (public := record.public_udp(c.port)) is None and self.clock() < deadline:
             await self.sleep(c.poll_interval)
             try:
-                later = await self.provider.show_instance(inst.id)
+                later = await self.board.look(inst.id)
             except ProviderError as e:
                 log.info("%s: looking for its forwarded port: %s", inst.name, e)
                 continue

@@ -18,8 +18,10 @@ error. Every call has a timeout. How vast.ai misbehaves, and what the client doe
   It gives up, naming the 429s and the seconds they cost, once the next wait would end more than
   ``rate_limit_window`` seconds after the call's first attempt, or past ``deadline`` (the run's
   budget, set by whoever owns the client).
-- A 429 whose text names the endpoint's ``threshold=X`` paces that endpoint from then on: its
-  calls are sent one at a time, at least X (+5%) apart. Other endpoints are not slowed.
+- Every endpoint is paced from the first call by vast.ai's documented limits (read from its
+  OpenAPI files, :mod:`.vastdoc`): its calls one at a time, each at least the threshold (+5%)
+  after the last one's answer. A 429 (its body JSON ``{"detail": ...}`` or plain text) whose text
+  names the endpoint's ``threshold=X`` paces that endpoint by X from then on.
 - A create is not blindly retried: a create whose answer was lost may have rented an instance, so
   the client first looks for an instance with the same label. A create whose offer was taken
   between search and create (404/410 ``no_such_ask``) raises :class:`OfferGone`, so that the caller
@@ -53,6 +55,7 @@ import aiohttp
 from .. import checks
 from ..protocol import VAST_ENDPOINTS
 from ..redact import Redactor
+from . import vastdoc
 from .pacing import Pacer
 
 # the records, re-exported: code that rents through the client may name them from here
@@ -93,10 +96,6 @@ def endpoint_name(method: str, path: str) -> str:
 _THRESHOLD = re.compile(r"threshold\s*=\s*([0-9]+(?:\.[0-9]+)?)")
 MAX_RETRY_AFTER = 60.0  # the longest Retry-After waited out (vast-cli's bound); a longer one ends the call
 PACE_MARGIN = 1.05  # a paced endpoint's calls are this much more than its threshold apart
-# vast.ai's documented create threshold (a create sooner than this after the last is refused, then
-# every create for 12 s): a run's creates are paced by it from the first, since a second create
-# refused costs the whole penalty where pacing costs the threshold once
-VAST_PACE = {"create": 4.5}
 LOG_POLLS, LOG_POLL_INTERVAL = 30, 0.3  # vast-cli's reads of a log's result URL while it is not uploaded yet
 
 
@@ -159,7 +158,9 @@ class _Retries:
 class VastClient:
     """vast.ai's REST API. ``deadline`` (a ``clock()`` time, None for none) bounds the waits on
     429s: the owner sets it to the end of the run's budget. ``rng`` draws the jitter. ``pace``:
-    endpoint -> a threshold known beforehand, paced from the first call. ``clock`` and ``sleep``
+    endpoint -> (calls, seconds) known beforehand, paced from the first call (default: vast.ai's
+    documented limits, :func:`.vastdoc.pace`, at ``PP_VAST_TIME_SCALE``; ``{}``: none until a 429
+    names a threshold). ``clock`` and ``sleep``
     are the time every wait of the client reads and spends (pacing, retries, polls): the real
     ones (``time.monotonic``, ``asyncio.sleep``) unless a test runs the client on a virtual clock."""
 
@@ -176,7 +177,7 @@ class VastClient:
         rate_limit_cap: float = 8.0,
         rate_limit_window: float = 45.0,
         rng: random.Random | None = None,
-        pace: Mapping[str, float] | None = None,
+        pace: Mapping[str, tuple[int, float]] | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -198,17 +199,19 @@ class VastClient:
         self.clock, self.sleep = clock, sleep
         self.deadline: float | None = None
         self.stats = ApiStats()
-        # endpoint -> the least seconds between its calls: from ``pace`` (thresholds known before the
-        # first call, e.g. VAST_PACE), or learned from a 429 that names its threshold
-        spacing = {k: checks.number(v, above=0) * PACE_MARGIN for k, v in (pace or {}).items()}
-        self.pacer = Pacer(spacing, clock=clock, sleep=sleep)  # the shared pacing, per endpoint
+        # the shared pacing (cloud/pacing.py), per endpoint: vast.ai's documented limits (read from its
+        # files, vastdoc), and a threshold learned from a 429 that names it
+        table = {k: (int(checks.number(n, least=1)), checks.number(t, least=0)) for k, (n, t) in (
+            vastdoc.pace() if pace is None else pace
+        ).items()}  # fmt: skip
+        self.pacer = Pacer.of(table, margin=PACE_MARGIN, clock=clock, sleep=sleep)
         self._session: aiohttp.ClientSession | None = None
         self._bare: aiohttp.ClientSession | None = None  # no key: for URLs vast.ai hands out (logs)
         self.container_keys: dict[int, str] = {}  # each created instance's own key (its create's answer)
 
     @property
     def pace(self) -> dict[str, float]:
-        """Endpoint -> the least seconds between its calls: known beforehand (``pace``) or learned."""
+        """Endpoint -> the least seconds between its calls: documented (``pace``) or learned."""
         return self.pacer.spacing
 
     @property
@@ -272,12 +275,13 @@ class VastClient:
         raises :class:`SearchQuotaExceeded`."""
         endpoint = endpoint_name(method, path)
         stats = self.stats.of(endpoint)
-        waited = await self.pacer.turn(endpoint)  # one at a time, spaced, where paced
-        stats.pace_wait_s += waited  # added after the wait: calls paced together each count theirs
-        stats.calls += 1
         try:
-            async with self._http().request(method, self.base_url + path, json=body, params=params) as resp:
-                status, text, headers = resp.status, await resp.text(), resp.headers
+            # one at a time, spaced from the last answer, where paced (pacing.Pacer.call)
+            async with self.pacer.call(endpoint) as waited:
+                stats.pace_wait_s += waited  # added after the wait: calls paced together each count theirs
+                stats.calls += 1
+                async with self._http().request(method, self.base_url + path, json=body, params=params) as resp:
+                    status, text, headers = resp.status, await resp.text(), resp.headers
         except (aiohttp.ClientError, TimeoutError) as e:
             # the message of a connection error names host and port, never headers
             why = f"{type(e).__name__}: {e}" if str(e) else f"{type(e).__name__} after {self.timeout:g} s"

@@ -5,7 +5,8 @@ clock in a test), so no provider re-implements it and no test waits for real."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
 
 from .provider import DEAD_STATES, Instance, NeverRuns, Provider, ProviderError
 
@@ -27,6 +28,35 @@ def start_failure(status_msg: str) -> str | None:
     return "image pull" if any(w in text for w in _PULL_WORDS) else "container start"
 
 
+class Board:
+    """The records of a run's instances, from one list call (by the run's label prefix) shared
+    by every wait that looks within ``fresh`` seconds of it: eight booting instances cost one
+    list a round, not eight shows (a provider limits each endpoint per client: vast.ai's show to
+    one call in 2 s, its list to one in 1 s). A wait that looks while a list is in flight gets
+    that list's answer."""
+
+    def __init__(self, provider: Provider, label_prefix: str, fresh: float, *, clock: Clock) -> None:
+        self.provider, self.label_prefix, self.fresh, self.clock = provider, label_prefix, fresh, clock
+        self._round: asyncio.Future[Mapping[int | None, Instance]] | None = None
+        self._at = float("-inf")
+        self.lists = 0  # list calls made
+
+    async def _list(self) -> Mapping[int | None, Instance]:
+        self.lists += 1
+        listed = {r.id: r for r in await self.provider.list_instances(self.label_prefix)}
+        self._at = self.clock()
+        return listed
+
+    async def look(self, instance_id: int) -> Instance | None:
+        """The instance's record as the latest list shows it (None: not listed)."""
+        r = self._round
+        if r is None or (
+            r.done() and (r.cancelled() or r.exception() is not None or self.clock() - self._at >= self.fresh)
+        ):
+            r = self._round = asyncio.ensure_future(self._list())
+        return (await asyncio.shield(r)).get(instance_id)
+
+
 async def wait_running(
     provider: Provider,
     instance_id: int,
@@ -36,16 +66,18 @@ async def wait_running(
     *,
     clock: Clock,
     sleep: Sleep,
+    look: Callable[[int], Awaitable[Instance | None]] | None = None,
 ) -> Instance:
     """Poll until ``actual_status`` is ``running``; at most ``polls`` polls, ``interval`` apart.
     Fails at once (:class:`NeverRuns`) on a state that never becomes running (:data:`DEAD_STATES`)
     and on a ``status_msg`` that names an error (:func:`start_failure`: a pull the host retries
     for hours); ProviderError once the instance is no longer shown; TimeoutError when the polls
-    are spent. A host that is merely slow gets every poll."""
+    are spent. A host that is merely slow gets every poll. ``look``: how a poll reads the record
+    (default: the provider's show; a :class:`Board`'s look: a list shared by every wait)."""
     last: Instance | None = None
     started = clock()
     for poll in range(1, polls + 1):
-        last = await provider.show_instance(instance_id)
+        last = await (look or provider.show_instance)(instance_id)
         if on_poll is not None:
             on_poll(poll, last)
         if last is None and poll > SHOWN_LATE:  # a new instance can take a moment to be shown

@@ -30,11 +30,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..cloud import vastdoc
 from ..cloud.emulator.catalogue import widened
 from ..cloud.emulator.server import NETWORK_PATH, FakeVast
 from ..cloud.preflight import image_check
 from ..cloud.provider import OfferQuery, Provider
-from ..cloud.vast import DEFAULT_URL, VAST_PACE, VastClient
+from ..cloud.vast import DEFAULT_URL, VastClient
 from ..cloud.vastrecords import search_body
 from ..protocol import Names, Phase, PhaseError
 from ..runtime.resource import Resource
@@ -231,8 +232,9 @@ async def open_place(
         from ..network import parse_network  # the network package loads only for a network
 
         config.bind, config.rtt = f"{found['host_addr']}:0", rtt_of(parse_network(found["spec"]))
-    # vast.ai's create threshold is known: its creates are paced from the first
-    vast = VastClient(key, url, pace=VAST_PACE if not s.local else {})
+    # vast.ai's documented limits pace every endpoint from the first call: vast.ai itself at its own
+    # seconds; an emulator started apart at the time scale both sides read (PP_VAST_TIME_SCALE)
+    vast = VastClient(key, url, pace=vastdoc.pace(scale=None if s.local else 1.0))
     vast.deadline = deadline
     return Place(vast, config, url, network=found)
 
@@ -266,9 +268,9 @@ async def _embedded(s: Settings, config: RunConfig, network: str, stages: int, d
             report = {
                 "spec": net.spec.name, "host_addr": net.host_addr, "subnet": net.subnet, "prefix": net.prefix,
             }  # fmt: skip
-        # the emulator's thresholds of the endpoints vast.ai documents one for, where it was given
-        # rate limits (the projection's replay): its creates are paced as vast.ai's would be
-        pace = {k: threshold for k, (threshold, _) in fake.limiter.limits.items() if k in VAST_PACE}
+        # the emulator's own limits (the documented table at the time scale, or a test's failpoint)
+        # pace the client from the first call: one table for both sides
+        pace = {k: (r.requests, r.window) if r.requests else (1, r.threshold) for k, r in fake.limiter.limits.items()}
         vast = VastClient(fake.api_key, url, pace=pace)
         vast.deadline = deadline
     except BaseException:

@@ -117,13 +117,14 @@ async def _gate(request: web.Request, handler: Callable[[web.Request], Any]) -> 
             request.transport.abort()
         return web.Response(status=503)  # never sent: the connection is gone
     limits = vast.faults.value("vast.rate_limit")
-    if limits != vast.limiter.limits:  # faults changed since (a test may set them on a running emulator)
+    if limits != vast.limiter.source:  # faults changed since (a test may set them on a running emulator)
         vast.limiter = faults.RateLimiter(limits)
     endpoint = endpoint_of(request)
     refused = vast.limiter.refuse(endpoint, identity(request)) if endpoint else None
     if refused is not None:
         vast.requests.append((request.method, request.path, 429))
-        return web.Response(status=429, text=refused)  # plain text, no Retry-After, as vast.ai's
+        # the documented body (create_instance.yaml's 429: {"detail": ...}), no Retry-After
+        return web.json_response({"detail": refused}, status=429)
     refused_by_doc = await _held_to_the_document(vast, request)
     resp = refused_by_doc or await _authorized(vast, request, handler)
     if refused_by_doc is None and not request.path.startswith(OWN_PATHS):

@@ -9,6 +9,7 @@ import asyncio
 import logging
 import signal
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
@@ -16,6 +17,8 @@ from ... import failpoints
 from ...nodeenv import NodeEnv
 from ...runtime.localproc import EventKind
 from ...runtime.peeraddr import PeerAddr
+from .. import vastdoc
+from ..vastdoc import RateLimit
 from .instances import Instance
 
 log = logging.getLogger(__name__)
@@ -24,30 +27,48 @@ UNREACHABLE = "127.0.0.1:9"  # discard port: nothing answers QUIC there
 
 
 class RateLimiter:
-    """vast.ai's rate limits: a minimum interval between calls, per endpoint and per identity
-    (the key and the client's address). A call sooner than ``threshold`` after the last call let
-    through is refused, and so is every call until ``penalty`` seconds after that refusal
-    (refusals do not move it); ``limits``: endpoint name -> (threshold, penalty)."""
+    """vast.ai's rate limits (:class:`~..vastdoc.RateLimit`), per endpoint and per identity (the key
+    and the client's address). A call sooner than ``threshold`` after the last call let through
+    is refused, and so is every call until ``penalty`` seconds after that refusal (refusals do not
+    move it); a limit by count refuses a call past its count in any window. ``limits``: the
+    ``vast.rate_limit`` failpoint's value (``documented``: :func:`~..vastdoc.rate_limits`, the
+    table read from vast.ai's files at ``PP_VAST_TIME_SCALE``; ``{}``: none) or endpoint name ->
+    a :class:`RateLimit` or (threshold, penalty); ``source`` keeps it as given."""
 
-    def __init__(self, limits: Mapping[str, tuple[float, float]], clock: Callable[[], float] = time.monotonic) -> None:
-        self.limits, self.clock = dict(limits), clock
+    def __init__(
+        self,
+        limits: str | Mapping[str, RateLimit | tuple[float, float]],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.source, self.clock = limits, clock
+        table = vastdoc.rate_limits() if limits == "documented" else limits
+        assert not isinstance(table, str), f"unknown rate limits {limits!r}"
+        self.limits = {k: v if isinstance(v, RateLimit) else RateLimit(*v) for k, v in table.items()}
         self._last: dict[tuple[str, str], float] = {}  # the last call let through
+        self._through: dict[tuple[str, str], deque[float]] = {}  # a limit by count: its calls let through
         self._penalty: dict[tuple[str, str], float] = {}  # refused until then
         self.refused: dict[str, int] = {}  # by endpoint
 
     def refuse(self, endpoint: str, identity: str) -> str | None:
-        """None to let the call through, else the 429's text."""
+        """None to let the call through, else the 429's detail (``API requests too frequent
+        endpoint threshold=4.5``)."""
         if endpoint not in self.limits:
             return None
-        threshold, penalty = self.limits[endpoint]
+        limit = self.limits[endpoint]
         now, key = self.clock(), (endpoint, identity)
         last = self._last.get(key)
-        if now < self._penalty.get(key, 0.0) or (last is not None and now - last < threshold):
-            if now >= self._penalty.get(key, 0.0):
-                self._penalty[key] = now + penalty
+        through = self._through.setdefault(key, deque(maxlen=max(1, limit.requests)))
+        if limit.requests:
+            early = len(through) >= limit.requests and now - through[0] < limit.window
+        else:
+            early = last is not None and now - last < limit.threshold
+        if now < self._penalty.get(key, 0.0) or early:
+            if now >= self._penalty.get(key, 0.0) and limit.penalty:
+                self._penalty[key] = now + limit.penalty
             self.refused[endpoint] = self.refused.get(endpoint, 0) + 1
-            return f"API requests too frequent endpoint threshold={threshold:g}"
+            return f"API requests too frequent endpoint threshold={limit.text}"
         self._last[key] = now
+        through.append(now)
         return None
 
 
