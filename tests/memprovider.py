@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_ppsmoke.cloud.pacing import Pacer
 from pytest_ppsmoke.cloud.provider import Instance, Offer, OfferGone, OfferQuery, ProviderError
 
 
@@ -82,7 +83,9 @@ class MemProvider:
     order, whose image pull fails), ``taken`` (offers someone else rents first), ``lost_answers``
     (creates, by order, whose instance is rented but whose answer is lost), ``lost_destroys``
     (accepted destroys the provider forgets, in all), ``linger_s`` (how long a destroyed instance
-    stays listed, on its way out), ``hang_destroys`` (a destroy that never answers)."""
+    stays listed, on its way out), ``hang_destroys`` (a destroy that never answers). ``pace``: the
+    documented limits its calls go through (name -> (calls, seconds), the shared ``Pacer``, as a
+    provider's transport takes its turns); ``times``: when each call was made, by name."""
 
     clock: VirtualClock
     catalogue: list[Offer] = field(default_factory=offers)
@@ -99,6 +102,19 @@ class MemProvider:
     calls: Counter[str] = field(default_factory=Counter)
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(7001))
     _creates: int = 0
+    pace: Mapping[str, tuple[int, float]] = field(default_factory=dict)
+    times: dict[str, list[float]] = field(default_factory=dict)
+    pacer: Pacer | None = None
+
+    def __post_init__(self) -> None:
+        self.pacer = Pacer.of(self.pace, clock=self.clock, sleep=self.clock.sleep)
+
+    async def _call(self, name: str) -> None:
+        """One call of ``name``: its turn on the pacer, counted and timed (a call here takes no time)."""
+        assert self.pacer is not None
+        async with self.pacer.call(name):
+            self.calls[name] += 1
+            self.times.setdefault(name, []).append(self.clock())
 
     @property
     def where(self) -> str:
@@ -109,11 +125,11 @@ class MemProvider:
         return [i for i in self.instances.values() if i.destroyed is None]
 
     async def credit(self) -> float | None:
-        self.calls["credit"] += 1
+        await self._call("credit")
         return self.credit_usd
 
     async def search_offers(self, query: OfferQuery) -> list[Offer]:
-        self.calls["search"] += 1
+        await self._call("search")
         rented = {i.offer.id for i in self.live()}
         fit = [
             o for o in self.catalogue if o.id not in rented and (query.max_dph is None or o.dph_total <= query.max_dph)
@@ -123,7 +139,7 @@ class MemProvider:
     async def create_instance(
         self, offer_id: int, *, image: str, env: Mapping[str, str], label: str, disk_gb: float = 20.0
     ) -> int:
-        self.calls["create"] += 1
+        await self._call("create")
         await asyncio.sleep(0)
         if offer_id in self.taken:
             raise OfferGone(f"offer {offer_id} was taken first", 410)
@@ -157,19 +173,19 @@ class MemProvider:
         return Instance(inst.id, inst.label, actual, intended, cur, nxt, msg, inst.created, {}, inst.offer, {})
 
     async def show_instance(self, instance_id: int) -> Instance | None:
-        self.calls["show"] += 1
+        await self._call("show")
         await asyncio.sleep(0)
         inst = self.instances.get(instance_id)
         return None if inst is None else self.record(inst)
 
     async def list_instances(self, label_prefix: str | None = None) -> list[Instance]:
-        self.calls["list"] += 1
+        await self._call("list")
         await asyncio.sleep(0)
         shown = [self.record(i) for i in self.instances.values() if i.label.startswith(label_prefix or "")]
         return [r for r in shown if r is not None]
 
     async def destroy_instance(self, instance_id: int) -> bool:
-        self.calls["destroy"] += 1
+        await self._call("destroy")
         if self.hang_destroys:
             await self.clock.sleep(10_000)
         inst = self.instances.get(instance_id)
@@ -183,7 +199,7 @@ class MemProvider:
         return True
 
     async def request_logs(self, instance_id: int, tail: int) -> str:
-        self.calls["logs"] += 1
+        await self._call("logs")
         return "\n".join(f"line {n}" for n in range(tail))
 
     def secrets(self) -> list[str]:

@@ -19,9 +19,10 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from pytest_ppsmoke.cloud import vastdoc
 from pytest_ppsmoke.cloud.emulator.catalogue import default_catalogue, search
 from pytest_ppsmoke.cloud.emulator.server import FakeVast
-from pytest_ppsmoke.cloud.vast import PACE_MARGIN, VAST_PACE, VastClient, endpoint_name, strip_strings
+from pytest_ppsmoke.cloud.vast import PACE_MARGIN, VastClient, endpoint_name, strip_strings
 from pytest_ppsmoke.cloud.vastrecords import (
     ApiStats,
     Label,
@@ -118,7 +119,7 @@ async def test_two_creates_back_to_back_get_through_the_penalty_window() -> None
 async def test_a_threshold_known_beforehand_paces_from_the_first_call_and_no_create_is_refused() -> None:
     """``pace``: vast.ai's documented create threshold (scaled down here) spaces the creates from
     the first, so the second is never refused and no penalty is waited out; the wait is counted."""
-    async with on_lockstep("vast.rate_limit=create:0.4:1.2", rng=random.Random(1), pace={"create": 0.4}) as (
+    async with on_lockstep("vast.rate_limit=create:0.4:1.2", rng=random.Random(1), pace={"create": (1, 0.4)}) as (
         fake,
         vast,
     ):
@@ -135,8 +136,8 @@ async def test_a_threshold_known_beforehand_paces_from_the_first_call_and_no_cre
         for iid in ids:
             assert await vast.destroy_instance(iid) is True
     with pytest.raises(ValueError, match="too small"):
-        VastClient(KEY, pace={"create": 0})
-    assert VAST_PACE == {"create": 4.5}  # vast.ai's documented create threshold
+        VastClient(KEY, pace={"create": (1, 0)})
+    assert vastdoc.pace(scale=1)["create"] == (1, 4.5)  # vast.ai's documented create threshold
 
 
 class Lockstep:
@@ -182,7 +183,7 @@ async def on_lockstep(faults: str, **client: Any) -> AsyncIterator[tuple[FakeVas
 
 
 async def test_pacing_learned_from_the_threshold_stops_further_429s() -> None:
-    async with on_lockstep("vast.rate_limit=show:0.15", rng=random.Random(2)) as (fake, vast):
+    async with on_lockstep("vast.rate_limit=show:0.15", rng=random.Random(2), pace={}) as (fake, vast):
         a, b = [await vast.create_instance(o, image="i", env={}, label=f"l{o}") for o in OFFERS[:2]]
         await vast.show_instance(a)
         await vast.show_instance(b)  # too soon: one 429, then the endpoint is paced

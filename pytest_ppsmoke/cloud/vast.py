@@ -201,7 +201,7 @@ class VastClient:
         self.stats = ApiStats()
         # the shared pacing (cloud/pacing.py), per endpoint: vast.ai's documented limits (read from its
         # files, vastdoc), and a threshold learned from a 429 that names it
-        table = {k: (int(checks.number(n, least=1)), checks.number(t, least=0)) for k, (n, t) in (
+        table = {k: (int(checks.number(n, least=1)), checks.number(t, above=0)) for k, (n, t) in (
             vastdoc.pace() if pace is None else pace
         ).items()}  # fmt: skip
         self.pacer = Pacer.of(table, margin=PACE_MARGIN, clock=clock, sleep=sleep)

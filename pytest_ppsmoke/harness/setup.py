@@ -270,7 +270,11 @@ async def _embedded(s: Settings, config: RunConfig, network: str, stages: int, d
             }  # fmt: skip
         # the emulator's own limits (the documented table at the time scale, or a test's failpoint)
         # pace the client from the first call: one table for both sides
-        pace = {k: (r.requests, r.window) if r.requests else (1, r.threshold) for k, r in fake.limiter.limits.items()}
+        pace = {
+            k: (r.requests, r.window) if r.requests else (1, r.threshold)
+            for k, r in fake.limiter.limits.items()
+            if r.threshold or r.requests
+        }
         vast = VastClient(fake.api_key, url, pace=pace)
         vast.deadline = deadline
     except BaseException:

@@ -33,15 +33,17 @@ class RateLimiter:
     move it); a limit by count refuses a call past its count in any window. ``limits``: the
     ``vast.rate_limit`` failpoint's value (``documented``: :func:`~..vastdoc.rate_limits`, the
     table read from vast.ai's files at ``PP_VAST_TIME_SCALE``; ``{}``: none) or endpoint name ->
-    a :class:`RateLimit` or (threshold, penalty); ``source`` keeps it as given."""
+    a :class:`RateLimit` or (threshold, penalty); ``source`` keeps it as given. ``scale``: the
+    documented table's time scale (default ``PP_VAST_TIME_SCALE``)."""
 
     def __init__(
         self,
         limits: str | Mapping[str, RateLimit | tuple[float, float]],
         clock: Callable[[], float] = time.monotonic,
+        scale: float | None = None,
     ) -> None:
         self.source, self.clock = limits, clock
-        table = vastdoc.rate_limits() if limits == "documented" else limits
+        table = vastdoc.rate_limits(scale) if limits == "documented" else limits
         assert not isinstance(table, str), f"unknown rate limits {limits!r}"
         self.limits = {k: v if isinstance(v, RateLimit) else RateLimit(*v) for k, v in table.items()}
         self._last: dict[tuple[str, str], float] = {}  # the last call let through
