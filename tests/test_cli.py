@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import CLI, SYNTH, TEST_TAG, alive, descendants, node_processes, run_cli, without_key
+from .helpers import CLI, SYNTH, SYNTH_SEED, TEST_TAG, alive, descendants, node_processes, run_cli, without_key
 
 pytestmark = pytest.mark.local
 
@@ -215,3 +216,22 @@ def test_nodes_exit_when_the_orchestrator_is_killed_outright(tmp_path: Path, syn
     proc.kill()  # no teardown at all; the embedded emulator dies too, and its nodes see stdin EOF
     proc.wait()
     assert not _wait_gone(spawned, 30)
+
+
+def test_eight_stages_run_within_vast_ais_rate_limits_and_none_answers_429(tmp_path: Path) -> None:
+    """Every documented rate limit is on in the embedded emulator (by default, at the suite's time
+    scale), and the client paces every endpoint by the same table: 8 stages rented, booted
+    (watched with one list a round), run and destroyed in parallel without a single 429."""
+    from pytest_ppsmoke.stage.synth import write
+
+    model = tmp_path / "synth-8.gguf"
+    write(model, dataclasses.replace(SYNTH, blocks=8), SYNTH_SEED)
+    report_path = tmp_path / "r.json"
+    args = ["--num-stages", "8", "--model", str(model), "--max-tokens", "4", "--reference", "off"]
+    out = run("--local", *args, "--report", str(report_path))
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(report_path.read_text())
+    assert report["ok"] is True and len(report["instances"]) == 8
+    api = report["vast_api"]
+    assert api["rate_limited"] == 0, api
+    assert api["endpoints"]["create"]["calls"] == api["endpoints"]["destroy"]["calls"] == 8, api
