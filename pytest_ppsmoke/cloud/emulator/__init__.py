@@ -31,12 +31,14 @@ each row of the spec's error table: ``FakeVast(faults=...)`` takes them in PP_FA
 as a mapping; without it, the emulator takes this process's (PP_FAILPOINTS, ``failpoints.scoped``).
 Instances are picked by their stage (``NodeEnv.stage`` in the create call's env), create calls by
 their number (1-based). Symptoms only a node can show are switched on in that node's environment
-(``NodeEnv.failpoints``). vast.ai's own misbehaviour, each off by default:
+(``NodeEnv.failpoints``). vast.ai's own misbehaviour, each off by default but its rate limits:
 
-- ``vast.rate_limit``: per endpoint and per identity (the key and the client's address: the
-  account key and a container's key count apart), a call within the endpoint's threshold of the
-  last one let through gets HTTP 429, and so does every call for the penalty that follows; the
-  body is plain text (``API requests too frequent endpoint threshold=4.5``), with no Retry-After.
+- ``vast.rate_limit`` (on by default: ``documented``, the table ``cloud/vastdoc.py`` reads from
+  vast.ai's OpenAPI files, at ``PP_VAST_TIME_SCALE``; ``off`` for none): per endpoint and per
+  identity (the key and the client's address: the account key and a container's key count
+  apart), a call within the endpoint's threshold of the last one let through gets HTTP 429, and
+  so does every call for the penalty that follows; the body is the documented JSON
+  (``{"detail": "API requests too frequent endpoint threshold=4.5"}``), with no Retry-After.
 - ``vast.race_offers``: that create call finds its offer rented by someone else between search and
   create: HTTP 404 ``no_such_ask`` ("Offer N is not available") or 410 ("... is no longer
   available"); the offer stays rented, so later searches no longer return it.
