@@ -33,7 +33,10 @@ UDP = {"-p 7000:7000/udp": "1"}  # how vast-cli asks for a forwarded UDP port
 @pytest_asyncio.fixture
 async def fake(request: pytest.FixtureRequest) -> AsyncIterator[FakeVast]:
     faults = getattr(request, "param", "")
-    async with FakeVast(api_key=KEY, faults=f"vast.boot_delay=0;{faults}", node_argv=SLEEPER) as vast:
+    # raw calls, one right after another, each checked for its answer: vast.ai's rate limits (on by
+    # default) are off here; they have tests of their own (test_fake_vast.py, test_vastdoc.py)
+    limits = "" if "vast.rate_limit" in faults else "vast.rate_limit=off;"
+    async with FakeVast(api_key=KEY, faults=f"vast.boot_delay=0;{limits}{faults}", node_argv=SLEEPER) as vast:
         yield vast
     assert not vast.live()
 
