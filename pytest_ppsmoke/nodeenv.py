@@ -69,7 +69,10 @@ KEY = checks.Check(
     show=bytes.hex,
     secret=True,
 )
-SECRET = checks.text(secret=True, expected="a key")
+# what vast.ai's host agent sets: read stripped, as every string vast.ai serves is padded (a key
+# with a newline would be refused by the API; an address with one, by iroh)
+SECRET = checks.Check("a key", str.strip, secret=True)
+AGENT_TEXT = checks.Check("text", str.strip)
 IDS = checks.Check(
     "endpoint ids, comma-separated",
     lambda raw: tuple(i.lower() for i in checks.items(raw)),
@@ -135,7 +138,7 @@ class NodeEnv:
     )
     relay: str = _var("", "PP_RELAY", TEXT, "wan: the relays (empty: n0's; off: none; or a dedicated relay's URL)")
     public_ipaddr: str = _var(
-        "", "PUBLIC_IPADDR", TEXT, "the instance's public address, in front of the forwarded ports", AGENT
+        "", "PUBLIC_IPADDR", AGENT_TEXT, "the instance's public address, in front of the forwarded ports", AGENT
     )
     join_timeout: float = _var(30.0, "PP_JOIN_TIMEOUT", SECONDS, "seconds to join through the seed")
     names: tuple[str, ...] = _var(
@@ -282,11 +285,11 @@ class NodeEnv:
     def public_udp(self, env: Mapping[str, str] | None = None) -> str | None:
         """``PUBLIC_IPADDR:VAST_UDP_PORT_<port>``: where vast.ai forwards the node's UDP port from
         (its host agent sets both when the create asked for the port); None where either is unset.
-        Both are stripped: vast.ai pads the strings it serves, and iroh refuses an address with a
-        newline in it. ValueError names the variable when the port is not one."""
+        Both are read stripped: vast.ai pads the strings it serves, and iroh refuses an address with
+        a newline in it. ValueError names the variable when the port is not one."""
         env = os.environ if env is None else env
         name = f"VAST_UDP_PORT_{self.port}"
-        raw, ip = env.get(name, "").strip(), self.public_ipaddr.strip()
+        raw, ip = env.get(name, "").strip(), self.public_ipaddr
         if not (self.port and ip and raw):
             return None
         try:

@@ -79,6 +79,17 @@ def test_secrets_never_show() -> None:
         NodeEnv().require("node_key")
 
 
+def test_what_vast_ais_host_agent_sets_is_read_stripped() -> None:
+    """vast.ai pads the strings it serves: the container's key and the public address are read
+    without their padding (a key with a newline is refused by the API, an address by iroh)."""
+    env = NodeEnv.from_env({"CONTAINER_API_KEY": f" {CONTAINER_KEY}\n", "PUBLIC_IPADDR": "203.0.113.7\n"})
+    assert env.container_api_key == CONTAINER_KEY and env.public_ipaddr == "203.0.113.7"
+    assert env.secrets() == [CONTAINER_KEY]
+    assert NodeEnv.from_env({"CONTAINER_API_KEY": " \n"}).container_api_key == ""  # blank is unset
+    env = NodeEnv.from_env({"PUBLIC_IPADDR": " 203.0.113.7 \n", "PP_PORT": "7000"})
+    assert env.public_udp({"VAST_UDP_PORT_7000": " 41234\n"}) == "203.0.113.7:41234"
+
+
 def test_the_secrets_are_the_secret_fields_that_are_set() -> None:
     """What a node redacts from its own log: every field whose form is secret, read off the table
     (a new secret variable joins without a hand list); unset ones are not secrets."""
