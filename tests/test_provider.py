@@ -7,12 +7,14 @@ turns of the loop, and every test asserts virtual seconds only."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 import pytest
 
 from pytest_ppsmoke.cloud.pacing import Pacer
-from pytest_ppsmoke.cloud.provider import Provider
+from pytest_ppsmoke.cloud.provider import Instance, Provider
 from pytest_ppsmoke.cloud.rental import Rental, RentalConfig, reap
+from pytest_ppsmoke.cloud.waits import wait_running
 from pytest_ppsmoke.harness.deployment import Deployment
 from pytest_ppsmoke.harness.runconfig import RunConfig
 from pytest_ppsmoke.protocol import PhaseError
@@ -75,6 +77,57 @@ async def test_a_host_that_never_boots_fails_the_boot_at_its_window_and_is_destr
     finally:
         await r.close()
     assert not provider.live() and [i.state for i in r.instances] == ["destroyed", "destroyed"]
+
+
+@dataclass
+class Unshown(MemProvider):
+    """Shows each new instance as null (vast.ai's ``{"instances": null}``) for ``hidden_s`` after
+    its create, then as it is."""
+
+    hidden_s: float = 30.0
+
+    async def show_instance(self, instance_id: int) -> Instance | None:
+        shown = await super().show_instance(instance_id)
+        inst = self.instances.get(instance_id)
+        if inst is not None and self.clock() < inst.created + self.hidden_s:
+            return None
+        return shown
+
+
+async def test_a_new_instance_shown_as_null_for_30_s_is_waited_for_within_its_boot_window() -> None:
+    """As vast-cli's wait loop: a null answer is polled through (ten of them at 3 s), never taken
+    for an instance gone; the boot window stays the deadline."""
+    clock = VirtualClock()
+    provider = Unshown(clock, boot_s=[45.0])
+    r = rental(provider, clock)
+    try:
+        await rent_all(r)
+        seen: list[Instance | None] = []
+        record = await wait_running(
+            provider, r.instances[0].id or 0, 60, 3.0, lambda _, rec: seen.append(rec), clock=clock, sleep=clock.sleep
+        )
+        assert record.actual_status == "running" and 45 <= clock.elapsed <= 48
+        assert seen[:10] == [None] * 10 and seen[10] is not None  # 0..27 s unshown, then loading
+        await r.wait_running(r.instances[1])  # through the rental too (its create came later)
+        assert r.instances[1].state == "running"
+    finally:
+        await r.close()
+    assert not provider.live()
+
+
+async def test_an_instance_never_shown_fails_at_its_boot_window_saying_so() -> None:
+    clock = VirtualClock()
+    provider = Unshown(clock, hidden_s=10_000.0)
+    r = rental(provider, clock)
+    try:
+        await rent_all(r)
+        with pytest.raises(PhaseError) as e:
+            await r.wait_running(r.instances[0])
+        assert "stage 0: not running within its 180 s boot window" in str(e.value)
+        assert "(never shown: every poll answered null)" in str(e.value)
+        assert 177 <= clock.elapsed <= 180 + r.config.poll_interval
+    finally:
+        await r.close()
 
 
 async def test_an_image_that_fails_to_pull_ends_the_boot_at_once_naming_the_fix() -> None:
