@@ -31,6 +31,10 @@ TRANSPORTS = ("local", "wan")
 REFERENCES = ("beside", "after")
 WORKER_ROLES = ("stage", "reference")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
+# the longest value one variable carries: a create's env on vast.ai takes at most 256 characters a
+# value (its ``x-input-validation``; tests/test_createlimits.py holds the two equal). A list that is
+# longer (a cluster's endpoint ids: 65 characters each) continues in numbered variables (``spill``)
+VALUE_MAX = 256
 
 
 # --- the forms of the variables: checks.Check, as the settings table's options use them ---------
@@ -95,10 +99,44 @@ class Var:
     form: checks.Check[Any]
     doc: str
     by: str
+    spill: bool = False  # a list longer than VALUE_MAX continues in NAME_1, NAME_2, ... (split between items)
+
+    def write(self, value: Any) -> dict[str, str]:
+        """The variables that carry ``value``: its name alone, or, for a spilled list, its name and
+        as many numbered ones as it takes, each at most :data:`VALUE_MAX` characters."""
+        text = "" if value is None else self.form.show(value)
+        if not self.spill or len(text) <= VALUE_MAX:
+            return {self.name: text}
+        chunks: list[list[str]] = [[]]
+        for item in value:
+            if len(item) > VALUE_MAX:
+                raise ValueError(f"{self.name}: an item of {len(item)} characters is over {VALUE_MAX}")
+            if chunks[-1] and len(self.form.show((*chunks[-1], item))) > VALUE_MAX:
+                chunks.append([])
+            chunks[-1].append(item)
+        return {self.continued(n): self.form.show(tuple(c)) for n, c in enumerate(chunks)}
+
+    def continued(self, n: int) -> str:
+        """The variable of a spilled list's ``n``-th part: its own name for the first, then NAME_1, ..."""
+        return f"{self.name}_{n}" if n else self.name
+
+    def raw(self, env: Mapping[str, str]) -> str:
+        """What ``env`` sets for it ("" for unset); a spilled list's parts joined, from its own
+        variable through each numbered one up to the first that is unset."""
+        text = env.get(self.name, "")
+        if not self.spill or not text:
+            return text
+        parts, n = [text], 1
+        while env.get(self.continued(n), ""):
+            parts.append(env[self.continued(n)])
+            n += 1
+        return ",".join(parts)
 
 
-def _var(default: Any, name: str, form: checks.Check[Any], doc: str, by: str = ORCHESTRATOR) -> Any:
-    return field(default=default, repr=not form.secret, metadata={"var": Var(name, form, doc, by)})
+def _var(
+    default: Any, name: str, form: checks.Check[Any], doc: str, by: str = ORCHESTRATOR, *, spill: bool = False
+) -> Any:
+    return field(default=default, repr=not form.secret, metadata={"var": Var(name, form, doc, by, spill)})
 
 
 @dataclass(frozen=True)
@@ -114,7 +152,13 @@ class NodeEnv:
     model: str = _var("smollm2:135m", "MODEL", TEXT, "a model name (the model table) or a GGUF path")
     # the cluster
     node_key: bytes = _var(b"", "PP_NODE_KEY", KEY, "this node's secret key, 64 hex; never logged or reported")
-    allowed_ids: tuple[str, ...] = _var((), "PP_ALLOWED_IDS", IDS, "the endpoint ids that may connect (empty: any)")
+    allowed_ids: tuple[str, ...] = _var(
+        (),
+        "PP_ALLOWED_IDS",
+        IDS,
+        "the endpoint ids that may connect (empty: any); past 256 characters, continued in PP_ALLOWED_IDS_1, ...",
+        spill=True,
+    )
     transport: str = _var(
         "local",
         "PP_TRANSPORT",
@@ -256,7 +300,7 @@ class NodeEnv:
         out = {}
         for name in names:
             var = _VARS[name]
-            raw = env.get(var.name, "")
+            raw = var.raw(env)
             if raw == "":
                 continue
             try:
@@ -273,13 +317,14 @@ class NodeEnv:
         return cls(**cls.read(env, *(only if only is not None else _VARS)))
 
     def to_env(self) -> dict[str, str]:
-        """The variables of every field that differs from its default."""
+        """The variables of every field that differs from its default (a spilled list's parts,
+        :meth:`Var.write`)."""
         out = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if value != f.default:
                 var: Var = f.metadata["var"]
-                out[var.name] = "" if value is None else var.form.show(value)
+                out.update(var.write(value))
         return out
 
     def public_udp(self, env: Mapping[str, str] | None = None) -> str | None:
