@@ -96,7 +96,7 @@ def _least_disk(gb: float) -> bool:
     return True
 
 
-_DISK = checks.Check("a number of GB", float, _least_disk, types=(int, float))
+_DISK = checks.Check("a number of GB", float, _least_disk, types=(int, float), show=lambda x: f"{x:g}")
 _ON_OFF = checks.switch("on", "off")
 _PATH: checks.Check[Path] = checks.Check("a path", Path, types=(Path,))
 _PORT = checks.Check("a UDP port (1..65535), or 0 for none", checks.integer, lambda n: 0 <= n <= 65535, types=(int,))
