@@ -31,6 +31,10 @@ TRANSPORTS = ("local", "wan")
 REFERENCES = ("beside", "after")
 WORKER_ROLES = ("stage", "reference")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
+# the longest value one variable carries: a create's env on vast.ai takes at most 256 characters a
+# value (its ``x-input-validation``; tests/test_createlimits.py holds the two equal). A list that is
+# longer (a cluster's endpoint ids: 65 characters each) continues in numbered variables (``spill``)
+VALUE_MAX = 256
 
 
 # --- the forms of the variables: checks.Check, as the settings table's options use them ---------
@@ -69,7 +73,10 @@ KEY = checks.Check(
     show=bytes.hex,
     secret=True,
 )
-SECRET = checks.text(secret=True, expected="a key")
+# what vast.ai's host agent sets: read stripped, as every string vast.ai serves is padded (a key
+# with a newline would be refused by the API; an address with one, by iroh)
+SECRET = checks.Check("a key", str.strip, secret=True)
+AGENT_TEXT = checks.Check("text", str.strip)
 IDS = checks.Check(
     "endpoint ids, comma-separated",
     lambda raw: tuple(i.lower() for i in checks.items(raw)),
@@ -92,10 +99,44 @@ class Var:
     form: checks.Check[Any]
     doc: str
     by: str
+    spill: bool = False  # a list longer than VALUE_MAX continues in NAME_1, NAME_2, ... (split between items)
+
+    def write(self, value: Any) -> dict[str, str]:
+        """The variables that carry ``value``: its name alone, or, for a spilled list, its name and
+        as many numbered ones as it takes, each at most :data:`VALUE_MAX` characters."""
+        text = "" if value is None else self.form.show(value)
+        if not self.spill or len(text) <= VALUE_MAX:
+            return {self.name: text}
+        chunks: list[list[str]] = [[]]
+        for item in value:
+            if len(item) > VALUE_MAX:
+                raise ValueError(f"{self.name}: an item of {len(item)} characters is over {VALUE_MAX}")
+            if chunks[-1] and len(self.form.show((*chunks[-1], item))) > VALUE_MAX:
+                chunks.append([])
+            chunks[-1].append(item)
+        return {self.continued(n): self.form.show(tuple(c)) for n, c in enumerate(chunks)}
+
+    def continued(self, n: int) -> str:
+        """The variable of a spilled list's ``n``-th part: its own name for the first, then NAME_1, ..."""
+        return f"{self.name}_{n}" if n else self.name
+
+    def raw(self, env: Mapping[str, str]) -> str:
+        """What ``env`` sets for it ("" for unset); a spilled list's parts joined, from its own
+        variable through each numbered one up to the first that is unset."""
+        text = env.get(self.name, "")
+        if not self.spill or not text:
+            return text
+        parts, n = [text], 1
+        while env.get(self.continued(n), ""):
+            parts.append(env[self.continued(n)])
+            n += 1
+        return ",".join(parts)
 
 
-def _var(default: Any, name: str, form: checks.Check[Any], doc: str, by: str = ORCHESTRATOR) -> Any:
-    return field(default=default, repr=not form.secret, metadata={"var": Var(name, form, doc, by)})
+def _var(
+    default: Any, name: str, form: checks.Check[Any], doc: str, by: str = ORCHESTRATOR, *, spill: bool = False
+) -> Any:
+    return field(default=default, repr=not form.secret, metadata={"var": Var(name, form, doc, by, spill)})
 
 
 @dataclass(frozen=True)
@@ -111,7 +152,13 @@ class NodeEnv:
     model: str = _var("smollm2:135m", "MODEL", TEXT, "a model name (the model table) or a GGUF path")
     # the cluster
     node_key: bytes = _var(b"", "PP_NODE_KEY", KEY, "this node's secret key, 64 hex; never logged or reported")
-    allowed_ids: tuple[str, ...] = _var((), "PP_ALLOWED_IDS", IDS, "the endpoint ids that may connect (empty: any)")
+    allowed_ids: tuple[str, ...] = _var(
+        (),
+        "PP_ALLOWED_IDS",
+        IDS,
+        "the endpoint ids that may connect (empty: any); past 256 characters, continued in PP_ALLOWED_IDS_1, ...",
+        spill=True,
+    )
     transport: str = _var(
         "local",
         "PP_TRANSPORT",
@@ -135,7 +182,7 @@ class NodeEnv:
     )
     relay: str = _var("", "PP_RELAY", TEXT, "wan: the relays (empty: n0's; off: none; or a dedicated relay's URL)")
     public_ipaddr: str = _var(
-        "", "PUBLIC_IPADDR", TEXT, "the instance's public address, in front of the forwarded ports", AGENT
+        "", "PUBLIC_IPADDR", AGENT_TEXT, "the instance's public address, in front of the forwarded ports", AGENT
     )
     join_timeout: float = _var(30.0, "PP_JOIN_TIMEOUT", SECONDS, "seconds to join through the seed")
     names: tuple[str, ...] = _var(
@@ -253,7 +300,7 @@ class NodeEnv:
         out = {}
         for name in names:
             var = _VARS[name]
-            raw = env.get(var.name, "")
+            raw = var.raw(env)
             if raw == "":
                 continue
             try:
@@ -270,23 +317,24 @@ class NodeEnv:
         return cls(**cls.read(env, *(only if only is not None else _VARS)))
 
     def to_env(self) -> dict[str, str]:
-        """The variables of every field that differs from its default."""
+        """The variables of every field that differs from its default (a spilled list's parts,
+        :meth:`Var.write`)."""
         out = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if value != f.default:
                 var: Var = f.metadata["var"]
-                out[var.name] = "" if value is None else var.form.show(value)
+                out.update(var.write(value))
         return out
 
     def public_udp(self, env: Mapping[str, str] | None = None) -> str | None:
         """``PUBLIC_IPADDR:VAST_UDP_PORT_<port>``: where vast.ai forwards the node's UDP port from
         (its host agent sets both when the create asked for the port); None where either is unset.
-        Both are stripped: vast.ai pads the strings it serves, and iroh refuses an address with a
-        newline in it. ValueError names the variable when the port is not one."""
+        Both are read stripped: vast.ai pads the strings it serves, and iroh refuses an address with
+        a newline in it. ValueError names the variable when the port is not one."""
         env = os.environ if env is None else env
         name = f"VAST_UDP_PORT_{self.port}"
-        raw, ip = env.get(name, "").strip(), self.public_ipaddr.strip()
+        raw, ip = env.get(name, "").strip(), self.public_ipaddr
         if not (self.port and ip and raw):
             return None
         try:

@@ -24,6 +24,9 @@ CONVERGE_TIMEOUT = 120.0  # SWIM: every member alive in every view
 RESOLVE_TIMEOUT = 60.0  # every stage name
 BUDGET = 300.0  # the spec's verdict within 5 minutes: a run's wall clock, teardown included
 DIRECT_PORT = 7000  # the UDP port each create asks vast.ai to forward, and its node binds
+# the least disk (GB) vast.ai takes for a create: its description's (x-input-validation), which
+# tests/test_createlimits.py holds this to; here so that the settings can refuse less up front
+LEAST_DISK_GB = 8.0
 
 # the GPUs the node image can run: the compute capabilities (vast.ai's ``compute_cap``, x100) of
 # the GPUs vast.ai rents that the image's NVRTC (12.4: sm_50 to sm_90) compiles tinygrad's f16 and

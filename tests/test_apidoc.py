@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -24,7 +27,7 @@ pytestmark = pytest.mark.local
 
 def test_the_vendored_files_are_upstreams_byte_for_byte() -> None:
     """Each file's git blob id is the one UPSTREAM names (as ``git ls-tree`` at that commit shows
-    it, which ``python -m pytest_ppsmoke.cloud.emulator.apidoc --upstream CLONE`` checks against
+    it; ``python -m pytest_ppsmoke.cloud.emulator.apidoc --upstream CLONE`` checks against
     a clone); a byte changed, a file added or one missing is named."""
     up = apidoc.upstream()
     assert (
@@ -43,6 +46,63 @@ def test_the_vendored_files_are_upstreams_byte_for_byte() -> None:
              ("GET", "/api/v0/users/current")]  # fmt: skip
     for method, path in calls:
         assert apidoc.find(method, path) is not None, (method, path)
+
+
+def _git(repo: Path, *args: str) -> str:
+    cmd = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "commit.gpgsign=false"]
+    return subprocess.run([*cmd, *args], capture_output=True, text=True, check=True, timeout=60).stdout
+
+
+def test_upstream_names_each_vendored_file_changed_since_its_commit_in_a_clone_or_a_plain_tree(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--upstream CLONE``: each vendored file's blob at UPSTREAM's commit against the clone's
+    newest commit (a temporary repository: the files as vendored, then a commit that changes one
+    and removes another), or, for a plain tree (``git archive``'s, no .git), the files on disk
+    hashed as git does. Nothing is fetched."""
+    up = apidoc.upstream()
+    repo = tmp_path / "docs"
+    where = repo / up["path"]
+    where.mkdir(parents=True)
+    for p in apidoc.DOCS.glob("*.yaml"):
+        shutil.copyfile(p, where / p.name)
+    _git(repo, "init", "-q")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "as vendored")
+    what, problems = apidoc.changed_upstream(repo)
+    assert problems == [] and "newest commit" in what
+    with pytest.raises(SystemExit) as e:
+        apidoc.main(["--upstream", str(repo)])
+    assert e.value.code == 0 and "and none changed since in" in capsys.readouterr().out
+
+    (where / "create_instance.yaml").write_bytes((where / "create_instance.yaml").read_bytes() + b"# new\n")
+    (where / "logs.yaml").unlink()
+    _git(repo, "commit", "-qam", "a change upstream")
+    _, problems = apidoc.changed_upstream(repo)
+    assert [p.split(":")[0] for p in problems] == ["create_instance.yaml", "logs.yaml"], problems
+    assert problems[0].startswith(f"create_instance.yaml: changed upstream since {up['commit'][:12]}: blob ")
+    assert "removed upstream" in problems[1]
+    with pytest.raises(SystemExit) as e:
+        apidoc.main(["--upstream", str(repo)])
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and "apidoc: create_instance.yaml: changed upstream" in err and "Traceback" not in err
+
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    archive = subprocess.run(["git", "-C", str(repo), "archive", "HEAD"], capture_output=True, check=True, timeout=60)
+    subprocess.run(["tar", "-x", "-C", str(plain)], input=archive.stdout, check=True, timeout=60)
+    assert not (plain / ".git").exists()
+    what, plain_problems = apidoc.changed_upstream(plain)
+    assert "no git" in what
+    assert [p.split(":")[0] for p in plain_problems] == ["create_instance.yaml", "logs.yaml"], plain_problems
+    shutil.copyfile(apidoc.DOCS / "logs.yaml", plain / up["path"] / "logs.yaml")
+    shutil.copyfile(apidoc.DOCS / "create_instance.yaml", plain / up["path"] / "create_instance.yaml")
+    assert apidoc.changed_upstream(plain)[1] == []
+
+    with pytest.raises(SystemExit) as e:  # neither: one line, no traceback
+        apidoc.main(["--upstream", str(tmp_path / "nothing")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("apidoc: --upstream: ") and "Traceback" not in err
 
 
 def test_every_allowed_disagreement_names_its_source() -> None:

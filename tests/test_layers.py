@@ -188,7 +188,7 @@ def cloud_crossings(edges: dict[str, list[tuple[int, str]]]) -> list[str]:
 # the provider seam (cloud/provider.py): vast.ai's client, its records and the emulator are named
 # only inside cloud/ and by harness/setup.py (where a run picks its provider); never by the neutral
 # modules of cloud/ itself, nor by the in-memory provider of the tests
-PROVIDER_MODULES = ("cloud.vast", "cloud.vastrecords", "cloud.vastdoc", "cloud.emulator")
+PROVIDER_MODULES = ("cloud.vast", "cloud.vastrecords", "cloud.vastdoc", "cloud.createlimits", "cloud.emulator")
 PROVIDER_NAMERS = ("cloud", "harness.setup")
 NEUTRAL = ("cloud.provider", "cloud.rental", "cloud.waits", "cloud.preflight")
 TESTS = Path(__file__).resolve().parent

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from pytest_ppsmoke.cloud.emulator.server import FakeVast
+from pytest_ppsmoke.cloud.own import own_instance
 from pytest_ppsmoke.cloud.vast import VastClient
 from pytest_ppsmoke.cloud.vastrecords import OfferQuery
 from pytest_ppsmoke.nodeenv import NodeEnv
@@ -91,6 +92,23 @@ async def test_without_a_container_the_guard_only_stops_the_node(nodes, monkeypa
     stop = asyncio.Event()
     await asyncio.wait_for(guard_lifetime(node, settings(cfg, ttl=0.3, grace=60), stop), 5)
     assert stop.is_set()
+
+
+async def test_a_padded_container_key_still_destroys_its_instance(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vast.ai pads the strings it serves: ``CONTAINER_API_KEY`` as " key\\n" is read stripped by
+    ``NodeEnv``, and the emulator (which checks the container's key) takes the destroy it sends."""
+    async with FakeVast(node_argv=SLEEPER) as fake:
+        iid = await rented(fake, monkeypatch)
+        key = fake.instances[iid].container_key
+        monkeypatch.setenv("CONTAINER_API_KEY", f" {key}\n")
+        monkeypatch.setenv("CONTAINER_ID", f"{iid}")
+        env = NodeEnv.from_env(only=("container_id", "container_api_key", "vast_url"))
+        assert env.container_api_key == key
+        own = own_instance(env)
+        assert own is not None and key not in repr(own)
+        assert await own.destroy() is True
+        assert fake.live() == [] and [i.id for i in fake.destroyed] == [iid]
+        assert ("DELETE", f"/api/v0/instances/{iid}/", 200) in fake.requests
 
 
 class Clock:

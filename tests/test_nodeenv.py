@@ -79,6 +79,35 @@ def test_secrets_never_show() -> None:
         NodeEnv().require("node_key")
 
 
+def test_what_vast_ais_host_agent_sets_is_read_stripped() -> None:
+    """vast.ai pads the strings it serves: the container's key and the public address are read
+    without their padding (a key with a newline is refused by the API, an address by iroh)."""
+    env = NodeEnv.from_env({"CONTAINER_API_KEY": f" {CONTAINER_KEY}\n", "PUBLIC_IPADDR": "203.0.113.7\n"})
+    assert env.container_api_key == CONTAINER_KEY and env.public_ipaddr == "203.0.113.7"
+    assert env.secrets() == [CONTAINER_KEY]
+    assert NodeEnv.from_env({"CONTAINER_API_KEY": " \n"}).container_api_key == ""  # blank is unset
+    env = NodeEnv.from_env({"PUBLIC_IPADDR": " 203.0.113.7 \n", "PP_PORT": "7000"})
+    assert env.public_udp({"VAST_UDP_PORT_7000": " 41234\n"}) == "203.0.113.7:41234"
+
+
+def test_a_long_id_list_spills_into_numbered_variables_of_at_most_256_characters() -> None:
+    """A cluster of 8 stages and the orchestrator: nine endpoint ids, 584 characters as one list,
+    travel in PP_ALLOWED_IDS, PP_ALLOWED_IDS_1 and PP_ALLOWED_IDS_2 (three ids each), every id
+    whole, and read back as the same nine; a list that fits stays in one variable."""
+    ids = tuple(f"{n:02x}" * 32 for n in range(9))
+    env = NodeEnv(stage=7, num_stages=8, allowed_ids=ids).to_env()
+    parts = [k for k in env if k.startswith("PP_ALLOWED_IDS")]
+    assert parts == ["PP_ALLOWED_IDS", "PP_ALLOWED_IDS_1", "PP_ALLOWED_IDS_2"]
+    assert all(len(v) <= nodeenv.VALUE_MAX for v in env.values())
+    assert [len(env[k].split(",")) for k in parts] == [3, 3, 3]
+    assert NodeEnv.from_env(env).allowed_ids == ids
+    assert list(NodeEnv(allowed_ids=ids[:3]).to_env()) == ["PP_ALLOWED_IDS"]
+    # read up to the first part unset: a later one alone is not read; none reaches a local node
+    gap = {"PP_ALLOWED_IDS": env["PP_ALLOWED_IDS"], "PP_ALLOWED_IDS_2": env["PP_ALLOWED_IDS_2"]}
+    assert NodeEnv.from_env(gap).allowed_ids == ids[:3]
+    assert nodeenv.inherited(env) == {}
+
+
 def test_the_secrets_are_the_secret_fields_that_are_set() -> None:
     """What a node redacts from its own log: every field whose form is secret, read off the table
     (a new secret variable joins without a hand list); unset ones are not secrets."""

@@ -3,6 +3,8 @@ emulator's limiter and the client's pace come from."""
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import shutil
 from pathlib import Path
 
@@ -14,7 +16,9 @@ from pytest_ppsmoke.cloud.vast import PACE_MARGIN, VastClient
 from pytest_ppsmoke.cloud.vastdoc import RateLimit
 from pytest_ppsmoke.protocol import VAST_ENDPOINTS
 
+from .memprovider import MemProvider, VirtualClock, offers
 from .smoke import KEY
+from .test_provider import rent_all, rental
 
 pytestmark = pytest.mark.local
 
@@ -57,3 +61,43 @@ async def test_a_changed_threshold_in_a_copy_moves_the_emulator_and_the_client_a
     monkeypatch.setenv(vastdoc.ENV_SCALE, "0")
     with pytest.raises(ValueError, match="PP_VAST_TIME_SCALE"):
         vastdoc.time_scale()
+
+
+def within(times: list[float], limit: RateLimit) -> bool:
+    """Whether calls made at ``times`` keep within ``limit`` as the provider counts them."""
+    times = sorted(times)
+    if limit.requests:
+        return all(b - a >= limit.window for a, b in zip(times, times[limit.requests :], strict=False))
+    return all(b - a >= limit.threshold for a, b in itertools.pairwise(times))
+
+
+@pytest.mark.parametrize("stages", [2, 8])
+async def test_the_boot_waits_lists_and_destroys_keep_within_vast_ais_documented_limits(stages: int) -> None:
+    """vast.ai's own table (read from its files, at its own seconds) paces the shared code on a
+    virtual clock: 2 and 8 stages rented, their boots watched with one list a round (not a show per
+    instance: show's 2 s is per client), the hosts watched, then destroyed in parallel; every
+    endpoint's calls keep within its limit, and none waited a penalty."""
+    limits = vastdoc.rate_limits(scale=1)
+    assert limits["create"] == RateLimit(4.5, 12.0) and limits["show"].threshold == 2.0
+    clock = VirtualClock()
+    provider = MemProvider(clock, catalogue=offers(stages + 2), boot_s=[20.0, 45.0], pace=vastdoc.pace(scale=1))
+    r = rental(provider, clock, num_stages=stages)
+    try:
+        await rent_all(r)
+        await asyncio.gather(*(r.wait_running(i) for i in r.instances))
+        lost: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        watch = asyncio.ensure_future(r.watch(lost))
+        await clock.sleep(30.0)
+        watch.cancel()
+        await asyncio.gather(watch, return_exceptions=True)
+        assert not lost.done()
+    finally:
+        await r.close()
+    assert not provider.live() and provider.calls["create"] == provider.calls["destroy"] == stages
+    for name, times in provider.times.items():
+        if name in limits:
+            assert within(times, limits[name]), (name, times)
+    # the boot waits' polls were lists, one a round for all; shows only check the destroys
+    assert provider.calls["show"] <= stages and r.board.lists >= 2
+    # ... and the creates spaced by create's threshold took (stages - 1) x 4.5 s at least
+    assert provider.times["create"][-1] - provider.times["create"][0] >= (stages - 1) * 4.5

@@ -55,7 +55,7 @@ import aiohttp
 from .. import checks
 from ..protocol import VAST_ENDPOINTS
 from ..redact import Redactor
-from . import vastdoc
+from . import createlimits, vastdoc
 from .pacing import Pacer
 
 # the records, re-exported: code that rents through the client may name them from here
@@ -365,17 +365,8 @@ class VastClient:
         """Rent ``offer_id``; returns the new instance id. ``label`` must be unique to this
         instance: it is how a create whose answer was lost is found again."""
         path = f"/api/v0/asks/{offer_id}/"
-        body = {
-            "client_id": "me",
-            "image": image,
-            "env": dict(env),
-            "disk": disk_gb,
-            "label": label,
-            "onstart": onstart,
-            "runtype": "args",  # run the image's entrypoint (pp-gpu-node)
-            "price": None,  # on-demand
-            "cancel_unavail": True,  # an error if the host cannot schedule it, never a stopped instance
-        }
+        body = create_body(image=image, env=env, label=label, disk_gb=disk_gb, onstart=onstart)
+        createlimits.check(body)  # over a documented limit: refused here, unsent (OverLimit)
         retries = _Retries(self, "PUT", path)
         while True:
             status, text, last, retry_after = await self._send("PUT", path, body, None)
@@ -537,6 +528,23 @@ class OwnVastInstance:
     async def destroy(self) -> bool:
         async with VastClient(self._key, self.url, timeout=10, attempts=4) as vast:
             return await vast.destroy_instance(self._id)
+
+
+def create_body(
+    *, image: str, env: Mapping[str, str], label: str, disk_gb: float, onstart: str | None = None
+) -> dict[str, Any]:
+    """What a create sends (``PUT /api/v0/asks/{id}/``), as vast-cli sends it: ``env`` an object."""
+    return {
+        "client_id": "me",
+        "image": image,
+        "env": dict(env),
+        "disk": disk_gb,
+        "label": label,
+        "onstart": onstart,
+        "runtype": "args",  # run the image's entrypoint (pp-gpu-node)
+        "price": None,  # on-demand
+        "cancel_unavail": True,  # an error if the host cannot schedule it, never a stopped instance
+    }
 
 
 def strip_strings(value: Any) -> Any:

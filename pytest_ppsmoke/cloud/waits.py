@@ -8,14 +8,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 
-from .provider import DEAD_STATES, Instance, NeverRuns, Provider, ProviderError
+from .provider import DEAD_STATES, Instance, NeverRuns, Provider
 
 Clock = Callable[[], float]
 Sleep = Callable[[float], Awaitable[None]]
 
 _ERROR_WORDS = ("error", "fail", "denied", "unauthorized", "not found", "manifest unknown", "does not exist")
 _PULL_WORDS = ("pull", "manifest", "not found", "unauthorized", "denied", "repository", "reference")
-SHOWN_LATE = 3  # polls a new instance may go unshown before it counts as gone
 
 
 def start_failure(status_msg: str) -> str | None:
@@ -71,20 +70,26 @@ async def wait_running(
     """Poll until ``actual_status`` is ``running``; at most ``polls`` polls, ``interval`` apart.
     Fails at once (:class:`NeverRuns`) on a state that never becomes running (:data:`DEAD_STATES`)
     and on a ``status_msg`` that names an error (:func:`start_failure`: a pull the host retries
-    for hours); ProviderError once the instance is no longer shown; TimeoutError when the polls
-    are spent. A host that is merely slow gets every poll. ``look``: how a poll reads the record
-    (default: the provider's show; a :class:`Board`'s look: a list shared by every wait)."""
+    for hours); TimeoutError when the polls are spent (ProviderError: the provider's own, from a
+    show it gave up on). A host that is merely slow gets every poll. ``look``: how a poll reads
+    the record (default: the provider's show; a :class:`Board`'s look: a list shared by every wait).
+
+    An instance shown as null (vast.ai's answer for one it does not show) is polled through, as
+    vast-cli's own wait loop does ("No information returned ... Retrying"): a new instance can be
+    invisible for a while after its create, and the polls remain the deadline."""
     last: Instance | None = None
+    unshown = 0  # the polls in a row that showed no record
     started = clock()
     for poll in range(1, polls + 1):
-        last = await (look or provider.show_instance)(instance_id)
+        shown = await (look or provider.show_instance)(instance_id)
         if on_poll is not None:
-            on_poll(poll, last)
-        if last is None and poll > SHOWN_LATE:  # a new instance can take a moment to be shown
-            raise ProviderError(f"instance {instance_id} no longer exists", 200)
-        if last is None:
-            await sleep(interval)
+            on_poll(poll, shown)
+        if shown is None:
+            unshown += 1
+            if poll < polls:
+                await sleep(interval)
             continue
+        last, unshown = shown, 0
         state = last.actual_status
         if state == "running":
             return last
@@ -96,9 +101,9 @@ async def wait_running(
             raise NeverRuns(f"instance {instance_id} is {state or 'new'}, and its {failure} failed: {msg}", failure)
         if poll < polls:
             await sleep(interval)
-    state = last.actual_status if last else None
-    msg = (last.status_msg if last else "") or "no status message"
-    raise TimeoutError(
-        f"instance {instance_id} not running after {polls} polls in {clock() - started:.1f} s "
-        f"(last status {state!r}: {msg})"
-    )
+    took = f"instance {instance_id} not running after {polls} polls in {clock() - started:.1f} s"
+    if last is None:
+        raise TimeoutError(f"{took} (never shown: every poll answered null)")
+    msg = last.status_msg or "no status message"
+    gone = f"; not shown in its last {unshown} polls" if unshown else ""
+    raise TimeoutError(f"{took} (last status {last.actual_status!r}: {msg}{gone})")

@@ -32,6 +32,7 @@ from ..protocol import (
     BUDGET,
     CONVERGE_TIMEOUT,
     DIRECT_PORT,
+    LEAST_DISK_GB,
     RESOLVE_TIMEOUT,
     WIRE_DTYPES,
 )
@@ -83,6 +84,17 @@ def _grid(text: str) -> str:
 
 _TEXT = checks.text(nonempty=True)
 _POSITIVE = checks.numbers(above=0)
+
+
+def _least_disk(gb: float) -> bool:
+    """At least the disk vast.ai documents as a create's least (``protocol.LEAST_DISK_GB``)."""
+    least = LEAST_DISK_GB
+    if not gb >= least:
+        raise checks.Invalid(f"must be at least {least:g} GB (the least disk vast.ai takes for a create), got {gb:g}")
+    return True
+
+
+_DISK = checks.Check("a number of GB", float, _least_disk, types=(int, float), show=lambda x: f"{x:g}")
 _ON_OFF = checks.switch("on", "off")
 _PATH: checks.Check[Path] = checks.Check("a path", Path, types=(Path,))
 _PORT = checks.Check("a UDP port (1..65535), or 0 for none", checks.integer, lambda n: 0 <= n <= 65535, types=(int,))
@@ -259,7 +271,7 @@ class Settings:
         group="local",
     )
     image: str = option(DEFAULT_IMAGE, "the node image", _TEXT, group="instances", metavar="IMAGE:TAG")
-    disk: float = option(OfferQuery.disk_gb, "disk per instance, GB", _POSITIVE, group="instances", metavar="GB")
+    disk: float = option(OfferQuery.disk_gb, "disk per instance, GB", _DISK, group="instances", metavar="GB")
     gpu_ram: float = option(
         OfferQuery.gpu_ram_gb, "least GPU RAM per instance, GB", _POSITIVE, group="instances", metavar="GB"
     )

@@ -15,7 +15,7 @@ A disagreement that vast.ai's live API is known to accept (vast-cli sends it, or
 The middleware (``api._gate``) fails the call on a violation where ``PP_EMULATOR_OPENAPI`` is
 ``strict`` (the test suite sets it) and logs it otherwise.
 
-    python -m pytest_ppsmoke.cloud.emulator.apidoc [--upstream CLONE]
+    python -m pytest_ppsmoke.cloud.emulator.apidoc [--upstream CLONE]   # CLONE: a clone, or a plain tree
 """
 
 from __future__ import annotations
@@ -311,12 +311,10 @@ def upstream() -> dict[str, str]:
     return head
 
 
-def check_vendored(clone: Path | None = None) -> list[str]:
+def check_vendored() -> list[str]:
     """What differs: each vendored file against the blob id ``UPSTREAM`` names, every file named
-    there present and none unnamed; with ``clone`` (a clone of the repository), each id against
-    that commit's own tree."""
-    up = upstream()
-    named = {k[5:]: v for k, v in up.items() if k.startswith("file:")}
+    there present and none unnamed."""
+    named = _named()
     have = {p.name for p in DOCS.glob("*.yaml")}
     problems = [f"{n}: vendored but not in UPSTREAM" for n in sorted(have - set(named))]
     problems += [f"{n}: in UPSTREAM but not vendored" for n in sorted(set(named) - have)]
@@ -324,31 +322,115 @@ def check_vendored(clone: Path | None = None) -> list[str]:
         got = blob_id((DOCS / name).read_bytes())
         if got != named[name]:
             problems.append(f"{name}: blob {got}, UPSTREAM names {named[name]} (the file was changed)")
-    if clone is not None:
-        tree = subprocess.run(
-            ["git", "-C", str(clone), "ls-tree", up["commit"], up["path"]],
-            capture_output=True, text=True, check=True, timeout=60,
-        ).stdout  # fmt: skip
-        theirs = {line.split("\t")[1].rsplit("/", 1)[1]: line.split()[2] for line in tree.splitlines()}
-        for name, blob in sorted(named.items()):
-            if theirs.get(name) != blob:
-                problems.append(f"{name}: {up['repository']} at {up['commit'][:12]} has {theirs.get(name)}, not {blob}")
     return problems
+
+
+def _named() -> dict[str, str]:
+    return {k[5:]: v for k, v in upstream().items() if k.startswith("file:")}
+
+
+class NotATree(ValueError):
+    """``--upstream`` names something that is not a tree of the repository ``UPSTREAM`` names."""
+
+
+def _git(clone: Path, *args: str) -> str:
+    try:
+        done = subprocess.run(["git", "-C", str(clone), *args], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise NotATree(f"git {' '.join(args)} in {clone}: {e}") from None
+    if done.returncode != 0:
+        raise NotATree(f"git {' '.join(args)} in {clone}: {done.stderr.strip() or f'exit {done.returncode}'}")
+    return done.stdout
+
+
+def _is_git(clone: Path) -> bool:
+    """A clone (its work tree, or a bare one) rather than a plain tree (``git archive``'s)."""
+    return (clone / ".git").exists() or ((clone / "HEAD").is_file() and (clone / "objects").is_dir())
+
+
+def _tree_blobs(clone: Path, commit: str, path: str) -> dict[str, str]:
+    """The blob ids of the files directly under ``path`` at ``commit``, by name."""
+    out = {}
+    for line in _git(clone, "ls-tree", commit, "--", path).splitlines():
+        meta, _, name = line.partition("\t")
+        parts = meta.split()
+        if len(parts) == 3 and parts[1] == "blob":
+            out[name.rsplit("/", 1)[-1]] = parts[2]
+    return out
+
+
+def changed_upstream(clone: Path) -> tuple[str, list[str]]:
+    """Each vendored file that changed upstream since ``UPSTREAM``'s commit: ``clone`` is a clone
+    of the repository (its newest commit, ``HEAD``, against the blob ids at ``UPSTREAM``'s commit,
+    which, where the clone holds that commit, are checked to be the ones ``UPSTREAM`` names) or a
+    plain tree of it, as ``git archive`` writes one (each file hashed as git hashes it). Returns
+    what was compared (for the report) and one line per difference; NotATree when ``clone`` is
+    neither."""
+    up, named = upstream(), _named()
+    where = up["path"].rstrip("/")
+    problems: list[str] = []
+    if _is_git(clone):
+        newest = _git(clone, "rev-parse", "HEAD").strip()
+        if _has(clone, up["commit"]):
+            then = _tree_blobs(clone, up["commit"], where + "/")
+            for name, blob in sorted(named.items()):
+                if then.get(name) != blob:
+                    problems.append(f"{name}: {up['repository']} at {up['commit'][:12]} has {then.get(name)}, "
+                                    f"not {blob} (UPSTREAM is wrong)")  # fmt: skip
+        now = _tree_blobs(clone, newest, where + "/")
+        what = f"{clone}'s newest commit, {newest[:12]}"
+    else:
+        tree = clone / where
+        if not tree.is_dir():
+            raise NotATree(f"{clone} is neither a clone of {up['repository']} nor a tree of it (no {up['path']})")
+        now = {p.name: blob_id(p.read_bytes()) for p in tree.iterdir() if p.is_file()}
+        what = f"the tree {clone} (no git: its files hashed as git does)"
+    for name, blob in sorted(named.items()):
+        if name not in now:
+            problems.append(f"{name}: removed upstream since {up['commit'][:12]} (not in {what})")
+        elif now[name] != blob:
+            problems.append(
+                f"{name}: changed upstream since {up['commit'][:12]}: blob {blob} then, {now[name]} in {what}"
+            )
+    return what, problems
+
+
+def _has(clone: Path, commit: str) -> bool:
+    """Whether the clone holds ``commit`` (a shallow clone may not)."""
+    try:
+        _git(clone, "cat-file", "-e", f"{commit}^{{commit}}")
+    except NotATree:
+        return False
+    return True
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(
         prog="python -m pytest_ppsmoke.cloud.emulator.apidoc", description=__doc__.split("\n\n")[0]
     )
-    p.add_argument("--upstream", type=Path, help="a clone of the repository UPSTREAM names: check against its commit")
+    p.add_argument(
+        "--upstream",
+        type=Path,
+        help="a clone of the repository UPSTREAM names, or a plain tree of it: name each vendored file "
+        "changed there since UPSTREAM's commit",
+    )
     args = p.parse_args(argv)
-    problems = check_vendored(args.upstream)
+    problems = check_vendored()
+    up = upstream()
+    compared = ""
+    if args.upstream is not None:
+        try:
+            compared, changed = changed_upstream(args.upstream)
+        except NotATree as e:
+            print(f"apidoc: --upstream: {e}", file=sys.stderr)
+            sys.exit(2)
+        problems += changed
     for line in problems:
         print(f"apidoc: {line}", file=sys.stderr)
-    up = upstream()
     if not problems:
         print(f"apidoc: {len(operations())} operations in {len(list(DOCS.glob('*.yaml')))} files equal "
-              f"{up['repository']} at {up['commit']} ({up['date']})")  # fmt: skip
+              f"{up['repository']} at {up['commit']} ({up['date']})"
+              + (f", and none changed since in {compared}" if compared else ""))  # fmt: skip
     sys.exit(1 if problems else 0)
 
 
