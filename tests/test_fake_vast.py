@@ -120,25 +120,26 @@ async def test_rate_limits_per_endpoint_and_identity_with_a_penalty(fake: FakeVa
         assert (await call(fake, "DELETE", f"/api/v0/instances/{iid}/"))[0] == 200  # destroy is not limited
 
 
+def taken(status: int, offer: int) -> tuple[int, dict[str, Any]]:
+    """create_instance.yaml's answer for a taken offer: its examples, the offer's id for 1234567."""
+    msg = {
+        404: f"error 404/3603: no_such_ask Instance type by id {offer} is not available.",
+        410: f"error 410/3907: no_such_ask Instance type {offer} is no longer available.",
+    }[status]
+    error = "invalid_args" if status == 404 else "no_such_ask"
+    return status, {"success": False, "error": error, "msg": msg, "ask_id": offer}
+
+
 @pytest.mark.parametrize("fake", [("vast.race_offers=1:410,3:404", SLEEPER)], indirect=True)
 async def test_offers_raced_away_answer_no_such_ask_and_stay_taken(fake: FakeVast) -> None:
     offers = await search(fake)
-    assert await create(fake, offers[0]) == (
-        410,
-        {"success": False, "error": "no_such_ask", "msg": f"Offer {offers[0]} is no longer available"},
-    )
+    assert await create(fake, offers[0]) == taken(410, offers[0])
     assert await search(fake) == offers[1:]  # someone else has it
     status, data = await create(fake, offers[1])
     assert status == 200 and data["success"] is True, data
-    assert await create(fake, offers[2]) == (
-        404,
-        {"success": False, "error": "no_such_ask", "msg": f"Offer {offers[2]} is not available"},
-    )
+    assert await create(fake, offers[2]) == taken(404, offers[2])
     assert await search(fake) == offers[3:]
-    assert await create(fake, offers[0]) == (  # the raced offer stays rented
-        404,
-        {"success": False, "error": "no_such_ask", "msg": f"Offer {offers[0]} is not available"},
-    )
+    assert await create(fake, offers[0]) == taken(404, offers[0])  # the raced offer stays rented, as vast.ai says
     assert [i.offer["id"] for i in fake.live()] == [offers[1]]  # no instance for a raced create
     assert (await call(fake, "DELETE", f"/api/v0/instances/{data['new_contract']}/"))[0] == 200
     assert await search(fake) == [offers[1], *offers[3:]]  # ours is back, the raced ones are not
@@ -176,7 +177,8 @@ async def test_a_destroyed_instance_lingers_going_away_then_is_gone(fake: FakeVa
     gone = (404, {"success": False, "error": "not_found", "msg": "Instance not found"})
     assert (await call(fake, "DELETE", f"/api/v0/instances/{iid}/"))[:2] == gone
     assert (await call(fake, "DELETE", "/api/v0/instances/77/"))[:2] == gone
-    assert (await call(fake, "PUT", f"/api/v0/instances/{iid}/", {"label": "x"}))[:2] == gone
+    label_gone = {"success": False, "error": "no_such_instance", "msg": f"Instance {iid} not found."}
+    assert (await call(fake, "PUT", f"/api/v0/instances/{iid}/", {"label": "x"}))[:2] == (404, label_gone)
 
 
 @pytest.mark.parametrize("fake", [("vast.destroy_ignored=1:2", SLEEPER)], indirect=True)

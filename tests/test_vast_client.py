@@ -305,18 +305,23 @@ async def test_5xx_keeps_the_sdk_schedule() -> None:
 
 async def test_a_raced_away_offer_is_offer_gone_and_other_rejections_are_not() -> None:
     async with emulator("vast.race_offers=1:410,2:404;vast.reject_create=5") as fake, VastClient(KEY, fake.url) as vast:
-        for status, gone in ((410, "is no longer available"), (404, "is not available")):
+        for status, gone in (
+            (410, "no_such_ask: error 410/3907: no_such_ask Instance type {} is no longer available."),
+            (404, "invalid_args: error 404/3603: no_such_ask Instance type by id {} is not available."),
+        ):  # create_instance.yaml's answers
             offer = (await vast.search_offers(OfferQuery()))[0].id
             with pytest.raises(OfferGone) as info:  # someone else rented it between our search and create
                 await vast.create_instance(offer, image="i", env={}, label="a")
             assert str(info.value) == (
-                f"vast.ai PUT /api/v0/asks/{offer}/: HTTP {status}: no_such_ask: Offer {offer} {gone} "
+                f"vast.ai PUT /api/v0/asks/{offer}/: HTTP {status}: {gone.format(offer)} "
                 "(the offer was taken between search and create)"
             )
             assert info.value.status == status and offer not in [o.id for o in await vast.search_offers(OfferQuery())]
         offer = (await vast.search_offers(OfferQuery()))[0].id
         iid = await vast.create_instance(offer, image="i", env={}, label="a")  # the next offer is there to rent
-        with pytest.raises(OfferGone, match=r"HTTP 404: no_such_ask: Offer \d+ is not available"):
+        with pytest.raises(
+            OfferGone, match=r"HTTP 404: invalid_args: error 404/3603: no_such_ask Instance type by id \d+ "
+        ):
             await vast.create_instance(offer, image="i", env={}, label="b")  # rented since (here, by us)
         with pytest.raises(VastError, match="HTTP 400: invalid_args") as other:
             await vast.create_instance(OFFERS[-1], image="i", env={}, label="c")
