@@ -180,6 +180,9 @@ async def _held_to_the_document(vast: Emulator, request: web.Request) -> web.Res
         body = json.loads(raw) if raw else None
     except ValueError:
         return None  # the handler answers 400 for a body that is not JSON
+    op = apidoc.find(request.method, request.path)
+    if op is not None and apidoc.over_limits(op.endpoint, body):
+        return None  # over an input limit: the handler answers the 400 vast.ai describes for it
     found = apidoc.validate_request(request.method, request.path, request.query, body, bool(raw))
     left = _violations(vast, found)
     if left and apidoc.strict():
