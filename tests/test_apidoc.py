@@ -168,3 +168,62 @@ async def test_an_answer_that_breaks_the_description_fails_and_every_real_answer
         fake.instances[iid].offer["num_gpus"] = 1
         assert await vast.destroy_instance(iid) is True
         assert await vast.show_instance(iid) is None  # {"instances": null}: allowed, vast-cli reads it so
+
+
+CREATE = "PUT /api/v0/asks/{id}/"
+
+
+def answer(status: int, body: Any, content_type: str = "application/json") -> list[tuple[str, str, str, str]]:
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    found = apidoc.validate_response("PUT", "/api/v0/asks/4100000/", status, content_type, raw)
+    return [(v.endpoint, v.where, v.field, v.rule) for v in found]
+
+
+def test_error_answers_are_held_to_the_description() -> None:
+    """An error answer breaks vast.ai's description, each named by its endpoint and field: an
+    ``error`` outside the described enum, one other than the described example for its status, a
+    status not described, a body that is not JSON where JSON is described (an HTML error page), a
+    described ``error`` or ``msg`` missing. The answers assembled from the examples keep to it."""
+    taken = apidoc.documented_error(CREATE, 404, ask_id=4100000)
+    assert taken == {
+        "success": False,
+        "error": "invalid_args",
+        "msg": "error 404/3603: no_such_ask Instance type by id 4100000 is not available.",
+        "ask_id": 4100000,
+    }
+    assert answer(404, taken) == [] and answer(410, apidoc.documented_error(CREATE, 410, ask_id=7)) == []
+    assert answer(404, {**taken, "error": "no_such_ask"}) == [(CREATE, "response", "error", "example")]
+    assert answer(400, {"success": False, "error": "bogus", "msg": "m"}) == [(CREATE, "response", "error", "enum")]
+    assert answer(409, {"success": False, "error": "conflict", "msg": "m"}) == [
+        (CREATE, "response", "(status)", "status")
+    ]
+    html = b"<html><body>404 Not Found</body></html>"
+    assert answer(404, html, "text/html") == [(CREATE, "response", "(body)", "json")]
+    assert answer(404, html) == [(CREATE, "response", "(body)", "json")]  # labelled JSON, and not
+    assert answer(410, {"success": False, "error": "no_such_ask"}) == [(CREATE, "response", "msg", "required")]
+    assert answer(401, {"success": False, "msg": "Invalid user key"}) == [(CREATE, "response", "error", "required")]
+    # a 429 (the rate limiter's) and a 5xx are judged only where described
+    assert answer(429, b"API requests too frequent", "text/plain") == [] and answer(502, b"<html/>", "text/html") == []
+    # where the description gives no example, the emulator's own words are asked for, never made up
+    with pytest.raises(ValueError, match="no example of \\['error', 'msg'\\]"):
+        apidoc.documented_error(CREATE, 401)
+    with pytest.raises(ValueError, match="error is documented"):
+        apidoc.documented_error(CREATE, 404, error="no_such_ask")
+    with pytest.raises(ValueError, match="not one of"):
+        apidoc.documented_error(CREATE, 400, error="bogus", msg="m")
+
+
+async def test_an_undescribed_error_answer_fails_the_call_in_strict_mode() -> None:
+    """Over HTTP: the emulator's answer to the logs endpoint's bad tail (a 400 logs.yaml does not
+    describe) becomes a 500 ``openapi_violation`` naming the endpoint and the status."""
+    async with FakeVast(api_key="k", node_argv=SLEEPER) as fake, VastClient("k", fake.url) as vast:
+        iid = await vast.create_instance(fake.catalogue[0]["id"], image="i", env={}, label="l")
+        logs_url = f"{fake.url}/api/v0/instances/request_logs/{iid}/"
+        async with (
+            aiohttp.ClientSession(headers={"Authorization": "Bearer k"}) as s,
+            s.put(logs_url, json={"tail": "-1"}) as r,
+        ):
+            data = await r.json()
+        await vast.destroy_instance(iid)
+    assert r.status == 500 and data["error"] == "openapi_violation", data
+    assert data["msg"].startswith("the emulator's answer: PUT /api/v0/instances/request_logs/{id} response: (status)")

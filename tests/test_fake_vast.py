@@ -19,6 +19,7 @@ import requests
 from vastai import VastAI
 
 from pytest_ppsmoke import failpoints
+from pytest_ppsmoke.cloud.emulator import apidoc
 from pytest_ppsmoke.cloud.emulator.faults import RateLimiter
 from pytest_ppsmoke.cloud.emulator.instances import Instance
 from pytest_ppsmoke.cloud.emulator.server import FakeVast
@@ -129,25 +130,26 @@ async def test_rate_limits_per_endpoint_and_identity_with_a_penalty(fake: FakeVa
     assert fake.limiter.refused == {"create": 2, "show": 1, "destroy": 1}
 
 
+def taken(status: int, offer: int) -> tuple[int, dict[str, Any]]:
+    """create_instance.yaml's answer for a taken offer: its examples, the offer's id for 1234567."""
+    msg = {
+        404: f"error 404/3603: no_such_ask Instance type by id {offer} is not available.",
+        410: f"error 410/3907: no_such_ask Instance type {offer} is no longer available.",
+    }[status]
+    error = "invalid_args" if status == 404 else "no_such_ask"
+    return status, {"success": False, "error": error, "msg": msg, "ask_id": offer}
+
+
 @pytest.mark.parametrize("fake", [("vast.race_offers=1:410,3:404", SLEEPER)], indirect=True)
 async def test_offers_raced_away_answer_no_such_ask_and_stay_taken(fake: FakeVast) -> None:
     offers = await search(fake)
-    assert await create(fake, offers[0]) == (
-        410,
-        {"success": False, "error": "no_such_ask", "msg": f"Offer {offers[0]} is no longer available"},
-    )
+    assert await create(fake, offers[0]) == taken(410, offers[0])
     assert await search(fake) == offers[1:]  # someone else has it
     status, data = await create(fake, offers[1])
     assert status == 200 and data["success"] is True, data
-    assert await create(fake, offers[2]) == (
-        404,
-        {"success": False, "error": "no_such_ask", "msg": f"Offer {offers[2]} is not available"},
-    )
+    assert await create(fake, offers[2]) == taken(404, offers[2])
     assert await search(fake) == offers[3:]
-    assert await create(fake, offers[0]) == (  # the raced offer stays rented
-        404,
-        {"success": False, "error": "no_such_ask", "msg": f"Offer {offers[0]} is not available"},
-    )
+    assert await create(fake, offers[0]) == taken(404, offers[0])  # the raced offer stays rented, as vast.ai says
     assert [i.offer["id"] for i in fake.live()] == [offers[1]]  # no instance for a raced create
     assert (await call(fake, "DELETE", f"/api/v0/instances/{data['new_contract']}/"))[0] == 200
     assert await search(fake) == [offers[1], *offers[3:]]  # ours is back, the raced ones are not
@@ -185,7 +187,8 @@ async def test_a_destroyed_instance_lingers_going_away_then_is_gone(fake: FakeVa
     gone = (404, {"success": False, "error": "not_found", "msg": "Instance not found"})
     assert (await call(fake, "DELETE", f"/api/v0/instances/{iid}/"))[:2] == gone
     assert (await call(fake, "DELETE", "/api/v0/instances/77/"))[:2] == gone
-    assert (await call(fake, "PUT", f"/api/v0/instances/{iid}/", {"label": "x"}))[:2] == gone
+    label_gone = {"success": False, "error": "no_such_instance", "msg": f"Instance {iid} not found."}
+    assert (await call(fake, "PUT", f"/api/v0/instances/{iid}/", {"label": "x"}))[:2] == (404, label_gone)
 
 
 @pytest.mark.parametrize("fake", [("vast.destroy_ignored=1:2", SLEEPER)], indirect=True)
@@ -328,3 +331,75 @@ async def test_the_vastai_sdk_and_cli_against_the_emulator_and_its_429s(fake: Fa
     with pytest.raises(requests.HTTPError) as info:
         await asyncio.to_thread(sdk.destroy_instance, a)
     assert info.value.response.status_code == 404 and info.value.response.json()["error"] == "not_found"
+
+
+CREATE_LIMITS = apidoc.input_limits("PUT /api/v0/asks/{id}/")  # create_instance.yaml's x-input-validation
+
+
+def over(field: str) -> dict[str, Any]:
+    """A create's body over one of create_instance.yaml's input limits, by the limit as read."""
+    lim = CREATE_LIMITS[field.split(":")[0]]
+    if field == "image":
+        return {"image": "i" * (lim["max_length"] + 1)}
+    if field == "args":  # args, args_str and onstart together
+        third = lim["max_length"] // 3 + 1
+        return {"args": ["a" * third], "args_str": "s" * third, "onstart": "o" * third}
+    if field == "label":
+        return {"label": "l" * (lim["max_length"] + 1)}
+    if field == "env:value":
+        return {"env": {"STAGE": "0", "LONG": "v" * (lim["max_length"] + 1)}}
+    if field == "env:total":  # every value within its limit, the flags together over theirs
+        n = lim["max_total_length"] // lim["max_length"] + 1
+        return {"env": {f"V{i}": "v" * lim["max_length"] for i in range(n)}}
+    if field == "price:min":
+        return {"price": lim["min"] / 2}
+    if field == "price:max":
+        return {"price": lim["max"] * 2}
+    assert field == "disk"
+    return {"disk": lim["min"] / 2}
+
+
+@pytest.mark.parametrize(
+    "field", ["image", "args", "label", "env:value", "env:total", "price:min", "price:max", "disk"]
+)
+async def test_a_create_over_an_input_limit_is_refused_400_as_vast_ai_describes(fake: FakeVast, field: str) -> None:
+    """create_instance.yaml's ``x-input-validation`` (read from the file): a create over any limit
+    is refused by default with its described 400 (``invalid_price`` for a price, ``invalid_args``
+    otherwise; the ask id), naming the field and the limit, never the value; nothing is rented."""
+    offer = (await search(fake))[0]
+    body = {"image": "img:1", "env": {"STAGE": "0"}, "label": "t", "disk": 10, **over(field)}
+    status, data, _ = await call(fake, "PUT", f"/api/v0/asks/{offer}/", body)
+    name = field.split(":")[0]
+    assert status == 400 and data["success"] is False and data["ask_id"] == offer, data
+    assert data["error"] == ("invalid_price" if name == "price" else "invalid_args")
+    assert data["msg"].startswith(f"Invalid args: over the input limits: {name}: "), data
+    assert "vvvvvvvv" not in data["msg"] and "llllllll" not in data["msg"]  # no value shown
+    assert fake.live() == [] and offer in await search(fake)
+    # within every limit (the limits' own edges), the same create rents
+    edge = {
+        "image": "i" * CREATE_LIMITS["image"]["max_length"],
+        "label": "l" * CREATE_LIMITS["label"]["max_length"],
+        "env": {"STAGE": "0", "LONG": "v" * CREATE_LIMITS["env"]["max_length"]},
+        "onstart": "o" * CREATE_LIMITS["args"]["max_length"],
+        "price": CREATE_LIMITS["price"]["max"],
+        "disk": CREATE_LIMITS["disk"]["min"],
+    }
+    status, data, _ = await call(fake, "PUT", f"/api/v0/asks/{offer}/", edge)
+    assert status == 200 and data["success"] is True, data
+    assert (await call(fake, "DELETE", f"/api/v0/instances/{data['new_contract']}/"))[0] == 200
+
+
+async def test_a_label_over_label_instances_limit_is_refused_label_too_long(fake: FakeVast) -> None:
+    """label_instance.yaml's ``x-input-validation``: a label over its max_length is refused with
+    the described 400 ``label_too_long`` and its example's words; the label stays as it was."""
+    limit = apidoc.input_limits("PUT /api/v0/instances/{id}/")["label"]["max_length"]
+    iid = (await create(fake, (await search(fake))[0]))[1]["new_contract"]
+    status, data, _ = await call(fake, "PUT", f"/api/v0/instances/{iid}/", {"label": "l" * (limit + 1)})
+    described = apidoc.error_schema("PUT /api/v0/instances/{id}/", 400)["msg"]["example"]
+    assert (status, data) == (400, {"success": False, "error": "label_too_long", "msg": described})
+    assert fake.instances[iid].label == "t-stage0"
+    assert (await call(fake, "PUT", f"/api/v0/instances/{iid}/", {"label": "l" * limit}))[:2] == (
+        200,
+        {"success": True},
+    )
+    assert (await call(fake, "DELETE", f"/api/v0/instances/{iid}/"))[0] == 200

@@ -426,6 +426,26 @@ async def test_either_destroy_failing_warns_exits_1_and_reap_sweeps_it(
     await assert_nothing_left(fake, smoke, 2)
 
 
+async def test_a_taken_offer_answered_as_described_moves_the_run_to_the_next_offer(
+    emulator: Callable[[str], Any], tmp_path: Path
+) -> None:
+    """The cheapest offer is taken by someone else between search and create, and the create is
+    answered as create_instance.yaml describes it: 404 ``invalid_args`` with ``no_such_ask`` in its
+    ``msg`` and the ask id. The run moves to the next offer, passes, and reports the race."""
+    fake = await emulator("vast.race_offers=1:404")
+    async with Smoke(fake, tmp_path, "--max-tokens", "3", *NO_REFERENCE) as smoke:
+        assert await smoke.finish() == 0, smoke.stderr[-3000:]
+    report = smoke.report()
+    assert report["ok"] and len(report["token_ids"]) == 3
+    assert [(o["stage"], o["offer"], o["status"]) for o in report["offers_skipped"]] == [(0, 4_100_068, 404)]
+    assert (
+        "invalid_args: error 404/3603: no_such_ask Instance type by id 4100068" in report["offers_skipped"][0]["error"]
+    )
+    assert [i["offer"]["id"] for i in report["instances"]] == [4_100_085, 4_100_102]
+    assert "1 offer(s) taken by someone else first: 4100068 (HTTP 404, stage 0)" in smoke.stderr
+    await assert_nothing_left(fake, smoke, 2)
+
+
 async def test_vast_ais_pushback_is_absorbed_and_reported(emulator: Callable[[str], Any], tmp_path: Path) -> None:
     """vast.ai as it behaves on a busy day: rate limits stricter than its documented table, which
     the client paces by (create 0.4 s apart or a 1.5 s penalty, show 0.2 s apart, against the

@@ -132,7 +132,7 @@ async def test_instance_lifecycle_create_show_label_list_destroy(fake: FakeVast)
         assert inst.proc.env["CONTAINER_ID"] == str(iid) and inst.proc.env["VAST_URL"] == fake.url
         # a rented offer is no longer offered; a second create on it is refused as vast.ai does
         assert offer.id not in [o.id for o in await vast.search_offers(OfferQuery())]
-        with pytest.raises(VastError, match=r"HTTP 404: no_such_ask"):
+        with pytest.raises(VastError, match=r"HTTP 404: invalid_args: error 404/3603: no_such_ask Instance type by id"):
             await vast.create_instance(offer.id, image="img:1", env={}, label="x")
         await vast.label_instance(iid, "renamed")
         assert [(r.id, r.label) for r in await vast.list_instances()] == [(iid, "renamed")]
@@ -185,7 +185,7 @@ async def test_bad_key_is_refused_and_never_shown(fake: FakeVast) -> None:
     async with VastClient(secret, fake.url) as vast:
         with pytest.raises(VastError) as info:
             await vast.search_offers(OfferQuery())
-    assert "HTTP 401: auth_error: invalid api key" in str(info.value)
+    assert "HTTP 401: auth_error: Invalid user key" in str(info.value)  # vast.ai's words for a refused key
     assert secret not in str(info.value) and secret not in repr(vast)
 
 

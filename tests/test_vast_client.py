@@ -306,18 +306,23 @@ async def test_5xx_keeps_the_sdk_schedule() -> None:
 
 async def test_a_raced_away_offer_is_offer_gone_and_other_rejections_are_not() -> None:
     async with emulator("vast.race_offers=1:410,2:404;vast.reject_create=5") as fake, VastClient(KEY, fake.url) as vast:
-        for status, gone in ((410, "is no longer available"), (404, "is not available")):
+        for status, gone in (
+            (410, "no_such_ask: error 410/3907: no_such_ask Instance type {} is no longer available."),
+            (404, "invalid_args: error 404/3603: no_such_ask Instance type by id {} is not available."),
+        ):  # create_instance.yaml's answers
             offer = (await vast.search_offers(OfferQuery()))[0].id
             with pytest.raises(OfferGone) as info:  # someone else rented it between our search and create
                 await vast.create_instance(offer, image="i", env={}, label="a")
             assert str(info.value) == (
-                f"vast.ai PUT /api/v0/asks/{offer}/: HTTP {status}: no_such_ask: Offer {offer} {gone} "
+                f"vast.ai PUT /api/v0/asks/{offer}/: HTTP {status}: {gone.format(offer)} "
                 "(the offer was taken between search and create)"
             )
             assert info.value.status == status and offer not in [o.id for o in await vast.search_offers(OfferQuery())]
         offer = (await vast.search_offers(OfferQuery()))[0].id
         iid = await vast.create_instance(offer, image="i", env={}, label="a")  # the next offer is there to rent
-        with pytest.raises(OfferGone, match=r"HTTP 404: no_such_ask: Offer \d+ is not available"):
+        with pytest.raises(
+            OfferGone, match=r"HTTP 404: invalid_args: error 404/3603: no_such_ask Instance type by id \d+ "
+        ):
             await vast.create_instance(offer, image="i", env={}, label="b")  # rented since (here, by us)
         with pytest.raises(VastError, match="HTTP 400: invalid_args") as other:
             await vast.create_instance(OFFERS[-1], image="i", env={}, label="c")
@@ -605,3 +610,29 @@ async def test_request_logs_against_the_emulator_records_both_calls() -> None:
         assert calls[0] == ("PUT", f"/api/v0/instances/request_logs/{iid}/", 200) and calls[-1] == ("GET", "", 200)
         assert {c[:2] for c in calls[1:]} == {("GET", "")} and {c[2] for c in calls[1:-1]} <= {404}, calls
         await vast.destroy_instance(iid)
+
+
+async def test_a_404_without_no_such_ask_fails_the_create_naming_it() -> None:
+    """Only a 404 whose ``msg`` names ``no_such_ask`` (create_instance.yaml's taken offer) or a
+    410 ``no_such_ask`` is an offer gone; a 404 in the same shape that does not name it fails the
+    create at once, not retried, naming its answer, so the rent ends there."""
+
+    async def answers(request: web.Request) -> web.Response:
+        offer = int(request.match_info["tail"].split("/")[3])
+        msg = f"error 404/3603: no_such_ask Instance type by id {offer} is not available."
+        if offer == 2:
+            msg = "error 404/9999: Instance type by id 2 is unknown."
+        return web.json_response({"success": False, "error": "invalid_args", "msg": msg, "ask_id": offer}, status=404)
+
+    async with stub(answers) as url, VastClient(KEY, url) as vast:
+        with pytest.raises(
+            OfferGone, match=r"HTTP 404: invalid_args: error 404/3603: no_such_ask Instance type by id 1 "
+        ):
+            await vast.create_instance(1, image="i", env={}, label="l")
+        with pytest.raises(VastError) as info:
+            await vast.create_instance(2, image="i", env={}, label="l")
+        assert not isinstance(info.value, OfferGone) and info.value.status == 404
+        assert str(info.value) == (
+            "vast.ai PUT /api/v0/asks/2/: HTTP 404: invalid_args: error 404/9999: Instance type by id 2 is unknown."
+        )
+        assert vast.stats.of("create").calls == 2

@@ -361,8 +361,11 @@ async def test_vastcli_reads_an_instances_logs_with_its_secrets_redacted(fake: F
     status, refused = await raw(fake, "PUT", logs.request_path(iid), {"tail": 1})
     assert status == 400 and refused["error"] == "openapi_violation" and "tail" in refused["msg"], refused
     assert (await raw(fake, "GET", url[:-1] + ("A" if url[-1] != "A" else "B"), key=None))[0] == 404
-    assert (await raw(fake, "PUT", logs.request_path(iid), {"tail": "-1"}))[0] == 400
-    assert (await raw(fake, "PUT", logs.request_path(iid), {"daemon_logs": "true"}))[0] == 400
+    # logs.yaml describes no 400: the emulator's refusals of a bad tail and of daemon logs (its own
+    # guess) are named as undescribed statuses (the suite runs strict)
+    for body in ({"tail": "-1"}, {"daemon_logs": "true"}):
+        status, undescribed = await raw(fake, "PUT", logs.request_path(iid), body)
+        assert status == 500 and "(status): status 400 is not described" in undescribed["msg"], undescribed
     assert (await raw(fake, "PUT", logs.request_path(iid), {}, key=None))[0] == 401
     assert await run(cli_instances.destroy_instance, cli(fake), [iid, b.new_contract]) == {"success": True}
     await fake.torn_down()

@@ -24,8 +24,8 @@ error. Every call has a timeout. How vast.ai misbehaves, and what the client doe
   names the endpoint's ``threshold=X`` paces that endpoint by X from then on.
 - A create is not blindly retried: a create whose answer was lost may have rented an instance, so
   the client first looks for an instance with the same label. A create whose offer was taken
-  between search and create (404/410 ``no_such_ask``) raises :class:`OfferGone`, so that the caller
-  can move to the next offer.
+  between search and create (a 404 naming ``no_such_ask`` in its ``msg``, or a 410 ``no_such_ask``)
+  raises :class:`OfferGone`, so that the caller can move to the next offer; any other 404 fails.
 - A destroy answered 404 means the instance is already gone. A destroyed instance may still be
   listed for a while; :func:`going_away` says whether its record shows it on its way out.
 - An instance's logs come in two calls, as vast-cli makes them: ``request_logs`` answers a
@@ -379,7 +379,7 @@ class VastClient:
                 if isinstance(data.get("instance_api_key"), str):  # a secret to keep out of its logs
                     self.container_keys[iid] = data["instance_api_key"]
                 return iid
-            if status in (404, 410) and isinstance(data, dict) and data.get("error") == "no_such_ask":
+            if status in (404, 410) and _no_such_ask(data):
                 what = f"{_error_text(data)} (the offer was taken between search and create)"
                 raise VastOfferGone("PUT", path, status, what)
             if status and status not in RETRY_STATUSES:
@@ -571,6 +571,15 @@ def _parse(method: str, path: str, status: int, text: str) -> Any:
         if 200 <= status < 300:
             raise VastError(method, path, status, f"the answer is not JSON: {text[:200]!r}") from None
         return {"success": False, "msg": text[:300]}
+
+
+def _no_such_ask(data: Any) -> bool:
+    """Whether a create's 404 or 410 says its offer is gone: vast.ai describes the 404 as
+    ``invalid_args`` with ``no_such_ask`` in its ``msg`` ("error 404/3603: no_such_ask Instance
+    type by id ... is not available."), the 410 as ``no_such_ask`` itself."""
+    if not isinstance(data, dict):
+        return False
+    return data.get("error") == "no_such_ask" or "no_such_ask" in str(data.get("msg") or "")
 
 
 def _message(text: str) -> str:

@@ -40,7 +40,8 @@ class SearchQuotaExceeded(VastError, QuotaExceeded):
 
 
 class VastOfferGone(VastError, OfferGone):
-    """A create whose offer was taken between search and create (404/410 ``no_such_ask``)."""
+    """A create whose offer was taken between search and create (404 with ``no_such_ask`` in its
+    ``msg``, 410 ``no_such_ask``)."""
 
 
 def _text(value: Any) -> str | None:

@@ -136,6 +136,28 @@ async def _gate(request: web.Request, handler: Callable[[web.Request], Any]) -> 
 
 
 OWN_PATHS = ("/ppsmoke/",)  # the emulator's own paths, not vast.ai's: not held to its document
+# a refused key's msg: vast.ai's word for it (search_offers.yaml's example; vast-cli's main.py reads
+# 401 "Invalid user key" as a deleted key, on any command)
+INVALID_KEY = apidoc.error_schema("POST /api/v0/bundles/", 404)["msg"]["example"]
+
+
+def _documented(request: web.Request, status: int, error: str, msg: str | None = None, **values: Any) -> web.Response:
+    """The error answer vast.ai's description gives the request's endpoint for ``status``
+    (:func:`apidoc.documented_error`): its examples, ``values`` (``ask_id``) and the path's id in
+    place of theirs; ``error`` where it gives no example, ``msg`` in place of its example (None:
+    the example). Where it describes no such answer, or another ``error`` (a fault it does not
+    describe), ``{"success": false, "error": error, "msg": msg}``: a guess."""
+    op = apidoc.find(request.method, request.path)
+    props = apidoc.error_schema(op.endpoint, status) if op is not None else {}
+    if op is not None and props:
+        given = None if "example" in (props.get("error") or {}) else error
+        kept = {k: v for k, v in values.items() if k in props}
+        try:
+            body = apidoc.documented_error(op.endpoint, status, error=given, msg=msg, path=request.match_info, **kept)
+            return _json(body, status)
+        except ValueError:
+            pass  # a fault the description does not give (an error outside its enum)
+    return _error(status, error, msg or error)
 
 
 def _violations(vast: Emulator, found: list[apidoc.Violation]) -> list[apidoc.Violation]:
@@ -159,6 +181,9 @@ async def _held_to_the_document(vast: Emulator, request: web.Request) -> web.Res
         body = json.loads(raw) if raw else None
     except ValueError:
         return None  # the handler answers 400 for a body that is not JSON
+    op = apidoc.find(request.method, request.path)
+    if op is not None and apidoc.over_limits(op.endpoint, body):
+        return None  # over an input limit: the handler answers the 400 vast.ai describes for it
     found = apidoc.validate_request(request.method, request.path, request.query, body, bool(raw))
     left = _violations(vast, found)
     if left and apidoc.strict():
@@ -187,15 +212,15 @@ async def _authorized(
         return public
     key = key_of(request)
     if not key:
-        return _error(401, "auth_error", "authentication required: send Authorization: Bearer <api key>")
+        return _documented(request, 401, "auth_error", "authentication required: send Authorization: Bearer <api key>")
     if not secrets.compare_digest(key, vast.api_key):
         own = next((i for i in vast.listed() if secrets.compare_digest(key, i.container_key)), None)
         if own is None or request.path not in (f"/api/v0/instances/{own.id}/", logs.request_path(own.id)):
-            return _error(401, "auth_error", "invalid api key")
+            return _documented(request, 401, "auth_error", INVALID_KEY)
     try:
         resp: web.StreamResponse = await handler(request)
     except json.JSONDecodeError as e:
-        return _error(400, "invalid_args", f"the body is not JSON: {e}")
+        return _documented(request, 400, "invalid_args", f"the body is not JSON: {e}")
     return resp
 
 
@@ -244,18 +269,18 @@ async def search_offers(request: web.Request) -> web.Response:
         return resp
     query = await request.json() if request.body_exists else {}
     if not isinstance(query, dict):
-        return _error(400, "invalid_args", f"the query must be an object, got {type(query).__name__}")
+        return _documented(request, 400, "invalid_args", f"the query must be an object, got {type(query).__name__}")
     if isinstance(query.get("q"), dict):  # some clients wrap the query
         query = query["q"]
     vast.purge()
     try:
         found = catalogue.search(vast.catalogue, query)
     except ValueError as e:
-        return _error(400, "invalid_args", str(e))
+        return _documented(request, 400, "invalid_args", str(e))
     try:
         limit = int(query.get("limit") or 64)
     except (TypeError, ValueError):
-        return _error(400, "invalid_args", f"limit must be a number, got {query.get('limit')!r}")
+        return _documented(request, 400, "invalid_args", f"limit must be a number, got {query.get('limit')!r}")
     if vast.faults.on("vast.offers"):
         limit = min(limit, vast.faults.value("vast.offers"))
     return _json(padded({"offers": found[:limit]}))
@@ -264,15 +289,41 @@ async def search_offers(request: web.Request) -> web.Response:
 # --- instances --------------------------------------------------------------------------------
 
 
+CREATE = "PUT /api/v0/asks/{id}/"
+
+
+def _ask_id(request: web.Request) -> int | str:
+    raw = request.match_info["id"]
+    return int(raw) if raw.isdigit() else raw
+
+
+def _over_limits(request: web.Request, endpoint: str, body: Any) -> web.Response | None:
+    """A 400 for a body over any of ``endpoint``'s input limits (``x-input-validation``), as
+    vast.ai describes its 400: None if it is within them."""
+    over = apidoc.over_limits(endpoint, body)
+    if not over:
+        return None
+    what = "; ".join(f"{field}: {broken}" for field, broken in over)
+    if endpoint == CREATE:
+        error = "invalid_price" if [f for f, _ in over] == ["price"] else "invalid_args"
+        return _documented(request, 400, error, f"Invalid args: over the input limits: {what}", ask_id=_ask_id(request))
+    return _documented(request, 400, "label_too_long" if over[0][0] == "label" else "invalid_args")
+
+
 async def create_instance(request: web.Request) -> web.Response:
     vast = request.app[EMULATOR]
     vast.creates += 1
     n = vast.creates
+    ask = _ask_id(request)
     body = await request.json()
     if not isinstance(body, dict):
-        return _error(400, "invalid_args", "the body must be a JSON object")
+        return _documented(request, 400, "invalid_args", "the body must be a JSON object", ask_id=ask)
     if n in vast.faults.value("vast.reject_create"):
-        return _error(400, "invalid_args", f"create call {n} rejected (failpoint vast.reject_create)")
+        msg = f"create call {n} rejected (failpoint vast.reject_create)"
+        return _documented(request, 400, "invalid_args", msg, ask_id=ask)
+    refused = _over_limits(request, CREATE, body)
+    if refused is not None:
+        return refused
     vast.purge()
     offer = next((o for o in vast.catalogue if str(o["id"]) == request.match_info["id"]), None)
     raced = vast.faults.value("vast.race_offers").get(n)
@@ -280,25 +331,21 @@ async def create_instance(request: web.Request) -> web.Response:
         # someone else rented it between the search and this call, and keeps it
         catalogue.rent(offer)
         log.info("create call %d: offer %d taken by someone else (failpoint vast.race_offers)", n, offer["id"])
-        gone = "is not available" if raced == 404 else "is no longer available"
-        return _error(raced, "no_such_ask", f"Offer {offer['id']} {gone}")
+        return _documented(request, raced, "no_such_ask", ask_id=ask)  # 404 or 410, as described
     if offer is None or not offer["rentable"]:
-        return _error(404, "no_such_ask", f"Offer {request.match_info['id']} is not available")
+        return _documented(request, 404, "no_such_ask", ask_id=ask)
     image = body.get("image")
     if not isinstance(image, str) or not image:
-        return _error(400, "invalid_args", "image is required")
+        return _documented(request, 400, "invalid_args", "image is required", ask_id=ask)
     try:
         env = parse_env(body.get("env"))
         ports = parse_ports(body.get("env"))
         disk = float(body.get("disk") or 10)
     except (TypeError, ValueError) as e:
-        return _error(400, "invalid_args", str(e))
+        return _documented(request, 400, "invalid_args", str(e), ask_id=ask)
     if len(ports) > int(offer.get("direct_port_count") or 0):
-        return _error(
-            400,
-            "invalid_args",
-            f"offer {offer['id']} forwards {offer.get('direct_port_count')} ports; the create asks for {len(ports)}",
-        )
+        msg = f"offer {offer['id']} forwards {offer.get('direct_port_count')} ports; the create asks for {len(ports)}"
+        return _documented(request, 400, "invalid_args", msg, ask_id=ask)
     inst = vast.rent(
         Instance(
             vast.new_id(),
@@ -337,10 +384,13 @@ async def show_instance(request: web.Request) -> web.Response:
 async def update_instance(request: web.Request) -> web.Response:
     inst = _find(request, lingering=False)
     if inst is None:
-        return _error(404, "not_found", "Instance not found")
+        return _documented(request, 404, "no_such_instance")
     body = await request.json()
     if not isinstance(body, dict) or not ({"label", "state"} & set(body)):
         return _error(400, "invalid_args", "expected a body with 'label' or 'state'")
+    refused = _over_limits(request, "PUT /api/v0/instances/{id}/", body)
+    if refused is not None:
+        return refused
     if "label" in body:
         inst.label = str(body["label"])
     if "state" in body:
@@ -352,7 +402,7 @@ async def destroy_instance(request: web.Request) -> web.Response:
     vast = request.app[EMULATOR]
     inst = _find(request)
     if inst is None:
-        return _error(404, "not_found", "Instance not found")  # vast.ai's answer: already gone
+        return _documented(request, 404, "not_found")  # vast.ai's answer: already gone
     if inst.destroyed_at is not None:
         return _json({"success": True})  # lingering: already on its way out
     outcome = faults.destroy_outcome(vast.faults, inst)  # counted now (destroy_attempts), answered after any wait
@@ -390,13 +440,13 @@ async def list_v1(request: web.Request) -> web.Response:
         after = int(request.query.get("after_token") or 0)
         filters = json.loads(request.query.get("select_filters") or "{}")
     except ValueError as e:
-        return _error(400, "invalid_args", f"bad list parameters: {e}")
+        return _documented(request, 400, "invalid_request", f"bad list parameters: {e}")
     listed = request.app[EMULATOR].listed()
     records = [i.record() for i in listed if i.id > after]
     try:
         records = [r for r in records if catalogue.match_offer(r, filters)]
     except ValueError as e:
-        return _error(400, "invalid_args", str(e))
+        return _documented(request, 400, "invalid_request", str(e))
     page = records[:limit]
     token = str(page[-1]["id"]) if len(records) > limit else None
     labels: dict[str, int] = {}

@@ -208,26 +208,191 @@ def validate_request(method: str, path: str, query: Mapping[str, str], body: Any
 
 
 def validate_response(method: str, path: str, status: int, content_type: str, body: bytes) -> list[Violation]:
-    """How an answer breaks its operation: a success status it does not list, or a JSON body
-    that breaks the schema given for its status. Plain-text answers (vast.ai's 429s) are not read."""
+    """How an answer breaks its operation: a status it does not list, a body that is not JSON
+    where JSON is described, a JSON body that breaks the schema given for its status, and an error
+    answer without a described ``error`` or ``msg``, or with an ``error`` other than the one its
+    description's example gives. A 429 (the rate limiter's) and a 5xx (a server failing, which
+    any call may meet) are judged only where described, and only their JSON bodies."""
     op = find(method, path)
     if op is None:
         return []  # named once, for the request
-    responses = op.op.get("responses") or {}
-    spec = responses.get(str(status)) or responses.get(f"{str(status)[0]}XX") or responses.get("default")
+    spec = _response_spec(op, status)
+    exempt = status == 429 or status >= 500
     if spec is None:
-        if 200 <= status < 300:
-            return [Violation(op.endpoint, "response", "(status)", "status", f"status {status} is not described")]
-        return []
+        if exempt:
+            return []
+        return [Violation(op.endpoint, "response", "(status)", "status", f"status {status} is not described", status)]
     content = (spec.get("content") or {}).get("application/json")
-    if content is None or not content_type.startswith("application/json") or "schema" not in content:
+    if content is None or "schema" not in content:
         return []
+    if not content_type.startswith("application/json"):
+        if exempt:
+            return []
+        what = f"a {content_type or 'typeless'} body where JSON is described"
+        return [Violation(op.endpoint, "response", "(body)", "json", what, content_type)]
     try:
         data = json.loads(body)
     except ValueError as e:
         return [Violation(op.endpoint, "response", "(body)", "json", f"not JSON: {e}")]
     errors = _schema_errors(content["schema"], op, data)
-    return [Violation(op.endpoint, "response", f, r, m, v) for f, r, m, v in errors]
+    out = [Violation(op.endpoint, "response", f, r, m, v) for f, r, m, v in errors]
+    if status >= 400 and isinstance(data, dict):
+        props = _resolve(content["schema"], op).get("properties") or {}
+        for name in ERROR_FIELDS:
+            if name in props and name not in data:
+                out.append(Violation(op.endpoint, "response", name, "required", "missing"))
+        example = (props.get("error") or {}).get("example")
+        if example is not None and "error" in data and data["error"] != example:
+            what = f"not the described example {example!r}"
+            out.append(Violation(op.endpoint, "response", "error", "example", what, data["error"]))
+    return out
+
+
+# --- its error answers and its input limits -----------------------------------------------------
+
+
+ERROR_FIELDS = ("error", "msg")  # what every described error answer carries; the client reads both
+
+
+def _operation(endpoint: str) -> Operation:
+    """The operation ``endpoint`` (``PUT /api/v0/asks/{id}/``) names."""
+    for op in operations():
+        if op.endpoint == endpoint:
+            return op
+    raise KeyError(f"no operation {endpoint} in the vendored files")
+
+
+def _resolve(schema: Any, op: Operation) -> Mapping[str, Any]:
+    """A response schema, its ``$ref`` into the file's components followed (examples kept)."""
+    while isinstance(schema, dict) and "$ref" in schema:
+        doc = yaml.safe_load((DOCS / op.file).read_text())
+        node: Any = doc
+        for part in schema["$ref"].lstrip("#/").split("/"):
+            node = node[part]
+        schema = node
+    return schema if isinstance(schema, dict) else {}
+
+
+def _response_spec(op: Operation, status: int) -> Mapping[str, Any] | None:
+    responses = op.op.get("responses") or {}
+    spec = responses.get(str(status)) or responses.get(f"{str(status)[0]}XX") or responses.get("default")
+    return spec if isinstance(spec, dict) else None
+
+
+def error_schema(endpoint: str, status: int) -> Mapping[str, Any]:
+    """The properties the description gives an error answer of ``endpoint`` with ``status``
+    (each with its ``example`` and ``enum``, as written); {} where it describes none."""
+    op = _operation(endpoint)
+    spec = _response_spec(op, status) or {}
+    content = (spec.get("content") or {}).get("application/json") or {}
+    return _resolve(content.get("schema"), op).get("properties") or {}
+
+
+def documented_error(
+    endpoint: str,
+    status: int,
+    *,
+    error: str | None = None,
+    msg: str | None = None,
+    path: Mapping[str, Any] | None = None,
+    **values: Any,
+) -> dict[str, Any]:
+    """An error answer of ``endpoint`` as its description gives it for ``status``: every
+    property with an example, that example; ``values`` (``ask_id=...``) in place of an example,
+    and in the example ``msg`` each example value they replace (the real ask id for 1234567), as
+    ``path``'s values replace their path parameters' examples (the instance for 12345).
+    ``error`` only where the description gives no example (ValueError otherwise, and for one
+    outside the documented enum); ``msg`` in place of the example, where the example is another
+    fault's (a 400's names the input it refused): each the emulator's own words, a guess."""
+    op = _operation(endpoint)
+    props = error_schema(endpoint, status)
+    if not props:
+        raise ValueError(f"{endpoint}: no error answer {status} is described")
+    body: dict[str, Any] = {k: p["example"] for k, p in props.items() if isinstance(p, dict) and "example" in p}
+    for name, given in (("error", error), ("msg", msg)):
+        if given is None:
+            continue
+        if name == "error" and name in body:
+            raise ValueError(f"{endpoint} {status}: {name} is documented ({body[name]!r}); not {given!r}")
+        enum = (props.get(name) or {}).get("enum")
+        if enum and given not in enum:
+            raise ValueError(f"{endpoint} {status}: {name} {given!r} is not one of {enum!r}")
+        body[name] = given
+    swaps = [(body.get(name), value) for name, value in values.items()]
+    for param in op.op.get("parameters") or []:
+        example = param.get("example", (param.get("schema") or {}).get("example"))
+        if param.get("in") == "path" and example is not None and param.get("name") in (path or {}):
+            swaps.append((example, (path or {})[param["name"]]))
+    for example, value in swaps:
+        if example is not None and msg is None and isinstance(body.get("msg"), str):
+            body["msg"] = body["msg"].replace(str(example), str(value))
+    body.update(values)
+    missing = [f for f in ERROR_FIELDS if f in props and f not in body]
+    if missing:
+        raise ValueError(f"{endpoint} {status}: the description gives no example of {missing}; pass them")
+    return body
+
+
+@functools.cache
+def input_limits(endpoint: str) -> Mapping[str, Mapping[str, Any]]:
+    """The ``x-input-validation`` of the file that describes ``endpoint``: field -> its limits
+    (``max_length``, ``max_total_length``, ``min``, ``max``), as written."""
+    doc = yaml.safe_load((DOCS / _operation(endpoint).file).read_text())
+    limits = doc.get("x-input-validation") or {}
+    return {k: {n: v for n, v in lim.items() if n != "description"} for k, lim in limits.items()}
+
+
+def _env_flags(env: Any) -> tuple[list[str], str]:
+    """``env``'s values and the docker flags it stands for: the described string as sent; an
+    object (what vast-cli's ``parse_env`` makes of those flags) as ``-e NAME=value`` per variable
+    and its ``-p``/``-v``/``-n`` keys (``"-p 7000:7000/udp": "1"``) as they are, joined by spaces."""
+    if isinstance(env, str):
+        words = env.split()
+        values = [w.split("=", 1)[1] for i, w in enumerate(words) if i and words[i - 1] == "-e" and "=" in w]
+        return values, env
+    if isinstance(env, dict):
+        flags = [str(k) if str(k).startswith("-") else f"-e {k}={v}" for k, v in env.items()]
+        return [str(v) for k, v in env.items() if not str(k).startswith("-")], " ".join(flags)
+    return [], ""
+
+
+def _measure(field: str, body: Mapping[str, Any]) -> tuple[list[tuple[str, Any]], Any]:
+    """What a limit on ``field`` measures: (each part's name and value, the whole)."""
+    if field == "args":  # "Combined length of args, args_str and onstart"
+        parts = [str(a) for a in body.get("args") or [] if a is not None]
+        parts += [str(body[k]) for k in ("args_str", "onstart") if isinstance(body.get(k), str)]
+        return [], "".join(parts)
+    if field == "env":
+        values, flags = _env_flags(body.get("env"))
+        return [("env value", v) for v in values], flags
+    return [], body.get(field)
+
+
+def over_limits(endpoint: str, body: Any) -> list[tuple[str, str]]:
+    """(field, what it breaks) for each ``x-input-validation`` limit of ``endpoint`` that
+    ``body`` breaks; never the value (an env carries secrets)."""
+    if not isinstance(body, dict):
+        return []
+    out = []
+    for field, limits in input_limits(endpoint).items():
+        if field not in body and field != "args":
+            continue
+        parts, whole = _measure(field, body)
+        if "max_length" in limits:
+            n = limits["max_length"]
+            if parts and any(isinstance(v, str) and len(v) > n for _, v in parts):
+                out.append((field, f"a value longer than its max_length {n}"))
+            elif not parts and isinstance(whole, str) and len(whole) > n:
+                out.append((field, f"{len(whole)} characters, over its max_length {n}"))
+        total = limits.get("max_total_length")
+        if total is not None and isinstance(whole, str) and len(whole) > total:
+            out.append((field, f"{len(whole)} characters in all, over its max_total_length {total}"))
+        number = whole if isinstance(whole, (int, float)) and not isinstance(whole, bool) else None
+        if number is not None and "min" in limits and number < limits["min"]:
+            out.append((field, f"under its min {limits['min']:g}"))
+        if number is not None and "max" in limits and number > limits["max"]:
+            out.append((field, f"over its max {limits['max']:g}"))
+    return out
 
 
 # --- what vast.ai's live API is known to accept, against its description --------------------------
@@ -243,7 +408,8 @@ def json_type(value: Any) -> str:
 @dataclass(frozen=True)
 class Allowed:
     """A disagreement the live API is known to accept. ``allows``: for a ``type`` rule the JSON
-    types accepted besides the described one, for ``enum`` the values; empty: any (a rule the
+    types accepted besides the described one, for ``enum`` and ``example`` the values, for
+    ``status`` the statuses; empty: any (a rule the
     description misplaces, as ``order``'s ``minItems``)."""
 
     endpoint: str
@@ -261,7 +427,7 @@ class Allowed:
             return False
         if self.rule == "type":
             return json_type(v.value) in self.allows
-        if self.rule == "enum":
+        if self.rule in ("enum", "status", "example"):
             return v.value in self.allows
         return not self.allows
 
@@ -275,7 +441,7 @@ def allowed() -> tuple[Allowed, ...]:
     for i, e in enumerate(entries):
         if not str(e.get("source", "")).strip():
             raise ValueError(f"openapi/allowed.json entry {i} ({e.get('endpoint')} {e.get('field')}): no source")
-        if e["rule"] in ("type", "enum") and not e.get("allows"):
+        if e["rule"] in ("type", "enum", "status", "example") and not e.get("allows"):
             what = f"{e['endpoint']} {e['field']}"
             raise ValueError(f"openapi/allowed.json entry {i} ({what}): a {e['rule']} rule needs allows")
         allows = tuple(e.get("allows") or ())
