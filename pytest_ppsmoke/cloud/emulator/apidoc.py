@@ -38,6 +38,8 @@ from typing import Any
 import jsonschema
 import yaml
 
+from ...protocol import VAST_ENDPOINTS
+
 log = logging.getLogger(__name__)
 
 DOCS = Path(__file__).parent / "openapi"
@@ -333,12 +335,15 @@ def documented_error(
     return body
 
 
-@functools.cache
 def input_limits(endpoint: str) -> Mapping[str, Mapping[str, Any]]:
-    """The ``x-input-validation`` of the file that describes ``endpoint``: field -> its limits
-    (``max_length``, ``max_total_length``, ``min``, ``max``), as written."""
-    doc = yaml.safe_load((DOCS / _operation(endpoint).file).read_text())
-    limits = doc.get("x-input-validation") or {}
+    """The ``x-input-validation`` of ``endpoint`` (``PUT /api/v0/asks/{id}/``), from the one table
+    of vast.ai's limits (``cloud/vastdoc.py``): field -> its limits (``max_length``,
+    ``max_total_length``, ``min``, ``max``), as written."""
+    from .. import vastdoc
+
+    method, route = endpoint.split(" ", 1)
+    name = VAST_ENDPOINTS.get((method, route))
+    limits = vastdoc.input_limits().get(name or "", {})
     return {k: {n: v for n, v in lim.items() if n != "description"} for k, lim in limits.items()}
 
 
