@@ -153,7 +153,9 @@ async def test_an_answer_that_breaks_the_description_fails_and_every_real_answer
     ``num_gpus`` served as text) becomes a 500 naming the field; a whole create, show, list and
     destroy through the client meets the description (or the allow-list) at every call."""
     async with (
-        FakeVast(node_argv=SLEEPER, faults="vast.boot_delay=0.05") as fake,
+        # raw calls right after another, each checked against the description: the rate limits
+        # (on by default; tested apart) are off
+        FakeVast(node_argv=SLEEPER, faults="vast.boot_delay=0.05;vast.rate_limit=off") as fake,
         VastClient(fake.api_key, fake.url) as vast,
     ):
         offer = (await vast.search_offers(OfferQuery()))[0]

@@ -93,7 +93,11 @@ REAL_NODE = None  # FakeVast's default: a real pp-gpu-node
 async def fake(request: pytest.FixtureRequest) -> AsyncIterator[FakeVast]:
     faults, argv = getattr(request, "param", ("", SLEEPER))
     offers = catalogue.widened(PAGE + 1, QUERY)  # enough machines that our query takes for a second page
-    async with FakeVast(api_key=KEY, faults=f"vast.boot_delay=0.05;{faults}", node_argv=argv, catalogue=offers) as vast:
+    # vast-cli's parsing of each answer, its calls and the test's raw ones right after another (its
+    # client with one try): vast.ai's rate limits, on by default, are off here; they have tests of
+    # their own (test_vastdoc.py, test_fake_vast.py)
+    faults = f"vast.boot_delay=0.05;vast.rate_limit=off;{faults}"
+    async with FakeVast(api_key=KEY, faults=faults, node_argv=argv, catalogue=offers) as vast:
         yield vast
     assert not vast.live()
 
