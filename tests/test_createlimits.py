@@ -14,7 +14,7 @@ from pytest_ppsmoke.cloud.emulator.server import FakeVast
 from pytest_ppsmoke.cloud.vast import VastClient, create_body
 from pytest_ppsmoke.cloud.vastrecords import OfferQuery
 from pytest_ppsmoke.harness.deployment import Deployment
-from pytest_ppsmoke.harness.runconfig import RunConfig
+from pytest_ppsmoke.harness.runconfig import RunConfig, swim_for_rtt
 from pytest_ppsmoke.protocol import LEAST_DISK_GB
 from pytest_ppsmoke.stage.catalog import MODELS
 
@@ -71,6 +71,20 @@ async def test_every_stage_counts_create_bodies_fit_every_documented_limit(num_s
         assert createlimits.problems(body) == [], (num_stages, transport)
         read = nodeenv.NodeEnv.from_env(inst.env)  # every id the orchestrator chose, and no other
         assert read.allowed_ids == tuple(dep.keys.ids)
+
+
+@pytest.mark.parametrize("rtt", [0.0, 0.0123456789, 0.31234567, 1.7777777, 12.345678901])
+def test_the_swim_timing_a_node_is_given_fits_one_env_value_for_any_round_trip(rtt: float) -> None:
+    """``PP_SWIM`` carries the timing the orchestrator chose from the measured round trips: its
+    floats are written to a tenth of a millisecond, never with a float's noise digits, so that
+    the value stays under vast.ai's 256 characters whatever the round trip, and a node reads back
+    exactly the orchestrator's timing."""
+    swim = swim_for_rtt(rtt)
+    value = swim.to_env()
+    assert len(value) <= createlimits.limits().env_value_max, value
+    decimals = [v.partition(".")[2] for _, _, v in (item.partition("=") for item in value.split(","))]
+    assert all(len(d) <= 4 for d in decimals), value
+    assert type(swim).wan().with_overrides(value) == swim
 
 
 def test_a_body_over_a_limit_is_named_by_field_and_length_never_by_value() -> None:
