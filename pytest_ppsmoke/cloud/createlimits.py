@@ -18,6 +18,7 @@ from typing import Any
 
 from . import vastdoc
 from .provider import ProviderError
+from .vastdoc import env_flags as env_flags  # the reading of env the emulator holds a create to
 
 
 class OverLimit(ProviderError):
@@ -50,12 +51,6 @@ def limits() -> CreateLimits:
         env_total_max=int(v["env"]["max_total_length"]),
         disk_min=float(v["disk"]["min"]),
     )
-
-
-def env_flags(env: Mapping[str, str]) -> str:
-    """``env`` as the document's docker-flag string: ``-e K=V`` for a variable, a port's key
-    (``-p 7000:7000/udp``) as it stands."""
-    return " ".join(k if k.startswith("-") else f"-e {k}={v}" for k, v in env.items())
 
 
 def problems(body: Mapping[str, Any]) -> list[str]:

@@ -153,6 +153,14 @@ def input_limits(folder: Path | None = None) -> dict[str, Mapping[str, Mapping[s
     return {n: e.inputs for n, e in endpoints(folder).items() if e.inputs}
 
 
+def env_flags(env: Mapping[str, Any]) -> str:
+    """A create's ``env`` object (what vast-cli's ``parse_env`` makes of the described docker-flag
+    string) as that string again: ``-e K=V`` for a variable, a port's or volume's key (``-p
+    7000:7000/udp``) as it stands; what ``max_total_length`` measures, for the client and the
+    emulator alike."""
+    return " ".join(str(k) if str(k).startswith("-") else f"-e {k}={v}" for k, v in env.items())
+
+
 def pace(scale: float | None = None, folder: Path | None = None) -> dict[str, tuple[int, float]]:
     """Endpoint name -> (calls, seconds): at most so many calls in any such span, as a client
     that keeps within the documented limits spaces them (a threshold: 1 call per threshold)."""

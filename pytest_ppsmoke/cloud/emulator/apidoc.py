@@ -356,8 +356,9 @@ def _env_flags(env: Any) -> tuple[list[str], str]:
         values = [w.split("=", 1)[1] for i, w in enumerate(words) if i and words[i - 1] == "-e" and "=" in w]
         return values, env
     if isinstance(env, dict):
-        flags = [str(k) if str(k).startswith("-") else f"-e {k}={v}" for k, v in env.items()]
-        return [str(v) for k, v in env.items() if not str(k).startswith("-")], " ".join(flags)
+        from .. import vastdoc
+
+        return [str(v) for k, v in env.items() if not str(k).startswith("-")], vastdoc.env_flags(env)
     return [], ""
 
 
