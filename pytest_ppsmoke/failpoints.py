@@ -242,6 +242,14 @@ POINTS: dict[str, Point] = {
         Point("vast.reject_create", NUMBERS, ROW_CREATE, "these create calls (1-based) get HTTP 400", frozenset()),
         Point("vast.never_running", NUMBERS, ROW_RUNNING, "these stages' instances stay `loading`", frozenset()),
         Point(
+            "vast.stuck_machines",
+            NUMBERS,
+            ROW_RUNNING,
+            "these machines (machine_id) never finish booting: any instance on one stays `loading` (the default "
+            "catalogue's machines are 31000 and up, its cheapest match 31002)",
+            frozenset(),
+        ),
+        Point(
             "vast.boot_delay",
             DELAYS,
             ROW_RUNNING,

@@ -73,7 +73,7 @@ class MemInstance:
 
 def offers(n: int = 4) -> list[Offer]:
     """``n`` offers, the cheapest first by id."""
-    return [Offer(100 + i, f"GPU-{i}", 1, 24_000.0, 0.1 * (i + 1), 0.99, "here", {}) for i in range(n)]
+    return [Offer(100 + i, f"GPU-{i}", 1, 24_000.0, 0.1 * (i + 1), 0.99, "here", {}, 500 + i) for i in range(n)]
 
 
 @dataclass

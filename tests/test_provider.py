@@ -14,6 +14,7 @@ import pytest
 from pytest_ppsmoke.cloud.pacing import Pacer
 from pytest_ppsmoke.cloud.provider import Instance, Provider
 from pytest_ppsmoke.cloud.rental import Rental, RentalConfig, reap
+from pytest_ppsmoke.cloud.replace import SPEC
 from pytest_ppsmoke.cloud.waits import wait_running
 from pytest_ppsmoke.harness.deployment import Deployment
 from pytest_ppsmoke.harness.runconfig import RunConfig
@@ -27,6 +28,8 @@ ENV = {"PP_STAGE": "0"}
 
 
 def rental(provider: MemProvider, clock: VirtualClock, **config: object) -> Rental:
+    """A rental on the spec's error table (no replacement: tests/test_replace.py has it)."""
+    config.setdefault("replacement", SPEC)
     c = RentalConfig(check_image="not asked", **config)  # type: ignore[arg-type]
     return Rental(provider, c, "t1", clock=clock, sleep=clock.sleep)
 
@@ -246,7 +249,7 @@ async def test_a_host_lost_mid_run_is_seen_by_the_watch() -> None:
 
 
 def deployment(provider: MemProvider, clock: VirtualClock) -> Deployment:
-    config = RunConfig(check_image="not asked")
+    config = RunConfig(check_image="not asked", replacement=SPEC)
     return Deployment(provider, config, run_id="d1", clock=clock, sleep=clock.sleep)
 
 

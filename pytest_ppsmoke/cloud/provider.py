@@ -59,15 +59,18 @@ class NeverRuns(ProviderError):
 
 @dataclass(frozen=True)
 class Label:
-    """The label this tool gives an instance, ``ppsmoke-<run id>-stage<i>``: how a run finds its
+    """The label this tool gives an instance, ``ppsmoke-<run id>-stage<i>`` (a replacement's:
+    ``...-stage<i>r<k>``, so that no two instances of a run share one): how a run finds its
     instances again (a create whose answer was lost, a sweep, ``--reap``). :meth:`format` writes it,
     :meth:`parse` reads it back; :meth:`prefix` is what a run's (or every run's) labels start with."""
 
     run_id: str
     stage: int
+    replacement: int = 0  # 0: the stage's first instance; k: its k-th replacement (``...stage1r2``)
 
     def format(self) -> str:
-        return f"{self.prefix(self.run_id)}stage{self.stage}"
+        tail = f"r{self.replacement}" if self.replacement else ""
+        return f"{self.prefix(self.run_id)}stage{self.stage}{tail}"
 
     def __str__(self) -> str:
         return self.format()
@@ -82,10 +85,15 @@ class Label:
         """The run id and stage of a label :meth:`format` wrote; None for any other text."""
         if not text or not text.startswith(LABEL_PREFIX):
             return None
-        run_id, sep, stage = text[len(LABEL_PREFIX) :].rpartition("-stage")
-        if not sep or not run_id or not (stage.isascii() and stage.isdigit()):
+        run_id, sep, tail = text[len(LABEL_PREFIX) :].rpartition("-stage")
+        stage, r, again = tail.partition("r")
+        if not sep or not run_id or not _digits(stage) or (r and not (_digits(again) and int(again) > 0)):
             return None
-        return cls(run_id, int(stage))
+        return cls(run_id, int(stage), int(again) if r else 0)
+
+
+def _digits(text: str) -> bool:
+    return text.isascii() and text.isdigit()
 
 
 # the least download speed (offers' inet_down, Mbit/s) of a host a run rents: a new host downloads
@@ -136,10 +144,12 @@ class Offer:
     reliability: float
     geolocation: str
     raw: Mapping[str, Any] = field(repr=False, compare=False)
+    machine_id: int = 0  # the host machine behind the offer (0: not known); a replacement avoids it
 
     def summary(self) -> dict[str, Any]:
         return {
             "id": self.id,
+            "machine_id": self.machine_id,
             "gpu_name": self.gpu_name,
             "num_gpus": self.num_gpus,
             "gpu_ram_mb": self.gpu_ram_mb,

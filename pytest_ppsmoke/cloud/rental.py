@@ -4,14 +4,19 @@
     rental = Rental(provider, config, run_id)          # clock=, sleep=: a test's virtual clock
     offers = await rental.check()                       # the pre-flight: the matching offers
     inst = await rental.rent(stage, env, offers)        # a create, moving past offers raced away
-    await rental.wait_running(inst)                     # running within its boot window, its port
+    inst = await rental.see_through(inst, renew, join)  # running and joined, or replaced (.replace)
     lost = rental.watch()                               # a host lost mid-run, from vast.ai's list
     await rental.close()                                # destroy all, sweep, on every path
 
-Each instance is labelled ``ppsmoke-<run id>-stage<i>``, so that one whose create answer was lost
-is found again and destroyed (:meth:`Rental.close`'s sweep); the reap (:func:`reap`) destroys
-every labelled instance, of one run or all. What runs on the instances (the cluster, the model)
-is the harness's: this module knows the environment each create carries only as strings.
+A host that does not run by its per-host deadline, or whose node does not join by its join
+deadline, is replaced by an instance on another machine when the rest of the budget fits one
+(:class:`.replace.ReplacePolicy`); off, it fails the run as the spec's error table says.
+
+Each instance is labelled ``ppsmoke-<run id>-stage<i>`` (a replacement ``...-stage<i>r<k>``), so
+that one whose create answer was lost is found again and destroyed (:meth:`Rental.close`'s
+sweep); the reap (:func:`reap`) destroys every labelled instance, of one run or all. What runs
+on the instances (the cluster, the model) is the harness's: this module knows the environment
+each create carries only as strings.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from ..nodeenv import DEFAULTS
 from ..protocol import BOOT_POLL_INTERVAL, BOOT_POLLS, BUDGET, DIRECT_PORT, Names, Phase, PhaseError, stage_name
 from .preflight import Preflight, find_offers, image_check, preflight
 from .provider import Instance, Label, NeverRuns, Offer, OfferGone, OfferQuery, Provider, ProviderError, going_away
+from .replace import Replaceable, ReplacePolicy
 from .waits import Board, wait_running
 
 log = logging.getLogger(__name__)
@@ -62,6 +68,7 @@ class RentalConfig:
     check_image: bool | str | None = None  # ask the image's registry; a str: why not; None: image_check decides
     budget: float = BUDGET  # the run's seconds: the credit must cover the offers' $/h for this long
     names: Names = field(default_factory=Names)  # how the face names a setting in a failure's advice
+    replacement: ReplacePolicy = field(default_factory=ReplacePolicy)  # a host that never boots (.replace)
 
     def __post_init__(self) -> None:
         if self.num_stages < 2:
@@ -108,6 +115,11 @@ class RentedInstance:
     destroy_error: str | None = None
     public_udp: str | None = None  # where vast.ai forwards its node's UDP port from (its record's ports)
     timeline: dict[str, float] = field(default_factory=dict)  # STEPS reached: seconds since the run began
+    replacement: int = 0  # 0: its stage's first instance; k: the k-th to replace it
+    replaces: int | None = None  # the id of the instance it replaced
+    replaced: str | None = None  # why it was replaced (then destroyed): it never ran, or never joined
+    replaced_at: float | None = None  # when: seconds since the run began
+    started: float | None = None  # the rental's clock at its create: its per-host deadline counts from it
 
     @property
     def name(self) -> str:
@@ -152,6 +164,10 @@ class RentedInstance:
             "destroy_error": self.destroy_error,
             "public_udp": self.public_udp,
             "timeline": {step: self.timeline[step] for step in STEPS if step in self.timeline},
+            "replacement": self.replacement,
+            "replaces": self.replaces,
+            "replaced": self.replaced,
+            "replaced_at": self.replaced_at,
         }
 
 
@@ -179,6 +195,11 @@ class Rental:
         self.teardown_timeout = 120.0
         self.teardown_errors: list[str] = []
         self._tried: set[int] = set()
+        self.offers: list[Offer] = []  # the matching offers, cheapest first: a replacement takes the next
+        self.began = clock()  # when the run began (the deployment sets it at the rent)
+        self.deadline: float | None = None  # the rental's clock when the run's phases must end (the budget)
+        self.replacements = 0
+        self._machines: set[int] = set()  # machines rented: a replacement goes to none of them
         # the boot waits' records: one list of the run's instances a round, shared by every wait
         self.board = Board(provider, self.label_prefix, config.poll_interval / 2, clock=clock)
 
@@ -186,17 +207,24 @@ class Rental:
     def label_prefix(self) -> str:
         return Label.prefix(self.run_id)
 
+    @property
+    def current(self) -> list[RentedInstance]:
+        """Each stage's latest instance (the replaced ones left out), and any adopted by the sweep."""
+        return [i for i in self.instances if i.replaced is None]
+
     async def check(self) -> list[Offer]:
         """The pre-flight (:mod:`.preflight`): the matching offers, or PhaseError with nothing
         rented. Off (``config.preflight``): the offer search alone, in the rent."""
         c = self.config
         if not c.preflight:
-            return await find_offers(self.provider, c.query, c.num_stages, c.names, phase=Phase.RENT)
+            self.offers = await find_offers(self.provider, c.query, c.num_stages, c.names, phase=Phase.RENT)
+            return self.offers
         self.preflight = await preflight(
             self.provider, query=c.query, num_stages=c.num_stages, image=c.image, check_image=c.check_image or "",
             model=c.model, budget_s=c.budget, names=c.names,
         )  # fmt: skip
-        return self.preflight.offers
+        self.offers = self.preflight.offers
+        return self.offers
 
     def preflight_line(self) -> str:
         found = self.preflight
@@ -209,14 +237,20 @@ class Rental:
         )  # fmt: skip
         return f"key ok, {credit} for a worst case of ${found.worst_case_usd:.2f}; {image}; {len(found.offers)} offers"
 
-    async def rent(self, stage: int, env: Mapping[str, str], offers: list[Offer], endpoint_id: str) -> RentedInstance:
-        """Create stage ``stage``'s instance on the cheapest matching offer not tried yet. An offer
-        taken by someone else between search and create (404/410 ``no_such_ask``) is reported and
-        the next one is tried, up to ``offer_races`` in the run; any other refusal ends the run."""
+    async def rent(
+        self, stage: int, env: Mapping[str, str], offers: list[Offer], endpoint_id: str, replacement: int = 0
+    ) -> RentedInstance:
+        """Create stage ``stage``'s instance on the cheapest matching offer not tried yet (a
+        replacement: on a machine this run has not rented). An offer taken by someone else
+        between search and create (404/410 ``no_such_ask``) is reported and the next one is
+        tried, up to ``offer_races`` in the run; any other refusal ends the run."""
         c = self.config
         ports = {f"-p {c.port}:{c.port}/udp": "1"} if c.direct else {}  # vast-cli's form of docker's -p
         while True:
-            offer = next((o for o in offers if o.id not in self._tried), None)
+            offer = next(
+                (o for o in offers if o.id not in self._tried and not (replacement and o.machine_id in self._machines)),
+                None,
+            )
             if offer is None:
                 taken = ", ".join(str(o["offer"]) for o in self.offers_skipped)
                 raise PhaseError(
@@ -226,7 +260,8 @@ class Rental:
                     f"{c.names.setting('min_reliability')}, or try again",
                 )
             self._tried.add(offer.id)
-            inst = RentedInstance(stage, offer, Label(self.run_id, stage).format(), endpoint_id=endpoint_id)
+            label = Label(self.run_id, stage, replacement).format()
+            inst = RentedInstance(stage, offer, label, endpoint_id=endpoint_id, replacement=replacement)
             self.creates_sent += 1
             self._uncertain_creates = True  # until its answer is in: cancelled now, it may still rent
             try:
@@ -241,7 +276,9 @@ class Rental:
                 self._uncertain_creates = e.status == 0  # a definite refusal rented nothing
                 raise PhaseError(Phase.RENT, f"creating stage {stage} on offer {offer.id} was rejected: {e}") from None
             self._uncertain_creates = False
-            inst.created_at = time.time()
+            inst.created_at, inst.started = time.time(), self.clock()
+            if offer.machine_id:
+                self._machines.add(offer.machine_id)
             self.instances.append(inst)  # one cancelled while its create was in flight is found by the sweep
             return inst
 
@@ -267,8 +304,11 @@ class Rental:
 
     async def wait_running(self, inst: RentedInstance) -> None:
         """``inst`` running within its boot window (PhaseError(Phase.BOOT) naming its stage and why
-        not), and, where its create asked for one, the port vast.ai forwards to it."""
-        c = self.config
+        not), and, where its create asked for one, the port vast.ai forwards to it. With
+        replacement on, a host not running by its per-host deadline, or one vast.ai shows dead,
+        raises :class:`Replaceable` when a replacement could be rented (:meth:`cannot_replace`);
+        when none could, it keeps the rest of its window."""
+        c, policy = self.config, self.config.replacement
         assert inst.id is not None
 
         def seen(poll: int, record: Instance | None) -> None:
@@ -276,23 +316,154 @@ class Rental:
                 inst.seen(record)
 
         looks = max(1, math.ceil(c.boot_window / c.poll_interval))
-        try:
-            record = await wait_running(
-                self.provider, inst.id, looks, c.poll_interval, seen,
-                clock=self.clock, sleep=self.sleep, look=self.board.look,
-            )  # fmt: skip
-        except NeverRuns as e:
-            fix = ""
-            if e.failure == "image pull":
-                fix = f"; check that image {c.image} exists and is public, or pass {c.names.setting('image')}"
-            raise PhaseError(Phase.BOOT, f"stage {inst.stage}: {e}{fix}") from None
-        except TimeoutError as e:
-            window = f"its {c.boot_window:g} s boot window ({c.polls} polls at vast.ai's {BOOT_POLL_INTERVAL:g} s)"
-            raise PhaseError(Phase.BOOT, f"stage {inst.stage}: not running within {window}: {e}") from None
-        except ProviderError as e:
-            raise PhaseError(Phase.BOOT, f"stage {inst.stage}: {e}") from None
+        first = looks
+        if policy.on:
+            waited = self.clock() - (inst.started if inst.started is not None else self.clock())
+            first = min(looks, max(1, math.ceil((policy.host_deadline - waited) / c.poll_interval)))
+        record: Instance | None = None
+        for polls in (first, looks - first):
+            if polls <= 0:
+                continue
+            try:
+                record = await wait_running(
+                    self.provider, inst.id, polls, c.poll_interval, seen,
+                    clock=self.clock, sleep=self.sleep, look=self.board.look,
+                )  # fmt: skip
+                break
+            except NeverRuns as e:
+                fix = ""
+                if e.failure == "image pull":
+                    fix = f"; check that image {c.image} exists and is public, or pass {c.names.setting('image')}"
+                error = PhaseError(Phase.BOOT, f"stage {inst.stage}: {e}{fix}")
+                if policy.on and e.failure is None:  # its host is dead (an image's failure is everyone's)
+                    raise Replaceable(error) from None
+                raise error from None
+            except TimeoutError as e:
+                if polls == first and first < looks and self.cannot_replace() is None:
+                    deadline = f"its {policy.host_deadline:g} s per-host deadline"
+                    late = PhaseError(Phase.BOOT, f"stage {inst.stage}: not running within {deadline}: {e}")
+                    raise Replaceable(late) from None
+                if polls == first and first < looks:
+                    log.info("%s: not running by its per-host deadline; %s", inst.where, self.cannot_replace())
+                    continue
+                window = f"its {c.boot_window:g} s boot window ({c.polls} polls at vast.ai's {BOOT_POLL_INTERVAL:g} s)"
+                raise PhaseError(Phase.BOOT, f"stage {inst.stage}: not running within {window}: {e}") from None
+            except ProviderError as e:
+                raise PhaseError(Phase.BOOT, f"stage {inst.stage}: {e}") from None
+        assert record is not None
         if c.direct:
             inst.public_udp = await self._forwarded(inst, record)
+
+    # --- replacing a host that never boots (replace.py) -----------------------------------------
+
+    def cannot_replace(self) -> str | None:
+        """Why no replacement can be rented now (None: one can): replacement off, the run's
+        replacements spent, or too little of the budget left for the policy's estimate of a
+        replacement's boot and the rest of the run."""
+        p = self.config.replacement
+        if not p.on:
+            return "replacement is off"
+        if self.replacements >= p.most:
+            return f"the run's {p.most} replacement(s) are spent"
+        if self.deadline is not None:
+            left, need = self.deadline - self.clock(), p.boot_estimate + p.rest_estimate
+            if left < need:
+                return (
+                    f"the budget has {max(left, 0):.0f} s left, and a replacement needs about {need:.0f} s "
+                    f"(a boot of {p.boot_estimate:g} s assumed, then {p.rest_estimate:g} s for the rest of the run)"
+                )
+        return None
+
+    async def see_through(
+        self,
+        inst: RentedInstance,
+        renew: Callable[[RentedInstance], Awaitable[tuple[Mapping[str, str], str]]],
+        after_running: Callable[[RentedInstance], Awaitable[None]],
+        stamp: Callable[[RentedInstance, str], None] = lambda i, step: None,
+        spare: RentedInstance | None = None,
+    ) -> RentedInstance:
+        """``inst`` running (:meth:`wait_running`), then ``after_running`` (the cluster's join),
+        replaced by another instance of its stage each time it does not get there in time
+        (``after_running`` raises :class:`Replaceable`, or does not end within the policy's join
+        deadline): ``renew`` gives the replacement's environment and endpoint id. ``spare``:
+        another instance of the stage, rented beside it; the first of the two to run goes on,
+        the other is destroyed. Returns the instance that got there; raises the failure of the
+        last one that did not."""
+        p = self.config.replacement
+        while True:
+            try:
+                inst = await self._first_running(inst, spare)
+                spare = None
+                stamp(inst, "running")
+                if not p.on:
+                    await after_running(inst)
+                    return inst
+                try:
+                    await self._within(p.join_deadline, after_running(inst))
+                except TimeoutError:
+                    late = f"{inst.where}: its node did not join within {p.join_deadline:g} s of running"
+                    raise Replaceable(PhaseError(Phase.CONVERGE, late)) from None
+                return inst
+            except Replaceable as e:
+                why = self.cannot_replace()
+                if why is not None:
+                    raise PhaseError(e.error.phase, f"{e.error.reason}; not replaced: {why}") from None
+                inst = await self.replace(inst, e.error.reason, renew)
+                stamp(inst, "rented")
+
+    def next_replacement(self, stage: int) -> int:
+        """The next replacement number of ``stage`` (its label's ``r<k>``): one past any it has had."""
+        return 1 + max((i.replacement for i in self.instances if i.stage == stage), default=0)
+
+    async def _first_running(self, inst: RentedInstance, spare: RentedInstance | None) -> RentedInstance:
+        """``inst`` running; with a ``spare``, whichever of the two runs first, the other one
+        destroyed (marked replaced). When neither runs, the spare is destroyed and ``inst``'s
+        failure raised."""
+        if spare is None:
+            await self.wait_running(inst)
+            return inst
+        waits = {asyncio.ensure_future(self.wait_running(i)): i for i in (inst, spare)}
+        first: BaseException | None = None
+        try:
+            for done in asyncio.as_completed(list(waits)):
+                try:
+                    await done
+                except (PhaseError, Replaceable) as e:
+                    first = first or e
+                    continue
+                winner = next(i for t, i in waits.items() if t.done() and not t.cancelled() and not t.exception())
+                loser = spare if winner is inst else inst
+                await self._retire(loser, f"the other instance of stage {inst.stage} ran first")
+                return winner
+        finally:
+            for t in waits:
+                t.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
+        await self._retire(spare, "neither it nor the other instance of its stage ran in time")
+        assert first is not None
+        raise first
+
+    async def _retire(self, inst: RentedInstance, why: str) -> None:
+        """Mark ``inst`` replaced (``why``) and destroy it."""
+        inst.replaced, inst.replaced_at = why, round(self.clock() - self.began, 3)
+        await self._destroy(inst)
+
+    async def replace(
+        self,
+        inst: RentedInstance,
+        why: str,
+        renew: Callable[[RentedInstance], Awaitable[tuple[Mapping[str, str], str]]],
+    ) -> RentedInstance:
+        """Destroy ``inst`` (``why``: what it did not do in time) and rent its stage again on the
+        next offer, on a machine this run has not rented; ``renew`` gives the new instance's
+        environment and endpoint id (a new key, admitted by the cluster)."""
+        self.replacements += 1
+        log.warning("replacing %s: %s", inst.where, why)
+        await self._retire(inst, why)  # a failed destroy is reported against it, and tried again at the close
+        env, endpoint_id = await renew(inst)
+        new = await self.rent(inst.stage, env, self.offers, endpoint_id, replacement=self.next_replacement(inst.stage))
+        new.replaces = inst.id
+        return new
 
     async def _forwarded(self, inst: RentedInstance, record: Instance) -> str | None:
         """Where vast.ai forwards the node's UDP port from: the running record's ``ports``, or a

@@ -91,6 +91,11 @@ def _forwarded(record: Mapping[str, Any]) -> dict[int, str]:
     return out
 
 
+def _int(v: Any) -> int:
+    """A record's id field as an int; 0 where it is missing or not a whole number (a dirty record)."""
+    return v if isinstance(v, int) and not isinstance(v, bool) else 0
+
+
 def _machine(r: Mapping[str, Any]) -> Offer:
     """The machine an instance runs on, as an offer (for the cost of an instance found by its label)."""
     price = r.get("dph_total")
@@ -103,6 +108,7 @@ def _machine(r: Mapping[str, Any]) -> Offer:
         float(r.get("reliability2") or 0),
         str(r.get("geolocation") or "?"),
         {},
+        _int(r.get("machine_id")),
     )
 
 
@@ -147,6 +153,7 @@ def offer_from_json(o: Mapping[str, Any]) -> Offer:
             float(o.get("reliability", o.get("reliability2", 0)) or 0),
             str(o.get("geolocation") or "?"),
             o,
+            _int(o.get("machine_id")),
         )
     except (KeyError, TypeError, ValueError) as e:
         what = f"an offer without a usable {e}; it has {sorted(o)[:20]}"

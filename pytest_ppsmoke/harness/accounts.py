@@ -200,7 +200,7 @@ async def gather(
             why = got
         return await from_vast(rental, inst, redact, why)
 
-    rented = [i for i in rental.instances if i.id is not None]
+    rented = [i for i in rental.current if i.id is not None]
     tasks = {i.stage: asyncio.ensure_future(one(i)) for i in rented}
     try:
         if tasks:

@@ -186,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         f"pp-smoke-run: {r.destroyed()} of {len(r.instances)} instance(s) destroyed; cost ${r.cost_usd:.4f}",
         file=sys.stderr,
     )
+    if (replaced := r.replaced_line()) is not None:
+        print(f"pp-smoke-run: {replaced}", file=sys.stderr)
     if not r.ok and args.verbose:  # each node's account of the failure, in its own words
         for name, text in r.tails():
             print(f"pp-smoke-run: {name}:\n  " + "\n  ".join(text.splitlines()), file=sys.stderr)

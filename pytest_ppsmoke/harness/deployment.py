@@ -37,6 +37,7 @@ from typing import Any
 
 from ..cloud.provider import Offer, Provider
 from ..cloud.rental import STEPS, Rental, RentedInstance
+from ..cloud.replace import Replaceable
 from ..messages import NodeStatus
 from ..protocol import Phase, PhaseError, stage_name
 from ..runtime.cluster import converge, resolve_names
@@ -45,6 +46,7 @@ from ..runtime.node import Node, NodeConfig
 from ..runtime.resource import Resource
 from ..runtime.stalls import LoopStall, LoopWatch
 from ..runtime.swimstate import MemberEvent
+from ..runtime.transport import endpoint_id, new_secret_key
 from . import reach
 from .runconfig import NODE_FIELDS, RunConfig
 
@@ -111,7 +113,13 @@ class Deployment(Resource):
     # the rental's, as the driver and the tests read them
     @property
     def instances(self) -> list[RentedInstance]:
+        """Every instance the run rented, the replaced ones (destroyed) included."""
         return self.rental.instances
+
+    @property
+    def current(self) -> list[RentedInstance]:
+        """The instances the run stands on: each stage's latest, the replaced ones left out."""
+        return self.rental.current
 
     @property
     def label_prefix(self) -> str:
@@ -170,20 +178,37 @@ class Deployment(Resource):
 
     async def _steps(self, inst: RentedInstance) -> None:
         """One instance from created to loaded, as soon as it can, apart from the others."""
-        assert self.seed is not None
-        c, seed = self.config, self.seed
         try:
-            await self.rental.wait_running(inst)
-            self._stamp(inst, "running")
-            assert self._seed_up is not None
-            await asyncio.shield(self._seed_up)  # the orchestrator's own endpoint, bound
-            await reach.join(seed, inst, c, self._stamp, self.instances)
+            inst = await self.rental.see_through(inst, self._renew, self._join, self._stamp)
             await self._loaded(inst)
         except PhaseError as e:
             self._failed(e)
         except Exception as e:  # a defect: it still ends the run, naming the instance
             log.exception("%s: its steps failed", inst.where)
             self._failed(PhaseError(self.phase, f"{inst.where}: {type(e).__name__}: {e}"))
+
+    async def _join(self, inst: RentedInstance) -> None:
+        """``inst``'s node reached and alive in the orchestrator's view; one that is not, by the
+        spec's deadline, may be replaced (:meth:`Rental.see_through`)."""
+        assert self.seed is not None and self._seed_up is not None
+        await asyncio.shield(self._seed_up)  # the orchestrator's own endpoint, bound
+        try:
+            await reach.join(self.seed, inst, self.config, self._stamp, self.current)
+        except PhaseError as e:
+            if e.phase is Phase.CONVERGE:
+                raise Replaceable(e) from None
+            raise
+
+    async def _renew(self, old: RentedInstance) -> tuple[dict[str, str], str]:
+        """A replacement of ``old``'s stage: a new key, its id admitted by the cluster and
+        ``old``'s revoked (signed by the orchestrator, checked by every node: ``Node.admit``),
+        and the create's environment, which carries the cluster's ids as they are now."""
+        assert self.seed is not None
+        key = new_secret_key()
+        new_id = endpoint_id(key)
+        self.keys.keys[1 + old.stage], self.keys.ids[1 + old.stage] = key, new_id
+        self.seed.admit([new_id], [old.endpoint_id])
+        return self._env(old.stage), new_id
 
     def _stamp(self, inst: RentedInstance, step: str) -> None:
         inst.reached(step, self._began, self.clock())
@@ -207,7 +232,7 @@ class Deployment(Resource):
         while True:
             if self.lost is not None and self.lost.done():
                 raise self.lost.result()
-            if all(step in i.timeline for i in self.instances):
+            if all(step in i.timeline for i in self.current):
                 return
             self._changed.clear()
             await self._changed.wait()
@@ -289,7 +314,9 @@ class Deployment(Resource):
     async def boot(self) -> None:
         t = self._begin(Phase.BOOT)
         await self._every(Phase.BOOT)
-        self._done(Phase.BOOT, t, f"{len(self.instances)} running")
+        replaced = [i for i in self.instances if i.replaced]
+        more = f"; {len(replaced)} replaced: " + ", ".join(f"{i.name}" for i in replaced) if replaced else ""
+        self._done(Phase.BOOT, t, f"{len(self.current)} running{more}")
 
     async def converge(self) -> None:
         """Every node joined (each within its deadline, from its running), then every member's own
@@ -300,9 +327,9 @@ class Deployment(Resource):
         c = self.config
         await self._every(Phase.CONVERGE)
         await converge(
-            self.seed, self.keys.ids, c.converge_timeout, lambda missing: reach.explain(self.instances, c, missing)
+            self.seed, self.keys.ids, c.converge_timeout, lambda missing: reach.explain(self.current, c, missing)
         )
-        self.swim_timing = await reach.time_swim(self.seed, self.instances, c)
+        self.swim_timing = await reach.time_swim(self.seed, self.current, c)
         self.seed.membership.add_listener(self._on_member)  # until the seed closes, teardown included
         self._done(Phase.CONVERGE, t, f"{len(self.keys.ids)} members" + self._paths_line() + self._swim_line())
 
@@ -335,7 +362,7 @@ class Deployment(Resource):
 
     def places(self) -> dict[int, str]:
         """Where each stage runs, as a failure names it: ``{stage: "instance N (label)"}``."""
-        return {i.stage: f"instance {i.id} ({i.label})" for i in self.instances}
+        return {i.stage: f"instance {i.id} ({i.label})" for i in self.current}
 
     def paths(self) -> dict[str, Any]:
         """How the orchestrator reaches each stage now (:meth:`Transport.path`), and how many
@@ -343,7 +370,7 @@ class Deployment(Resource):
         if self.seed is None:
             return {}
         out: dict[str, Any] = {
-            stage_name(i.stage): self.seed.transport.path(i.endpoint_id) for i in self.instances if i.endpoint_id
+            stage_name(i.stage): self.seed.transport.path(i.endpoint_id) for i in self.current if i.endpoint_id
         }
         stats = self.seed.transport.stats
         return {"links": out, "dialled": stats.connects, "accepted": stats.accepted}

@@ -33,6 +33,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..cloud.provider import Provider, going_away
+from ..cloud.rental import RentedInstance
 from ..protocol import Phase, PhaseError, stage_name
 from ..runtime.errors import RemoteError
 from ..runtime.resource import Resource
@@ -189,6 +190,7 @@ class SmokeRun(Resource):
         self.report.vast_url = place.url
         self.report.network = parse(NetworkFigures, place.network) if place.network is not None else None
         self.deployment = place.deployment(on_phase=self.on_phase)
+        self.deployment.rental.deadline = self.started + s.phases_budget  # a replacement must fit before it
         self.deployment.on_start = self.on_start
         self.report.run_id = self.deployment.run_id
 
@@ -378,6 +380,11 @@ class SmokeRun(Resource):
         if self.on_phase is not None:
             self.on_phase("reference", seconds, r.reference.line())
 
+    def _account(self, inst: RentedInstance) -> accounts.Account | None:
+        """The node's own account of a failure, for the instance its stage stands on (a replaced
+        one's node never joined: it has none)."""
+        return None if inst.replaced else self.accounts.get(inst.stage)
+
     def _take_figures(self) -> None:
         dep, r = self.deployment, self.report
         if dep is None:
@@ -388,10 +395,11 @@ class SmokeRun(Resource):
         r.instances = [
             parse(
                 InstanceFigures,
-                {**i.summary(), **(a.summary() if (a := self.accounts.get(i.stage)) else accounts.NO_ACCOUNT)},
+                {**i.summary(), **(a.summary() if (a := self._account(i)) else accounts.NO_ACCOUNT)},
             )
             for i in dep.instances
         ]
+        r.replacements = sum(1 for i in dep.instances if i.replaced)
         r.cost_usd = round(dep.cost_usd(), 6)
         r.creates_sent = dep.creates_sent
         r.offers_skipped = parse(list[SkippedOffer], dep.offers_skipped)

@@ -229,9 +229,10 @@ class PreflightFigures:
 
 @dataclass
 class OfferFigures:
-    """The offer an instance was created on."""
+    """The offer an instance was created on, and its machine (0: not known)."""
 
     id: int
+    machine_id: int
     gpu_name: str
     num_gpus: int
     gpu_ram_mb: float
@@ -253,7 +254,7 @@ class InstanceFigures:
     """One rented instance (``cloud/rental.py``'s ``RentedInstance``) and, when the run failed, its
     node's own account (``harness/accounts.py``): its state, in words, the tail of its log and
     where it came from, its loop's stalls. ``timeline``: the instance's steps reached, by name,
-    in seconds since the run began."""
+    in seconds since the run began. A replaced instance says why and when; its cost is its own."""
 
     id: int | None
     stage: int
@@ -268,6 +269,10 @@ class InstanceFigures:
     destroy_error: str | None
     public_udp: str | None
     timeline: dict[str, float]
+    replacement: int  # 0: its stage's first instance; k: its k-th replacement
+    replaces: int | None  # the id of the instance it replaced
+    replaced: str | None  # why it was replaced (and destroyed): it never ran, or its node never joined
+    replaced_at: float | None  # when, in seconds since the run began
     node_state: NodeState | None = None
     node_words: str = ""
     log_source: LogSource | None = None

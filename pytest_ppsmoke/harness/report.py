@@ -56,7 +56,7 @@ from .figures import (
     WireDtype,
 )
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 SCHEMA_FILE = "report.schema.json"  # beside this module, in the package
 REGENERATE = "python -m pytest_ppsmoke.harness.report --schema > pytest_ppsmoke/harness/report.schema.json"
 
@@ -92,6 +92,7 @@ class Report:
     left_after_teardown: list[ListedInstance] | None = None  # vast.ai's list of the run's label, after
     going_after_teardown: list[ListedInstance] = field(default_factory=list)  # still listed, on their way out
     offers_skipped: list[SkippedOffer] = field(default_factory=list)  # taken by someone else before our create
+    replacements: int = 0  # hosts replaced (never running, or never joined, by their deadlines): instances[].replaced
     network: NetworkFigures | None = None  # the emulated network
     network_stats: dict[str, LinkStats] | None = None  # the delay switch's counts per link, at the end
     paths: Paths | None = None  # how the orchestrator reached each stage (direct or relay, rtt), accepted
@@ -150,6 +151,19 @@ class Report:
             return None
         return f"vast.ai API: {a.calls} calls; " + "; ".join(parts)
 
+    def replaced_line(self) -> str | None:
+        """The hosts the run replaced, each with why, when and what it cost; None when none was:
+        a verdict that needed the cloud's second try says so."""
+        gone = [i for i in self.instances if i.replaced]
+        if not gone:
+            return None
+        each = "; ".join(
+            f"instance {i.id} (stage {i.stage}, {i.offer.gpu_name} on machine {i.offer.machine_id}) at "
+            f"{i.replaced_at:.0f} s for ${i.cost_usd:.4f}: {i.replaced}"
+            for i in gone
+        )
+        return f"{len(gone)} host(s) replaced: {each}"
+
     def destroyed(self) -> int:
         return sum(i.final_state in ("destroyed", "destroying") for i in self.instances)
 
@@ -201,6 +215,7 @@ class Report:
             ]
         out.append(("rent", "ppsmoke_offers_skipped", ",".join(str(o.offer) for o in self.offers_skipped)))
         out.append(("rent", "ppsmoke_instances", ",".join(str(i.id) for i in self.instances)))
+        out.append(("boot", "ppsmoke_replacements", self.replacements))
         out.append(("", "ppsmoke_cost_usd", self.cost_usd))
         if self.error:
             out.append(("", "ppsmoke_error", self.error))

@@ -41,7 +41,7 @@ from ..protocol import Names, Phase, PhaseError
 from ..runtime.resource import Resource
 from .deployment import Deployment
 from .runconfig import RunConfig
-from .settings import Settings
+from .settings import REPLACE, Settings
 
 if TYPE_CHECKING:
     from ..network import NetworkSpec
@@ -99,6 +99,7 @@ def run_config(s: Settings, names: Names | None = None) -> RunConfig:
         transport="local" if s.local and not internet(s.network) else "wan",
         check_image=image_check(s.image, vastai=not s.local),
         names=names or Names(),
+        replacement=dataclasses.replace(REPLACE, on=s.replace_hosts, host_deadline=s.host_deadline),
     )
 
 

@@ -163,7 +163,9 @@ async def boot(inst: Instance, runtime: Runs, faults: Scenario) -> None:
     (running) until it ends (exited)."""
     await asyncio.sleep(0.05)
     inst.loading()
-    if inst.stage in faults.value("vast.never_running"):
+    if inst.stage in faults.value("vast.never_running") or inst.offer["machine_id"] in faults.value(
+        "vast.stuck_machines"
+    ):
         return  # stuck pulling, as a host with a broken registry mirror would be
     delays = faults.value("vast.boot_delay")  # one per instance in create order, the last for the rest
     await asyncio.sleep(delays[min(inst.number, len(delays)) - 1])

@@ -1,0 +1,104 @@
+"""Replacing a host that never boots: the policy the rental follows, and the assumptions about
+vast.ai's boots it rests on, shared with the simulation that chose it (``bench/replacement_sim.py``,
+which runs the rental itself on a virtual clock; docs/benchmarks.md has its table).
+
+A smoke test's verdict is about the deployment, not about the cloud. vast.ai puts a boot at
+"typically 1-5 minutes", and some hosts never finish: waiting the whole boot window for one,
+then failing, tells a user's CI that the deployment is broken. So an instance that has not
+reached ``running`` by its per-host deadline (from its create), or whose node has not joined by
+its join deadline (from its running), is replaced: the next offer, on another machine, rented
+and the slow instance destroyed. Only when a replacement fits the rest of the budget, by the
+estimate below; otherwise the slow host keeps its own boot window, the best chance left.
+
+``ReplacePolicy(on=False)`` is the spec's error table as written: a host that never runs, or a
+node that never joins, fails the run.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+from ..protocol import PhaseError
+
+
+@dataclass(frozen=True)
+class BootAssumption:
+    """How long a vast.ai host takes from its create to ``running``, as the simulation assumes
+    it: a log-normal distribution whose 5th and 95th percentiles are ``p5`` and ``p95``
+    seconds (vast.ai documents "typically 1-5 minutes", the image's size deciding; boots are
+    skewed: most are quick, a few very slow), and a share ``never`` of hosts that never boot."""
+
+    p5: float = 60.0
+    p95: float = 300.0
+    never: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.p5 < self.p95:
+            raise ValueError(f"boot percentiles must be 0 < p5 < p95, got p5={self.p5} p95={self.p95}")
+        if not 0 <= self.never < 1:
+            raise ValueError(f"the share of hosts that never boot must be in [0, 1), got {self.never}")
+
+    @property
+    def median(self) -> float:
+        return math.sqrt(self.p5 * self.p95)
+
+    @property
+    def sigma(self) -> float:
+        return math.log(self.p95 / self.p5) / (2 * 1.6448536269514722)  # z of the 95th percentile
+
+    def sample(self, rng: random.Random) -> float | None:
+        """One host's boot in seconds; None for a host that never boots."""
+        if rng.random() < self.never:
+            return None
+        return rng.lognormvariate(math.log(self.median), self.sigma)
+
+
+# vast.ai's documented range, with the search's own bound: hosts of at least MIN_INET_DOWN
+# Mbit/s, whose download of the image and the model fits in about a minute, are the quick end of
+# it. The replacement's estimate below is this assumption's median
+FAST_HOSTS = BootAssumption(p5=30.0, p95=150.0)
+DOCUMENTED = BootAssumption(p5=60.0, p95=300.0)
+
+
+@dataclass(frozen=True)
+class ReplacePolicy:
+    """When the rental replaces a host, and what it assumes a replacement costs in time.
+
+    ``host_deadline``: seconds from an instance's create to ``running`` before it is replaced.
+    ``join_deadline``: seconds from its running to its node joined. ``most``: replacements in
+    one run. ``boot_estimate``: the seconds a replacement's boot is assumed to take, and
+    ``rest_estimate`` the seconds the run needs once every host has joined (load, resolve,
+    inference): a replacement is rented only when both fit before the budget's end.
+    ``spare``: one more instance of the last stage from the start (the first of the two to run
+    is kept); ``docs/benchmarks.md`` says why it is off."""
+
+    on: bool = True
+    host_deadline: float = 90.0
+    join_deadline: float = 60.0
+    most: int = 2
+    boot_estimate: float = round(FAST_HOSTS.median)
+    rest_estimate: float = 75.0
+    spare: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("host_deadline", "join_deadline", "boot_estimate", "rest_estimate"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ValueError(f"{name} must be a positive number of seconds, got {v!r}")
+        if self.most < 0:
+            raise ValueError(f"most must be at least 0 replacements, got {self.most}")
+
+
+SPEC = ReplacePolicy(on=False)  # the spec's error table: a host that never runs fails the run
+
+
+class Replaceable(Exception):
+    """A host that did not get there in time (``error``: the failure it is, if it is not
+    replaced): its node never joined, or it never ran. The rental replaces it, or raises
+    ``error``."""
+
+    def __init__(self, error: PhaseError) -> None:
+        super().__init__(str(error))
+        self.error = error
