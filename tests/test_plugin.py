@@ -439,7 +439,7 @@ def test_a_failed_converge_then_failing_destroys_name_converge_in_the_junit_mess
     report, junit = pytester.path / "r.json", pytester.path / "out.xml"
     pytester.runpytest_subprocess(
         "-m", "local", "-p", "no:cacheprovider", "--ppsmoke-model", synth_model, "--ppsmoke-converge-timeout", "8",
-        "--ppsmoke-report", str(report), f"--junitxml={junit}",
+        "--ppsmoke-replace-hosts", "off", "--ppsmoke-report", str(report), f"--junitxml={junit}",
     )  # fmt: skip
     figures = json.loads(report.read_text())
     assert figures["failed_phase"] == "converge" and figures["teardown_error"], figures["error"]

@@ -319,8 +319,9 @@ class Rental:
         first = looks
         if policy.on:
             waited = self.clock() - (inst.started if inst.started is not None else self.clock())
-            first = min(looks, max(1, math.ceil((policy.host_deadline - waited) / c.poll_interval)))
+            first = min(looks, 1 + max(0, math.ceil((policy.host_deadline - waited) / c.poll_interval)))
         record: Instance | None = None
+        kept = ""  # why a host past its deadline was kept, not replaced
         for polls in (first, looks - first):
             if polls <= 0:
                 continue
@@ -344,10 +345,12 @@ class Rental:
                     late = PhaseError(Phase.BOOT, f"stage {inst.stage}: not running within {deadline}: {e}")
                     raise Replaceable(late) from None
                 if polls == first and first < looks:
-                    log.info("%s: not running by its per-host deadline; %s", inst.where, self.cannot_replace())
+                    kept = f"not replaced: {self.cannot_replace()}"
+                    log.info("%s: not running by its per-host deadline, and %s", inst.where, kept)
                     continue
                 window = f"its {c.boot_window:g} s boot window ({c.polls} polls at vast.ai's {BOOT_POLL_INTERVAL:g} s)"
-                raise PhaseError(Phase.BOOT, f"stage {inst.stage}: not running within {window}: {e}") from None
+                why = f"stage {inst.stage}: not running within {window}: {e}" + (f"; {kept}" if kept else "")
+                raise PhaseError(Phase.BOOT, why) from None
             except ProviderError as e:
                 raise PhaseError(Phase.BOOT, f"stage {inst.stage}: {e}") from None
         assert record is not None

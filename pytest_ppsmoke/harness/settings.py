@@ -117,9 +117,9 @@ GROUPS = {
 LOCAL_MODEL, VASTAI_MODEL = NODE.model, "llama3.2:1b"
 LOCAL_POLL_INTERVAL, IMAGE_POLL_INTERVAL = 0.25, 1.0  # a working container of the image takes seconds to make
 REPLACE = ReplacePolicy()  # vast.ai's per-host deadline, chosen by the simulation (docs/benchmarks.md)
-# an emulated host runs within seconds (a container of the image included): one not running by
-# then is stuck, and its replacement fits the budget many times over
-LOCAL_HOST_DEADLINE = 30.0
+# an emulated host runs as soon as its node's process starts, or its container is made (seconds
+# more): one not running by then is stuck, and its replacement fits the budget many times over
+LOCAL_HOST_DEADLINE, IMAGE_HOST_DEADLINE = 10.0, 60.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -319,7 +319,7 @@ class Settings:
     )
     replace_hosts: bool = option(
         True,
-        "replace a host that is not running by --host-deadline, or whose node has not joined within "
+        "replace a host that is not running by the host deadline, or whose node has not joined within "
         f"{REPLACE.join_deadline:g} s of running, with an instance on another machine, when the rest of the budget "
         "fits one: on or off (off: the spec's error table, where such a host fails the run)",
         _ON_OFF,
@@ -330,7 +330,8 @@ class Settings:
         "seconds from an instance's create to running before it is replaced (docs/benchmarks.md, the simulation)",
         _POSITIVE,
         group="deadlines",
-        default_text=f"{REPLACE.host_deadline:g}; local {LOCAL_HOST_DEADLINE:g}",
+        default_text=f"{REPLACE.host_deadline:g}; local {LOCAL_HOST_DEADLINE:g}, {IMAGE_HOST_DEADLINE:g} with "
+        "--runtime image",
         metavar="SECONDS",
     )
     converge_timeout: float = option(
@@ -392,7 +393,10 @@ class Settings:
                 (IMAGE_POLL_INTERVAL if image else LOCAL_POLL_INTERVAL) if local else BOOT_POLL_INTERVAL
             )
         if v["host_deadline"] is None:
-            v["host_deadline"] = LOCAL_HOST_DEADLINE if local else REPLACE.host_deadline
+            image = v.get("runtime") == "image"
+            v["host_deadline"] = (
+                (IMAGE_HOST_DEADLINE if image else LOCAL_HOST_DEADLINE) if local else REPLACE.host_deadline
+            )
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: x for k, x in v.items() if k in names})
 
