@@ -314,6 +314,7 @@ def test_loading_the_plugin_imports_only_stdlib_pytest_and_the_settings_table() 
         "pytest_ppsmoke.cloud",  # its __init__ imports nothing
         "pytest_ppsmoke.cloud.provider",  # the neutral records, OfferQuery's defaults (standard library only)
         "pytest_ppsmoke.cloud.runtimenames",  # the emulator's runtimes' names (standard library only)
+        "pytest_ppsmoke.cloud.replace",  # the replacement policy's defaults (standard library only)
     }
     assert ours <= allowed, sorted(ours - allowed)
     others = {m.split(".")[0] for m in loaded - ours} - set(sys.stdlib_module_names)

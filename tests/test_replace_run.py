@@ -53,5 +53,5 @@ async def test_with_the_specs_setting_the_same_machine_fails_the_boot_and_destro
         emulator, tmp_path, f"vast.stuck_machines={STUCK}", "--polls", "1", "--poll-interval", "0.1"
     )
     assert_failed_at(smoke, report, "boot", r"stage 0: not running within its 3 s boot window .*")
-    assert report["replacements"] == 0 and [i["offer"]["machine_id"] for i in report["instances"]][0] == STUCK
+    assert report["replacements"] == 0 and report["instances"][0]["offer"]["machine_id"] == STUCK
     await assert_all_destroyed(fake, smoke, report, 2)

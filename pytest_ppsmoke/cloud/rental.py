@@ -22,20 +22,20 @@ each create carries only as strings.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
-from .. import DEFAULT_IMAGE
-from ..nodeenv import DEFAULTS
-from ..protocol import BOOT_POLL_INTERVAL, BOOT_POLLS, BUDGET, DIRECT_PORT, Names, Phase, PhaseError, stage_name
-from .preflight import Preflight, find_offers, image_check, preflight
-from .provider import Instance, Label, NeverRuns, Offer, OfferGone, OfferQuery, Provider, ProviderError, going_away
-from .replace import Replaceable, ReplacePolicy
+from ..protocol import BOOT_POLL_INTERVAL, Phase, PhaseError
+from .preflight import Preflight, find_offers, preflight
+from .provider import Instance, Label, NeverRuns, Offer, OfferGone, Provider, ProviderError
+from .rented import STEPS as STEPS
+from .rented import RentalConfig as RentalConfig
+from .rented import RentedInstance as RentedInstance
+from .replace import Replaceable
+from .teardown import Teardown, within
 from .waits import Board, wait_running
 
 log = logging.getLogger(__name__)
@@ -45,130 +45,6 @@ log = logging.getLogger(__name__)
 # detection judges the node, and a watched instance that shows it is only logged
 LOST_STATES = ("offline", "exited")
 PORTS_WAIT = 10.0  # seconds a running instance's record may take to show its forwarded port
-# an instance's own steps, in order: each is stamped in its timeline as it is reached
-STEPS = ("rented", "running", "reached", "joined", "loaded")
-
-
-@dataclass
-class RentalConfig:
-    """What renting needs. ``RunConfig`` (the harness's) extends it with the cluster's settings."""
-
-    num_stages: int = DEFAULTS.num_stages
-    model: str = DEFAULTS.model  # the pre-flight checks a GGUF's blocks against the stage count
-    image: str = DEFAULT_IMAGE
-    disk_gb: float = OfferQuery.disk_gb
-    query: OfferQuery = field(default_factory=OfferQuery)
-    transport: str = DEFAULTS.transport  # local: loopback; wan: the internet (a forwarded UDP port per create)
-    polls: int = BOOT_POLLS  # the spec's boot polls, at vast.ai's pace: the boot window (boot_window)
-    poll_interval: float = BOOT_POLL_INTERVAL  # how often the boot looks (a local run: faster)
-    port: int = DIRECT_PORT  # wan: the UDP port each create asks vast.ai to forward (0: none, relays only)
-    offer_races: int = 4  # offers raced away between search and create that the run moves past
-    redestroys: int = 2  # destroys sent again when vast.ai accepted one but still shows the instance running
-    preflight: bool = True  # the checks before the first create (.preflight)
-    check_image: bool | str | None = None  # ask the image's registry; a str: why not; None: image_check decides
-    budget: float = BUDGET  # the run's seconds: the credit must cover the offers' $/h for this long
-    names: Names = field(default_factory=Names)  # how the face names a setting in a failure's advice
-    replacement: ReplacePolicy = field(default_factory=ReplacePolicy)  # a host that never boots (.replace)
-
-    def __post_init__(self) -> None:
-        if self.num_stages < 2:
-            raise ValueError(f"num_stages must be at least 2, got {self.num_stages}")
-        if self.transport not in ("local", "wan"):
-            raise ValueError(f"transport must be 'local' or 'wan', got {self.transport!r}")
-        if self.polls < 1:
-            raise ValueError(f"polls must be at least 1, got {self.polls}")
-        if self.offer_races < 0:
-            raise ValueError(f"offer_races must be at least 0, got {self.offer_races}")
-        if self.check_image is None:
-            self.check_image = image_check(self.image, vastai=self.transport != "local")
-        if not 0 <= self.port <= 65535:
-            raise ValueError(f"port must be a UDP port (1..65535), or 0 for none, got {self.port}")
-        if self.direct and not self.query.direct_ports:
-            self.query = dataclasses.replace(self.query, direct_ports=1)
-
-    @property
-    def boot_window(self) -> float:
-        """Seconds an instance has to run: the spec's polls at vast.ai's pace (60 x 3 s = 180 s),
-        however often the run looks (``poll_interval``). vast.ai's docs put a boot at 1-5 minutes
-        (the image's size decides); the search skips hosts whose download would eat the window
-        (``OfferQuery.min_inet_down``). Each node knows it: until the orchestrator first reaches
-        it, a node waits this long plus its grace before it removes itself."""
-        return self.polls * BOOT_POLL_INTERVAL
-
-    @property
-    def direct(self) -> bool:
-        """Whether each create asks vast.ai to forward a UDP port, for a direct path to its node."""
-        return self.transport == "wan" and self.port > 0
-
-
-@dataclass
-class RentedInstance:
-    stage: int
-    offer: Offer
-    label: str
-    id: int | None = None
-    created_at: float | None = None  # wall clock, for the cost
-    ended_at: float | None = None
-    state: str | None = None  # last actual_status seen; then "destroyed" (gone) or "destroying" (still listed)
-    status_msg: str = ""
-    endpoint_id: str = ""
-    destroy_error: str | None = None
-    public_udp: str | None = None  # where vast.ai forwards its node's UDP port from (its record's ports)
-    timeline: dict[str, float] = field(default_factory=dict)  # STEPS reached: seconds since the run began
-    replacement: int = 0  # 0: its stage's first instance; k: the k-th to replace it
-    replaces: int | None = None  # the id of the instance it replaced
-    replaced: str | None = None  # why it was replaced (then destroyed): it never ran, or never joined
-    replaced_at: float | None = None  # when: seconds since the run began
-    started: float | None = None  # the rental's clock at its create: its per-host deadline counts from it
-
-    @property
-    def name(self) -> str:
-        return f"instance {self.id} (stage {self.stage})"
-
-    @property
-    def where(self) -> str:
-        """How a failure names it: ``pp-stage-1 on instance N (label)``."""
-        return f"{stage_name(self.stage)} on instance {self.id} ({self.label})"
-
-    def reached(self, step: str, since: float, now: float | None = None) -> None:
-        """Stamp ``step`` (one of :data:`STEPS`) at the seconds from ``since`` to ``now`` (times of
-        one clock; ``now`` by default: ``time.monotonic()``)."""
-        if step not in STEPS:
-            raise ValueError(f"unknown instance step {step!r}; expected one of {', '.join(STEPS)}")
-        self.timeline.setdefault(step, round((time.monotonic() if now is None else now) - since, 3))
-
-    def seconds(self) -> float:
-        if self.created_at is None:
-            return 0.0
-        return (self.ended_at or time.time()) - self.created_at
-
-    def cost_usd(self) -> float:
-        return self.offer.dph_total * self.seconds() / 3600
-
-    def seen(self, record: Instance) -> None:
-        """What vast.ai last showed of it."""
-        self.state, self.status_msg = record.actual_status, record.status_msg
-
-    def summary(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "stage": self.stage,
-            "label": self.label,
-            "endpoint_id": self.endpoint_id,
-            "offer": self.offer.summary(),
-            "dph_total": self.offer.dph_total,
-            "seconds": round(self.seconds(), 3),
-            "cost_usd": round(self.cost_usd(), 6),
-            "final_state": self.state,
-            "status_msg": self.status_msg,
-            "destroy_error": self.destroy_error,
-            "public_udp": self.public_udp,
-            "timeline": {step: self.timeline[step] for step in STEPS if step in self.timeline},
-            "replacement": self.replacement,
-            "replaces": self.replaces,
-            "replaced": self.replaced,
-            "replaced_at": self.replaced_at,
-        }
 
 
 class Rental:
@@ -189,7 +65,7 @@ class Rental:
         self.clock, self.sleep = clock, sleep
         self.instances: list[RentedInstance] = []
         self.creates_sent = 0  # create calls sent: with none, nothing of this run can be billing
-        self._uncertain_creates = False
+        self.uncertain_creates = False
         self.offers_skipped: list[dict[str, Any]] = []  # offers raced away between search and create
         self.preflight: Preflight | None = None  # what the pre-flight found, once it ran
         self.teardown_timeout = 120.0
@@ -263,19 +139,19 @@ class Rental:
             label = Label(self.run_id, stage, replacement).format()
             inst = RentedInstance(stage, offer, label, endpoint_id=endpoint_id, replacement=replacement)
             self.creates_sent += 1
-            self._uncertain_creates = True  # until its answer is in: cancelled now, it may still rent
+            self.uncertain_creates = True  # until its answer is in: cancelled now, it may still rent
             try:
                 inst.id = await self.provider.create_instance(
                     offer.id, image=c.image, env={**env, **ports}, label=inst.label, disk_gb=c.disk_gb
                 )
             except OfferGone as e:
-                self._uncertain_creates = False  # refused: nothing was rented
+                self.uncertain_creates = False  # refused: nothing was rented
                 self._skipped(stage, offer, e)
                 continue
             except ProviderError as e:
-                self._uncertain_creates = e.status == 0  # a definite refusal rented nothing
+                self.uncertain_creates = e.status == 0  # a definite refusal rented nothing
                 raise PhaseError(Phase.RENT, f"creating stage {stage} on offer {offer.id} was rejected: {e}") from None
-            self._uncertain_creates = False
+            self.uncertain_creates = False
             inst.created_at, inst.started = time.time(), self.clock()
             if offer.machine_id:
                 self._machines.add(offer.machine_id)
@@ -545,118 +421,22 @@ class Rental:
             return "missing", "vast.ai no longer shows the instance"
         return record.actual_status or "null", record.status_msg
 
-    # --- teardown ----------------------------------------------------------------------------
+    # --- teardown (teardown.py) ----------------------------------------------------------------
 
     async def close(self) -> None:
-        """Destroy every instance of this run. Raises PhaseError(Phase.TEARDOWN) naming every instance
-        that could not be destroyed; never stops at the first failure, and ends within
-        ``teardown_timeout`` even when vast.ai does not answer."""
-        try:
-            await self._within(self.teardown_timeout, self._destroy_all())
-        except TimeoutError:
-            for i in self.instances:
-                if i.state not in ("destroyed", "destroying") and not i.destroy_error:
-                    i.destroy_error = f"no answer within the teardown's {self.teardown_timeout:.0f} s"
-            self.teardown_errors.append(f"the teardown did not finish within {self.teardown_timeout:.0f} s")
-        failed = [i for i in self.instances if i.destroy_error]
-        problems = [f"{i.name} was NOT destroyed: {i.destroy_error}" for i in failed] + self.teardown_errors
-        if problems:
-            advice = (
-                f". Something may still be billing: run {self.config.names.reap(self.run_id)}, "
-                "or check the vast.ai console"
-                if self.creates_sent
-                else " (no instance was ever created)"
-            )
-            raise PhaseError(Phase.TEARDOWN, "; ".join(problems) + advice)
+        """Destroy every instance of this run (:meth:`.teardown.Teardown.close`): raises
+        PhaseError(Phase.TEARDOWN) naming every one that could not be, within ``teardown_timeout``."""
+        await Teardown(self).close()
 
-    async def _destroy_all(self) -> None:
-        await asyncio.gather(*(self._destroy(i) for i in self.instances if i.id is not None))
-        await self._sweep()
+    async def _destroy(self, inst: RentedInstance) -> None:
+        await Teardown(self).destroy(inst)
 
     async def _within(self, seconds: float, work: Awaitable[None]) -> None:
-        """``work``, cancelled with TimeoutError once ``seconds`` of the rental's clock have passed."""
-        task = asyncio.ensure_future(work)
-        timer = asyncio.ensure_future(self.sleep(seconds))
-        try:
-            await asyncio.wait([task, timer], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for t in (task, timer):
-                t.cancel()
-            await asyncio.gather(task, timer, return_exceptions=True)
-        if task.cancelled():
-            raise TimeoutError
-        task.result()
+        await within(seconds, work, self.sleep)
 
     def close_line(self) -> str:
         failed = sum(1 for i in self.instances if i.destroy_error)
         return f"{len(self.instances) - failed} of {len(self.instances)} destroyed"
-
-    async def _destroy(self, inst: RentedInstance) -> None:
-        """Destroy it, then ask vast.ai: gone (``destroyed``), still listed on its way out
-        (``destroying``: its state fields no longer intend it to run), or still intended running
-        although the destroy was accepted: then the destroy is sent again, ``redestroys`` times,
-        before it is reported as not destroyed."""
-        assert inst.id is not None
-        if inst.state in ("destroyed", "destroying"):
-            return
-        for attempt in range(1 + self.config.redestroys):
-            try:
-                await self.provider.destroy_instance(inst.id)
-            except Exception as e:  # any failure is reported against this instance; the others go on
-                inst.destroy_error = str(e) or type(e).__name__
-                log.warning("could not destroy %s: %s", inst.name, inst.destroy_error)
-                return
-            inst.ended_at = inst.ended_at or time.time()  # billing stops with the accepted destroy
-            inst.destroy_error = None
-            try:
-                record = await self.provider.show_instance(inst.id)
-            except Exception as e:
-                log.info("destroy of %s accepted; the check afterwards failed: %s", inst.name, e)
-                inst.state = "destroying"
-                return
-            if record is None or going_away(record):
-                inst.state = "destroyed" if record is None else "destroying"
-                return
-            inst.seen(record)
-            log.warning("%s: destroy accepted, but vast.ai still shows it intended running", inst.name)
-            if attempt < self.config.redestroys:
-                await self.sleep(min(2.0, self.config.poll_interval))
-        inst.ended_at = None  # still billing
-        inst.destroy_error = (
-            f"vast.ai accepted {1 + self.config.redestroys} destroys but still shows it intended running "
-            f"(actual_status {inst.state!r})"
-        )
-
-    async def _sweep(self) -> None:
-        """Destroy instances with this run's label that the run holds no id for: a create that
-        was cancelled in flight, or whose answer was lost. Such an instance may be listed only a
-        moment later, so after an uncertain create the list is read a few times."""
-        if not self.creates_sent:
-            return  # nothing was ever asked of vast.ai: nothing can carry this run's label
-        looks = 4 if self._uncertain_creates else 1
-        for look in range(looks):
-            try:
-                listed = await self.provider.list_instances(self.label_prefix)
-            except Exception as e:
-                self.teardown_errors.append(f"could not list this run's instances to sweep them: {e}")
-                return
-            known = {i.id for i in self.instances}
-            for record in listed:
-                if record.id not in known:
-                    await self._destroy(self._adopt(record))
-            if look < looks - 1:
-                await self.sleep(min(2.0, self.config.poll_interval))
-
-    def _adopt(self, record: Instance) -> RentedInstance:
-        label = str(record.label)
-        log.warning("destroying instance %s (%s): created by this run, its answer lost", record.id, label)
-        stage = record.run_label.stage if record.run_label is not None else -1
-        if record.id is None:
-            raise ProviderError(f"a record labelled {label} without an id", 200)
-        orphan = RentedInstance(stage, record.machine, label, record.id, record.start_date)
-        orphan.state = record.actual_status
-        self.instances.append(orphan)
-        return orphan
 
     def cost_usd(self) -> float:
         return sum(i.cost_usd() for i in self.instances)
