@@ -266,6 +266,8 @@ class Report:
             lines.append(self.reference.line())
         if (api := self.api_line()) is not None:
             lines.append(api)
+        if (replaced := self.replaced_line()) is not None:
+            lines.append(replaced)
         for i in self.instances:
             lines.append(f"instance {i.id} stage {i.stage}: {i.offer.gpu_name} ${i.dph_total:.4f}/h, {i.final_state}")
             if i.node_words:
