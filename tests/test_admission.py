@@ -16,6 +16,7 @@ from pytest_ppsmoke.runtime import admission, codec
 from pytest_ppsmoke.runtime.admission import Admission, AdmissionRefused, sign, verify
 from pytest_ppsmoke.runtime.codec import ActorAddress, Echo, Envelope, MemberStatus
 from pytest_ppsmoke.runtime.node import NODE_ACTOR, Node, NodeConfig, RemoteError
+from pytest_ppsmoke.runtime.swimconfig import SwimConfig
 from pytest_ppsmoke.runtime.transport import endpoint_id, new_secret_key
 
 pytestmark = pytest.mark.local
@@ -31,12 +32,15 @@ def keys_by_id(n: int) -> list[bytes]:
     return sorted((new_secret_key() for _ in range(n)), key=endpoint_id)
 
 
-def config(key: bytes, allowed: Iterable[bytes], seed: Node | None = None) -> NodeConfig:
+def config(
+    key: bytes, allowed: Iterable[bytes], seed: Node | None = None, swim: SwimConfig | None = None
+) -> NodeConfig:
     return NodeConfig(
         secret_key=key,
         allowed=frozenset(endpoint_id(k) for k in allowed),
         seed=seed.ticket() if seed is not None else None,
         admission_timeout=WAIT,
+        swim=swim or SwimConfig.loopback(),
     )
 
 
@@ -152,6 +156,7 @@ async def test_a_new_id_admitted_by_the_seed_joins_takes_the_old_ones_name_and_i
         assert endpoint_id(b2_key) in n.transport.allowed and b.id not in n.transport.allowed
         assert n.membership.members[b.id].status == MemberStatus.dead
     assert NAME not in a.registry.names()  # B's claim vanished with it
+    assert b.id not in seed.transport.peers() and b.id not in a.transport.peers()  # its connections closed
     with pytest.raises((ConnectionError, TimeoutError, RemoteError)):  # A drops what B sends
         await b.request(b.address(NODE_ACTOR, a.id), Echo(b"after"), timeout=3)
 
@@ -255,18 +260,22 @@ async def test_a_node_that_joins_after_the_admission_with_the_old_allowlist_is_b
 ) -> None:
     """C was created before the replacement (its allowlist has B, not B2) and joins only after
     the admission: the seed hands it the latest admission as it joins, and C then allows B2,
-    sees it alive and reaches it."""
+    sees it alive and reaches it. The periodic push-pull is set beyond the test's deadline, so
+    C learns B2 only by the admission's own paths: the seed's Admit, sent as C's join is
+    merged, goes ahead of the join's answer on the same stream, and an admission of ids new to
+    a member is followed by its push-pull with the seed."""
+    swim = dataclasses.replace(SwimConfig.loopback(), sync_interval=10 * WAIT)
     seed_key, a_key, b_key, c_key, b2_key = (new_secret_key() for _ in range(5))
     old = [seed_key, a_key, b_key, c_key]
-    seed = await nodes(config(seed_key, old))
-    a = await nodes(config(a_key, old, seed))
+    seed = await nodes(config(seed_key, old, swim=swim))
+    a = await nodes(config(a_key, old, seed, swim))
     b2_id = endpoint_id(b2_key)
     adm = seed.admit([b2_id], [endpoint_id(b_key)])
     await seed.admission_acked(a.id, WAIT)
-    b2 = await nodes(config(b2_key, [seed_key, a_key, c_key, b2_key], seed))
+    b2 = await nodes(config(b2_key, [seed_key, a_key, c_key, b2_key], seed, swim))
     await until_alive(a, b2.id)
 
-    c = await nodes(config(c_key, old, seed))
+    c = await nodes(config(c_key, old, seed, swim))
     await seed.admission_acked(c.id, WAIT)
     assert c.admissions.latest == adm
     assert c.transport.allowed is not None
