@@ -461,6 +461,20 @@ class SwimTiming(Message):
     protocol_period: F64
 
 
+@message(24)
+@dataclass(frozen=True)
+class Admit(Message):
+    """The orchestrator's latest admission (``admission.Admission``), to a node's ``node`` actor:
+    every endpoint id it admitted and revoked in this run so far, under a number that only
+    grows, signed with the seed's key. Answered with ``Ok`` once applied (or already applied),
+    with an ``ErrorReply`` when refused."""
+
+    seq: U64
+    admitted: tuple[NodeId, ...]
+    revoked: tuple[NodeId, ...]
+    signature: bytes
+
+
 # --- node services -----------------------------------------------------------------------------
 
 

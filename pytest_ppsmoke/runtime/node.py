@@ -20,14 +20,16 @@ import logging
 import os
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..nodeenv import DEFAULTS, NodeEnv
 from . import codec
+from .admission import Admission, Admissions
 from .codec import (
     ActorAddress,
+    Admit,
     Echo,
     Envelope,
     ErrorReply,
@@ -79,6 +81,7 @@ class NodeConfig:
     swim: SwimConfig = field(default_factory=SwimConfig.loopback)
     join_timeout: float = DEFAULTS.join_timeout
     request_timeout: float = 10.0
+    admission_timeout: float = 60.0  # how long the seed keeps offering an admission to a member that does not answer
     max_frame: int = codec.DEFAULT_MAX_FRAME
 
     @property
@@ -156,6 +159,13 @@ class Node(Resource):
         self.registry = Registry(self.membership)
         self.actors[SWIM_ACTOR] = self.membership
         self.actors[NODE_ACTOR] = _NodeActor()
+        self.admissions = Admissions(
+            self,
+            self.seed.id if self.seed is not None else self.id,  # the node without a seed is the seed
+            NODE_ACTOR,
+            deliver_for=self.config.admission_timeout,
+            request_timeout=self.config.request_timeout,
+        )
         self.membership.start()
         if not self.config.local:  # announce the addresses again, a new incarnation, as they change
             self.transport.watch_addr(lambda addr: self.membership.set_addrs(addr.addrs, addr.relay))
@@ -210,6 +220,25 @@ class Node(Resource):
 
     def learn(self, m: MemberState) -> None:
         self.transport.learn(PeerAddr(m.id, m.addrs, m.relay))
+
+    # --- admissions (the orchestrator's) ---------------------------------------------------
+
+    def admit(self, admitted: Iterable[str] = (), revoked: Iterable[str] = ()) -> Admission:
+        """Admit ``admitted`` and revoke ``revoked`` cluster-wide, without a restart: the next
+        cumulative admission, signed with this node's key, applied here at once and offered to
+        every member in the background (and to each member that joins later), until it answers
+        or ``config.admission_timeout`` ends (:meth:`admission_acked` waits for one). Only the
+        seed admits: the members verify the signature against the seed's id."""
+        if self.seed is not None:
+            raise ValueError(f"only the seed admits ids; this node joined through {self.seed.id[:10]}")
+        a = self.admissions.next(self.config.secret_key, admitted, revoked)
+        self.admissions.publish(a)
+        return a
+
+    async def admission_acked(self, member_id: str, timeout: float) -> None:
+        """Wait until ``member_id`` has acknowledged the latest admission; TimeoutError says what
+        its delivery last saw."""
+        await self.admissions.acknowledged(member_id, timeout)
 
     # --- actors and names --------------------------------------------------------------------
 
@@ -362,7 +391,8 @@ class Node(Resource):
 
 
 class _NodeActor:
-    """Introspection every node offers: its membership view, name resolution, echo."""
+    """What every node offers: its membership view, name resolution, echo, and the orchestrator's
+    admissions."""
 
     def on_members_query(self, msg: MembersQuery, ctx: Context) -> MembersView:
         return MembersView(tuple(ctx.node.membership.members.values()))
@@ -377,6 +407,11 @@ class _NodeActor:
 
     def on_echo(self, msg: Echo, ctx: Context) -> Echo:
         return msg
+
+    def on_admit(self, msg: Admit, ctx: Context) -> Ok:
+        # a refusal (AdmissionRefused) is raised: logged with its reason, answered as an error
+        ctx.node.admissions.apply(Admission.from_message(msg))
+        return Ok()
 
 
 def handler_name(message_type: type) -> str:

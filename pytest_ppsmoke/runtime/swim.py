@@ -229,6 +229,20 @@ class Membership:
         self.state.set_me(replace(self.me, incarnation=self.me.incarnation + 1, names=dict(names)))
         self.state.notify("updated", self.me)
 
+    def expel(self, member_id: str) -> bool:
+        """Declare ``member_id`` dead now, its names gone (its id was revoked; SwimState.expel).
+        Its later alive states come in only if the transport allows it again."""
+        return self.state.expel(member_id)
+
+    async def push_pull(self, peer: str, timeout: float) -> None:
+        """One push-pull with ``peer``: send our full state, merge its own (the periodic repair,
+        here on demand: a member that may now accept members it dropped before)."""
+        reply = await self.node.request(
+            self.node.address(SWIM_ACTOR, peer), Sync(tuple(self.members.values())), timeout, sender=SWIM_ACTOR
+        )
+        if isinstance(reply, Sync):
+            self.state.merge(reply.members)
+
     def retime(self, ping_timeout: float, protocol_period: float) -> bool:
         """Probe with at least this timeout and period (seconds), each taken only where it asks for
         more than this member has: a timing is never shortened here, so the start-up timing (and
@@ -456,13 +470,6 @@ class Membership:
                 continue
             peer = random.choice(others)
             try:
-                reply = await self.node.request(
-                    self.node.address(SWIM_ACTOR, peer),
-                    Sync(tuple(self.members.values())),
-                    self.config.protocol_period * 4,
-                    sender=SWIM_ACTOR,
-                )
-                if isinstance(reply, Sync):
-                    self.state.merge(reply.members)
+                await self.push_pull(peer, self.config.protocol_period * 4)
             except (TimeoutError, ConnectionError, RemoteError) as e:
                 log.debug("push-pull with %s failed: %s", peer[:10], e)

@@ -280,6 +280,16 @@ class SwimState:
         self.enqueue(me)
         self.events.changed.set()
 
+    def expel(self, member_id: str) -> bool:
+        """Declare a member dead now, without a suspicion: the orchestrator revoked its id. Its
+        names vanish, and the death is gossiped like any other. True if it was not dead already."""
+        cur = self.table.members.get(member_id)
+        if cur is None or cur.status == DEAD or member_id == self.table.me.id:
+            return False
+        log.info("member %s expelled: its id was revoked", member_id[:10])
+        self._declare_dead(replace(cur, status=DEAD, names={}))
+        return True
+
     def _declare_dead(self, dead: MemberState) -> None:
         self.table.put(dead)
         self.suspicions.cancel(dead.id)

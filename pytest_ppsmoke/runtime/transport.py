@@ -260,6 +260,23 @@ class Transport:
     def is_allowed(self, peer_id: str) -> bool:
         return self.allowed is None or peer_id in self.allowed or peer_id == self.id
 
+    def allow(self, peer_ids: Iterable[str]) -> None:
+        """Admit more endpoint ids (a node with no allowlist admits everyone already)."""
+        if self.allowed is not None:
+            self.allowed.update(peer_ids)
+
+    def revoke(self, peer_id: str) -> None:
+        """Take ``peer_id`` off the allowlist and close our connections with it: what it sends
+        from now on is dropped unread, and it can connect no more. A node with no allowlist
+        has nothing to take it off, so this does nothing there."""
+        if self.allowed is None or peer_id == self.id:
+            return
+        self.allowed.discard(peer_id)
+        self.forget(peer_id)
+        conn = self._accepted.pop(peer_id, None)
+        if conn is not None:
+            _close(conn, CLOSE_REFUSED, b"endpoint id revoked")
+
     def forget(self, peer_id: str) -> None:
         """Drop the outbound connection to a peer (for example one declared dead)."""
         out = self._out.pop(peer_id, None)
@@ -433,6 +450,10 @@ class Transport:
                         raise codec.TruncatedFrame(f"stream ended inside a frame ({reader.pending} bytes pending)")
                     return
                 self.stats.bytes_in += len(chunk)
+                if not self.is_allowed(peer_id):  # revoked while its connection was open
+                    log.warning("dropping the connection from %s: its id was revoked", peer_id[:10])
+                    _close(conn, CLOSE_REFUSED, b"endpoint id revoked")
+                    return
                 for code, body in reader.feed(chunk):
                     self.stats.frames_in += 1
                     self.stats.received_by_type[code] += 1
