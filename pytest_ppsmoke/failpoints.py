@@ -246,7 +246,7 @@ POINTS: dict[str, Point] = {
             NUMBERS,
             ROW_RUNNING,
             "these machines (machine_id) never finish booting: any instance on one stays `loading` (the default "
-            "catalogue's machines are 31000 and up, its cheapest match 31002)",
+            "catalogue's machines are 31000 and up, its cheapest match 31004)",
             frozenset(),
         ),
         Point(

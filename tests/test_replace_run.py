@@ -17,7 +17,7 @@ from .test_lifecycle import assert_all_destroyed, assert_failed_at, failed_run
 
 pytestmark = pytest.mark.local
 
-STUCK = 31002  # the default catalogue's cheapest match: the first stage's first host
+STUCK = 31004  # the default catalogue's cheapest match: the first stage's first host
 
 
 async def test_a_machine_that_never_boots_is_replaced_and_the_run_passes_token_exact(
