@@ -47,6 +47,10 @@ LOST_STATES = ("offline", "exited")
 PORTS_WAIT = 10.0  # seconds a running instance's record may take to show its forwarded port
 
 
+class _WindowSpent(Exception):
+    """The boot window's polls were spent (a wait's own TimeoutError, told apart from a deadline's)."""
+
+
 class Rental:
     """One run's instances on a provider: rent, wait for running, watch, destroy, list. Every wait
     reads and spends ``clock`` and ``sleep`` (the real ones unless a test runs it on a virtual
@@ -192,44 +196,55 @@ class Rental:
                 inst.seen(record)
 
         looks = max(1, math.ceil(c.boot_window / c.poll_interval))
-        first = looks
-        if policy.on:
-            waited = self.clock() - (inst.started if inst.started is not None else self.clock())
-            first = min(looks, 1 + max(0, math.ceil((policy.host_deadline - waited) / c.poll_interval)))
-        record: Instance | None = None
-        kept = ""  # why a host past its deadline was kept, not replaced
-        for polls in (first, looks - first):
-            if polls <= 0:
-                continue
+        polled: list[Instance] = []  # what the polls found: the running record, once there is one
+
+        async def poll(n: int) -> None:
+            assert inst.id is not None
             try:
-                record = await wait_running(
-                    self.provider, inst.id, polls, c.poll_interval, seen,
+                found = await wait_running(
+                    self.provider, inst.id, n, c.poll_interval, seen,
                     clock=self.clock, sleep=self.sleep, look=self.board.look,
                 )  # fmt: skip
-                break
-            except NeverRuns as e:
-                fix = ""
-                if e.failure == "image pull":
-                    fix = f"; check that image {c.image} exists and is public, or pass {c.names.setting('image')}"
-                error = PhaseError(Phase.BOOT, f"stage {inst.stage}: {e}{fix}")
-                if policy.on and e.failure is None:  # its host is dead (an image's failure is everyone's)
-                    raise Replaceable(error) from None
-                raise error from None
-            except TimeoutError as e:
-                if polls == first and first < looks and self.cannot_replace() is None:
-                    deadline = f"its {policy.host_deadline:g} s per-host deadline"
-                    late = PhaseError(Phase.BOOT, f"stage {inst.stage}: not running within {deadline}: {e}")
-                    raise Replaceable(late) from None
-                if polls == first and first < looks:
-                    kept = f"not replaced: {self.cannot_replace()}"
+                polled.append(found)
+            except TimeoutError as e:  # the window's polls spent, told apart from the per-host deadline
+                raise _WindowSpent(str(e)) from None
+
+        kept = ""  # why a host past its per-host deadline was kept, not replaced
+        try:
+            waited = self.clock() - (inst.started if inst.started is not None else self.clock())
+            if policy.on and policy.host_deadline < c.boot_window:
+                try:  # the per-host deadline is time on the rental's clock, however long each poll takes
+                    await within(max(0.0, policy.host_deadline - waited), poll(looks), self.sleep)
+                except TimeoutError:
+                    took = self.clock() - (inst.started if inst.started is not None else self.clock())
+                    last = f"last status {inst.state!r}: {inst.status_msg or 'no status message'}"
+                    late = f"instance {inst.id} not running after {took:.1f} s ({last})"
+                    if (why := self.cannot_replace()) is None:
+                        deadline = f"its {policy.host_deadline:g} s per-host deadline"
+                        raise Replaceable(
+                            PhaseError(Phase.BOOT, f"stage {inst.stage}: not running within {deadline}: {late}")
+                        ) from None
+                    kept = f"not replaced: {why}"
                     log.info("%s: not running by its per-host deadline, and %s", inst.where, kept)
-                    continue
-                window = f"its {c.boot_window:g} s boot window ({c.polls} polls at vast.ai's {BOOT_POLL_INTERVAL:g} s)"
-                why = f"stage {inst.stage}: not running within {window}: {e}" + (f"; {kept}" if kept else "")
-                raise PhaseError(Phase.BOOT, why) from None
-            except ProviderError as e:
-                raise PhaseError(Phase.BOOT, f"stage {inst.stage}: {e}") from None
-        assert record is not None
+                    left = max(1, math.ceil((c.boot_window - took) / c.poll_interval))
+                    await poll(left)
+            else:
+                await poll(looks)
+        except NeverRuns as e:
+            fix = ""
+            if e.failure == "image pull":
+                fix = f"; check that image {c.image} exists and is public, or pass {c.names.setting('image')}"
+            error = PhaseError(Phase.BOOT, f"stage {inst.stage}: {e}{fix}")
+            if policy.on and e.failure is None:  # its host is dead (an image's failure is everyone's)
+                raise Replaceable(error) from None
+            raise error from None
+        except _WindowSpent as e:
+            window = f"its {c.boot_window:g} s boot window ({c.polls} polls at vast.ai's {BOOT_POLL_INTERVAL:g} s)"
+            why = f"stage {inst.stage}: not running within {window}: {e}" + (f"; {kept}" if kept else "")
+            raise PhaseError(Phase.BOOT, why) from None
+        except ProviderError as e:
+            raise PhaseError(Phase.BOOT, f"stage {inst.stage}: {e}") from None
+        record = polled[0]
         if c.direct:
             inst.public_udp = await self._forwarded(inst, record)
 
@@ -239,19 +254,8 @@ class Rental:
         """Why no replacement can be rented now (None: one can): replacement off, the run's
         replacements spent, or too little of the budget left for the policy's estimate of a
         replacement's boot and the rest of the run."""
-        p = self.config.replacement
-        if not p.on:
-            return "replacement is off"
-        if self.replacements >= p.most:
-            return f"the run's {p.most} replacement(s) are spent"
-        if self.deadline is not None:
-            left, need = self.deadline - self.clock(), p.boot_estimate + p.rest_estimate
-            if left < need:
-                return (
-                    f"the budget has {max(left, 0):.0f} s left, and a replacement needs about {need:.0f} s "
-                    f"(a boot of {p.boot_estimate:g} s assumed, then {p.rest_estimate:g} s for the rest of the run)"
-                )
-        return None
+        left = None if self.deadline is None else self.deadline - self.clock()
+        return self.config.replacement.refusal(self.replacements, left)
 
     async def see_through(
         self,

@@ -90,6 +90,22 @@ class ReplacePolicy:
         if self.most < 0:
             raise ValueError(f"most must be at least 0 replacements, got {self.most}")
 
+    def refusal(self, made: int, left: float | None) -> str | None:
+        """Why no replacement may be rented (None: one may), ``made`` replacements into the run
+        with ``left`` seconds of its budget (None: no budget): replacement off, the run's
+        replacements spent, or too little left for a replacement's boot and the rest of the run."""
+        if not self.on:
+            return "replacement is off"
+        if made >= self.most:
+            return f"the run's {self.most} replacement(s) are spent"
+        need = self.boot_estimate + self.rest_estimate
+        if left is not None and left < need:
+            return (
+                f"the budget has {max(left, 0):.0f} s left, and a replacement needs about {need:.0f} s "
+                f"(a boot of {self.boot_estimate:g} s assumed, then {self.rest_estimate:g} s for the rest of the run)"
+            )
+        return None
+
 
 SPEC = ReplacePolicy(on=False)  # the spec's error table: a host that never runs fails the run
 
