@@ -232,7 +232,10 @@ class Deployment(Resource):
         while True:
             if self.lost is not None and self.lost.done():
                 raise self.lost.result()
-            if all(step in i.timeline for i in self.current):
+            current = self.current  # a stage being replaced has none for a while: it is not there yet
+            if {i.stage for i in current} >= set(range(self.config.num_stages)) and all(
+                step in i.timeline for i in current
+            ):
                 return
             self._changed.clear()
             await self._changed.wait()
