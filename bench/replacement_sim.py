@@ -4,7 +4,8 @@
 the in-memory provider (``tests/memprovider.py``), thousands of runs per cell; the verdicts, their
 times and their dollars compared between policies on the same draws.
 
-    python bench/replacement_sim.py --runs 2000 --out bench/results/replacement_sim.json --markdown
+    python bench/replacement_sim.py --out bench/results/replacement_sim.json --markdown   # 500 runs per cell
+    python bench/replacement_sim.py --runs 2000 --no-watch   # more runs; the host watch's list calls left out
 
 A run, as the harness makes one (``harness/deployment.py``): the pre-flight's offers; each
 stage rented in turn, its own steps started once its create is in (``see_through``: running
