@@ -71,7 +71,8 @@ JOIN_S = 15.0
 REST_S = ReplacePolicy().rest_estimate
 OFFERS = 16
 PRICES = (0.30, 1.50)  # $/h, the cheapest and the dearest of the catalogue, evenly between
-DEADLINES = (45.0, 60.0, 90.0, 120.0)
+DEADLINES = (30.0, 45.0, 60.0, 90.0)  # race@D: the slow host keeps booting beside its replacement
+AT_ONCE = (45.0, 90.0, 120.0)  # replace@D: the slow host destroyed at once
 NEVER = (0.0, 0.05, 0.10, 0.20)
 TAKES = (0.0, 0.10)
 BOOTS = {"fast": FAST_HOSTS, "documented": DOCUMENTED}
@@ -119,11 +120,14 @@ class Policy:
 
 def policies(both_deadline: float) -> list[Policy]:
     """``none`` (the spec's error table: a host gets its whole boot window), ``replace@D`` for each
-    per-host deadline D, ``spare`` (no replacement; the last stage rented twice, the first to run
-    kept) and ``both`` (a spare, and replacement at ``both_deadline``)."""
+    per-host deadline D (the slow host destroyed at once: ``keep_slow`` off), ``race@D`` (its
+    replacement races it, the first to run kept: ``keep_slow``, the rental's default), ``spare``
+    (no replacement; the last stage rented twice, the first to run kept) and ``both`` (a spare,
+    and a race at ``both_deadline``)."""
     return [
         Policy("none", SPEC),
-        *(Policy(f"replace@{d:g}", ReplacePolicy(host_deadline=d)) for d in DEADLINES),
+        *(Policy(f"replace@{d:g}", ReplacePolicy(host_deadline=d, keep_slow=False)) for d in AT_ONCE),
+        *(Policy(f"race@{d:g}", ReplacePolicy(host_deadline=d)) for d in DEADLINES),
         Policy("spare", SPEC, spare=True),
         Policy(f"both@{both_deadline:g}", ReplacePolicy(host_deadline=both_deadline), spare=True),
     ]
@@ -377,12 +381,12 @@ def fail_rate(runs: list[Outcome]) -> float:
 
 
 def best_deadline(table: dict[tuple[Cell, str], list[Outcome]], cs: list[Cell]) -> float:
-    """The per-host deadline for ``both``: of those at which anything was replaced (one at which
+    """The per-host deadline for ``both``: of the races' deadlines at which anything was replaced (one at which
     nothing ever is would make ``both`` the spare alone), the one whose runs fail least over
     every cell, then the one with the earlier verdicts."""
 
     def runs(d: float) -> list[list[Outcome]]:
-        return [table[(c, f"replace@{d:g}")] for c in cs]
+        return [table[(c, f"race@{d:g}")] for c in cs]
 
     replacing = [d for d in DEADLINES if any(r.replacements for rs in runs(d) for r in rs)] or list(DEADLINES)
     return min(

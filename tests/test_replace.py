@@ -21,6 +21,7 @@ from .memprovider import MemProvider, VirtualClock, offers
 pytestmark = pytest.mark.local
 
 POLICY = ReplacePolicy(host_deadline=60.0, join_deadline=30.0, boot_estimate=60.0, rest_estimate=60.0)
+AT_ONCE = dataclasses.replace(POLICY, keep_slow=False)  # a slow host destroyed as soon as it is replaced
 
 
 class Run:
@@ -57,7 +58,7 @@ async def test_a_host_that_never_boots_is_replaced_at_its_deadline_on_another_ma
     # the next offer after the slow host's is another GPU of the same machine: it is passed over
     catalogue = [*offers(2), dataclasses.replace(offers(3)[2], machine_id=501), *offers(4)[3:]]
     provider = MemProvider(clock, catalogue=catalogue, boot_s=[20.0, None, 30.0])
-    run = Run(provider, clock)
+    run = Run(provider, clock, AT_ONCE)
     try:
         first, second = await run.rent(0), await run.rent(1)
         assert second.offer.machine_id == 501
@@ -79,6 +80,43 @@ async def test_a_host_that_never_boots_is_replaced_at_its_deadline_on_another_ma
     finally:
         await run.rental.close()
     assert not provider.live() and all(i.state == "destroyed" for i in run.rental.instances)
+
+
+@pytest.mark.parametrize(
+    ("slow_s", "new_s", "kept"),
+    [(None, 30.0, "new"), (100.0, 60.0, "slow"), (100.0, 20.0, "new")],
+    ids=["never boots", "nearly there", "slower than its replacement"],
+)
+async def test_a_slow_host_races_its_replacement_and_the_first_to_run_is_kept(
+    slow_s: float | None, new_s: float, kept: str
+) -> None:
+    """A host past its per-host deadline that is still booting keeps booting beside its
+    replacement (``keep_slow``): destroying it at once would throw away a boot nearly done."""
+    clock = VirtualClock()
+    provider = MemProvider(clock, boot_s=[slow_s, new_s])
+    run = Run(provider, clock)
+    try:
+        slow = await run.rent(0)
+        got = await run.through(slow)
+        new = run.rental.instances[1]
+        assert new.replaces == slow.id and new.label == "ppsmoke-t1-stage0r1" and run.rental.replacements == 1
+        assert new.timeline.get("rented") is None  # stamped by the harness's stamp, not here
+        winner, loser = (new, slow) if kept == "new" else (slow, new)
+        assert got is winner and winner.replaced is None and run.rental.current == [winner]
+        assert loser.replaced is not None and loser.replaced.endswith(
+            f"instance {winner.id}, of the same stage, ran first"
+        )
+        if loser is slow:
+            assert loser.replaced.startswith("stage 0: not running within its 60 s per-host deadline")
+        assert (
+            provider.instances[loser.id or 0].destroyed is not None
+            and provider.instances[winner.id or 0].destroyed is None
+        )
+        ran = 60 + new_s if kept == "new" else slow_s
+        assert ran is not None and ran <= clock.elapsed < ran + 2 * run.rental.config.poll_interval + 4 + 1
+    finally:
+        await run.rental.close()
+    assert not provider.live()
 
 
 async def test_with_replacement_off_the_same_host_fails_the_boot_at_its_window() -> None:
@@ -108,7 +146,7 @@ async def test_no_replacement_that_the_budget_cannot_fit_the_slow_host_keeps_its
             await run.through(inst)
         said = str(e.value)
         assert "not running within its 180 s boot window" in said
-        assert "not replaced: the budget has 90 s left, and a replacement needs about 120 s" in said
+        assert "not replaced: the budget has 90 s left, and a replacement needs about 135 s" in said
         assert provider.calls["create"] == 1 and not run.renewed
     finally:
         await run.rental.close()
@@ -133,7 +171,7 @@ async def test_a_node_that_never_joins_is_replaced_at_its_join_deadline() -> Non
 async def test_a_join_that_says_it_can_be_replaced_is_and_the_runs_replacements_run_out() -> None:
     clock = VirtualClock()
     provider = MemProvider(clock, boot_s=[None])  # no host ever boots
-    run = Run(provider, clock, dataclasses.replace(POLICY, most=2))
+    run = Run(provider, clock, dataclasses.replace(AT_ONCE, most=2))
     try:
         inst = await run.rent(0)
         with pytest.raises(PhaseError) as e:
@@ -209,7 +247,7 @@ async def test_a_spare_races_its_stage_and_the_loser_is_destroyed() -> None:
         spare = await run.rental.rent(0, {}, run.rental.offers, "spare0", replacement=run.rental.next_replacement(0))
         got = await run.rental.see_through(inst, run.renew, run.join, spare=spare)
         assert got is spare and spare.label == "ppsmoke-t1-stage0r1"
-        assert inst.replaced == "the other instance of stage 0 ran first" and inst.state == "destroyed"
+        assert inst.replaced == f"instance {spare.id}, of the same stage, ran first" and inst.state == "destroyed"
         assert 40 <= clock.elapsed < 40 + 2 * run.rental.config.poll_interval + 2
     finally:
         await run.rental.close()

@@ -31,6 +31,7 @@ from typing import Any
 from ..protocol import BOOT_POLL_INTERVAL, Phase, PhaseError
 from .preflight import Preflight, find_offers, preflight
 from .provider import Instance, Label, NeverRuns, Offer, OfferGone, Provider, ProviderError
+from .renewal import Renewing
 from .rented import STEPS as STEPS
 from .rented import RentalConfig as RentalConfig
 from .rented import RentedInstance as RentedInstance
@@ -51,7 +52,7 @@ class _WindowSpent(Exception):
     """The boot window's polls were spent (a wait's own TimeoutError, told apart from a deadline's)."""
 
 
-class Rental:
+class Rental(Renewing):
     """One run's instances on a provider: rent, wait for running, watch, destroy, list. Every wait
     reads and spends ``clock`` and ``sleep`` (the real ones unless a test runs it on a virtual
     clock), the teardown's deadline included."""
@@ -80,6 +81,7 @@ class Rental:
         self.deadline: float | None = None  # the rental's clock when the run's phases must end (the budget)
         self.replacements = 0
         self._machines: set[int] = set()  # machines rented: a replacement goes to none of them
+        self.on_retire: Callable[[RentedInstance], None] | None = None  # told of each one replaced
         # the boot waits' records: one list of the run's instances a round, shared by every wait
         self.board = Board(provider, self.label_prefix, config.poll_interval / 2, clock=clock)
 
@@ -182,7 +184,7 @@ class Rental:
             detail += f"; {len(self.offers_skipped)} offer(s) taken by someone else first: {gone}"
         return detail
 
-    async def wait_running(self, inst: RentedInstance) -> None:
+    async def wait_running(self, inst: RentedInstance, deadline: bool = True) -> None:
         """``inst`` running within its boot window (PhaseError(Phase.BOOT) naming its stage and why
         not), and, where its create asked for one, the port vast.ai forwards to it. With
         replacement on, a host not running by its per-host deadline, or one vast.ai shows dead,
@@ -212,7 +214,7 @@ class Rental:
         kept = ""  # why a host past its per-host deadline was kept, not replaced
         try:
             waited = self.clock() - (inst.started if inst.started is not None else self.clock())
-            if policy.on and policy.host_deadline < c.boot_window:
+            if deadline and policy.on and policy.host_deadline < c.boot_window:
                 try:  # the per-host deadline is time on the rental's clock, however long each poll takes
                     await within(max(0.0, policy.host_deadline - waited), poll(looks), self.sleep)
                 except TimeoutError:
@@ -220,16 +222,15 @@ class Rental:
                     last = f"last status {inst.state!r}: {inst.status_msg or 'no status message'}"
                     late = f"instance {inst.id} not running after {took:.1f} s ({last})"
                     if (why := self.cannot_replace()) is None:
-                        deadline = f"its {policy.host_deadline:g} s per-host deadline"
-                        raise Replaceable(
-                            PhaseError(Phase.BOOT, f"stage {inst.stage}: not running within {deadline}: {late}")
-                        ) from None
+                        within_deadline = f"within its {policy.host_deadline:g} s per-host deadline"
+                        error = PhaseError(Phase.BOOT, f"stage {inst.stage}: not running {within_deadline}: {late}")
+                        raise Replaceable(error, slow=True) from None
                     kept = f"not replaced: {why}"
                     log.info("%s: not running by its per-host deadline, and %s", inst.where, kept)
                     left = max(1, math.ceil((c.boot_window - took) / c.poll_interval))
                     await poll(left)
-            else:
-                await poll(looks)
+            else:  # the rest of its window (a slow host racing its replacement has used some)
+                await poll(1 + max(0, math.ceil((c.boot_window - waited) / c.poll_interval)))
         except NeverRuns as e:
             fix = ""
             if e.failure == "image pull":
@@ -256,97 +257,6 @@ class Rental:
         replacement's boot and the rest of the run."""
         left = None if self.deadline is None else self.deadline - self.clock()
         return self.config.replacement.refusal(self.replacements, left)
-
-    async def see_through(
-        self,
-        inst: RentedInstance,
-        renew: Callable[[RentedInstance], Awaitable[tuple[Mapping[str, str], str]]],
-        after_running: Callable[[RentedInstance], Awaitable[None]],
-        stamp: Callable[[RentedInstance, str], None] = lambda i, step: None,
-        spare: RentedInstance | None = None,
-    ) -> RentedInstance:
-        """``inst`` running (:meth:`wait_running`), then ``after_running`` (the cluster's join),
-        replaced by another instance of its stage each time it does not get there in time
-        (``after_running`` raises :class:`Replaceable`, or does not end within the policy's join
-        deadline): ``renew`` gives the replacement's environment and endpoint id. ``spare``:
-        another instance of the stage, rented beside it; the first of the two to run goes on,
-        the other is destroyed. Returns the instance that got there; raises the failure of the
-        last one that did not."""
-        p = self.config.replacement
-        while True:
-            try:
-                inst = await self._first_running(inst, spare)
-                spare = None
-                stamp(inst, "running")
-                if not p.on:
-                    await after_running(inst)
-                    return inst
-                try:
-                    await self._within(p.join_deadline, after_running(inst))
-                except TimeoutError:
-                    late = f"{inst.where}: its node did not join within {p.join_deadline:g} s of running"
-                    raise Replaceable(PhaseError(Phase.CONVERGE, late)) from None
-                return inst
-            except Replaceable as e:
-                why = self.cannot_replace()
-                if why is not None:
-                    raise PhaseError(e.error.phase, f"{e.error.reason}; not replaced: {why}") from None
-                inst = await self.replace(inst, e.error.reason, renew)
-                stamp(inst, "rented")
-
-    def next_replacement(self, stage: int) -> int:
-        """The next replacement number of ``stage`` (its label's ``r<k>``): one past any it has had."""
-        return 1 + max((i.replacement for i in self.instances if i.stage == stage), default=0)
-
-    async def _first_running(self, inst: RentedInstance, spare: RentedInstance | None) -> RentedInstance:
-        """``inst`` running; with a ``spare``, whichever of the two runs first, the other one
-        destroyed (marked replaced). When neither runs, the spare is destroyed and ``inst``'s
-        failure raised."""
-        if spare is None:
-            await self.wait_running(inst)
-            return inst
-        waits = {asyncio.ensure_future(self.wait_running(i)): i for i in (inst, spare)}
-        first: BaseException | None = None
-        try:
-            for done in asyncio.as_completed(list(waits)):
-                try:
-                    await done
-                except (PhaseError, Replaceable) as e:
-                    first = first or e
-                    continue
-                winner = next(i for t, i in waits.items() if t.done() and not t.cancelled() and not t.exception())
-                loser = spare if winner is inst else inst
-                await self._retire(loser, f"the other instance of stage {inst.stage} ran first")
-                return winner
-        finally:
-            for t in waits:
-                t.cancel()
-            await asyncio.gather(*waits, return_exceptions=True)
-        await self._retire(spare, "neither it nor the other instance of its stage ran in time")
-        assert first is not None
-        raise first
-
-    async def _retire(self, inst: RentedInstance, why: str) -> None:
-        """Mark ``inst`` replaced (``why``) and destroy it."""
-        inst.replaced, inst.replaced_at = why, round(self.clock() - self.began, 3)
-        await self._destroy(inst)
-
-    async def replace(
-        self,
-        inst: RentedInstance,
-        why: str,
-        renew: Callable[[RentedInstance], Awaitable[tuple[Mapping[str, str], str]]],
-    ) -> RentedInstance:
-        """Destroy ``inst`` (``why``: what it did not do in time) and rent its stage again on the
-        next offer, on a machine this run has not rented; ``renew`` gives the new instance's
-        environment and endpoint id (a new key, admitted by the cluster)."""
-        self.replacements += 1
-        log.warning("replacing %s: %s", inst.where, why)
-        await self._retire(inst, why)  # a failed destroy is reported against it, and tried again at the close
-        env, endpoint_id = await renew(inst)
-        new = await self.rent(inst.stage, env, self.offers, endpoint_id, replacement=self.next_replacement(inst.stage))
-        new.replaces = inst.id
-        return new
 
     async def _forwarded(self, inst: RentedInstance, record: Instance) -> str | None:
         """Where vast.ai forwards the node's UDP port from: the running record's ``ports``, or a

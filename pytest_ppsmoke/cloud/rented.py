@@ -91,6 +91,7 @@ class RentedInstance:
     replaced: str | None = None  # why it was replaced (then destroyed): it never ran, or never joined
     replaced_at: float | None = None  # when: seconds since the run began
     started: float | None = None  # the rental's clock at its create: its per-host deadline counts from it
+    late: str | None = None  # why a replacement was rented to race it (it may yet run first)
 
     @property
     def name(self) -> str:

@@ -67,23 +67,26 @@ class ReplacePolicy:
     """When the rental replaces a host, and what it assumes a replacement costs in time.
 
     ``host_deadline``: seconds from an instance's create to ``running`` before it is replaced.
-    ``join_deadline``: seconds from its running to its node joined. ``most``: replacements in
-    one run. ``boot_estimate``: the seconds a replacement's boot is assumed to take, and
-    ``rest_estimate`` the seconds the run needs once every host has joined (load, resolve,
-    inference): a replacement is rented only when both fit before the budget's end.
-    ``spare``: one more instance of the last stage from the start (the first of the two to run
-    is kept); ``docs/benchmarks.md`` says why it is off."""
+    ``keep_slow``: a host past that deadline but still booting keeps booting beside its
+    replacement, and the first of the two to run goes on (the other is destroyed then); off,
+    it is destroyed at once. ``join_deadline``: seconds from its running to its node joined (a
+    node that has not is replaced at once). ``most``: replacements in one run.
+    ``boot_estimate``, ``join_estimate`` and ``rest_estimate``: the seconds a replacement's
+    boot and its node's join are assumed to take, and the seconds the run needs once every host
+    has joined (load, resolve, inference): a replacement is rented only when all three fit
+    before the budget's end. The defaults are the simulation's (docs/benchmarks.md)."""
 
     on: bool = True
     host_deadline: float = 90.0
+    keep_slow: bool = True
     join_deadline: float = 60.0
     most: int = 2
     boot_estimate: float = round(FAST_HOSTS.median)
+    join_estimate: float = 15.0
     rest_estimate: float = 75.0
-    spare: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("host_deadline", "join_deadline", "boot_estimate", "rest_estimate"):
+        for name in ("host_deadline", "join_deadline", "boot_estimate", "join_estimate", "rest_estimate"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
                 raise ValueError(f"{name} must be a positive number of seconds, got {v!r}")
@@ -98,11 +101,12 @@ class ReplacePolicy:
             return "replacement is off"
         if made >= self.most:
             return f"the run's {self.most} replacement(s) are spent"
-        need = self.boot_estimate + self.rest_estimate
+        need = self.boot_estimate + self.join_estimate + self.rest_estimate
         if left is not None and left < need:
             return (
-                f"the budget has {max(left, 0):.0f} s left, and a replacement needs about {need:.0f} s "
-                f"(a boot of {self.boot_estimate:g} s assumed, then {self.rest_estimate:g} s for the rest of the run)"
+                f"the budget has {max(left, 0):.0f} s left, and a replacement needs about {need:.0f} s (a boot of "
+                f"{self.boot_estimate:g} s and a join of {self.join_estimate:g} s assumed, then "
+                f"{self.rest_estimate:g} s for the rest of the run)"
             )
         return None
 
@@ -112,9 +116,9 @@ SPEC = ReplacePolicy(on=False)  # the spec's error table: a host that never runs
 
 class Replaceable(Exception):
     """A host that did not get there in time (``error``: the failure it is, if it is not
-    replaced): its node never joined, or it never ran. The rental replaces it, or raises
-    ``error``."""
+    replaced): its node never joined, it is dead, or (``slow``) it is still booting past its
+    per-host deadline. The rental replaces it, or raises ``error``."""
 
-    def __init__(self, error: PhaseError) -> None:
+    def __init__(self, error: PhaseError, *, slow: bool = False) -> None:
         super().__init__(str(error))
-        self.error = error
+        self.error, self.slow = error, slow  # slow: still booting, it may yet run

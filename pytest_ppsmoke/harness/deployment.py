@@ -75,7 +75,10 @@ class Deployment(Resource):
         self.on_phase = on_phase
         self.seed: Node | None = None
         self.watch: LoopWatch | None = None  # the orchestrator's own event loop, from the rent on
-        self.keys = ClusterKeys(1 + config.num_stages)
+        self.keys = ClusterKeys(1 + config.num_stages)  # the seed's, each stage's; then each replacement's
+        self.admitted = list(
+            self.keys.ids
+        )  # the ids the cluster admits now: a replacement's added, a retired one's gone
         self.names: dict[str, Any] = {}
         self.ready: dict[int, NodeStatus] = {}  # each stage's ready status: dim, blocks, context
         # each stage's last status during the load, and when it came (monotonic): the progress line's
@@ -200,15 +203,24 @@ class Deployment(Resource):
             raise
 
     async def _renew(self, old: RentedInstance) -> tuple[dict[str, str], str]:
-        """A replacement of ``old``'s stage: a new key, its id admitted by the cluster and
-        ``old``'s revoked (signed by the orchestrator, checked by every node: ``Node.admit``),
-        and the create's environment, which carries the cluster's ids as they are now."""
+        """A replacement of ``old``'s stage: a new key, its id admitted by the cluster (signed by
+        the orchestrator, checked by every node: ``Node.admit``), and the create's environment,
+        which carries the cluster's ids as they are now. ``old``'s id is revoked once it is
+        retired (:meth:`_retired`): a slow host may yet win the race."""
         assert self.seed is not None
         key = new_secret_key()
         new_id = endpoint_id(key)
-        self.keys.keys[1 + old.stage], self.keys.ids[1 + old.stage] = key, new_id
-        self.seed.admit([new_id], [old.endpoint_id])
-        return self._env(old.stage), new_id
+        self.keys.keys.append(key)
+        self.keys.ids.append(new_id)
+        self.admitted.append(new_id)
+        self.seed.admit([new_id], [])
+        return self._env(old.stage, key), new_id
+
+    def _retired(self, inst: RentedInstance) -> None:
+        """A replaced instance's node id revoked over the cluster: it may never join."""
+        if self.seed is not None and inst.endpoint_id in self.admitted:
+            self.admitted.remove(inst.endpoint_id)
+            self.seed.admit([], [inst.endpoint_id])
 
     def _stamp(self, inst: RentedInstance, step: str) -> None:
         inst.reached(step, self._began, self.clock())
@@ -297,19 +309,21 @@ class Deployment(Resource):
 
     async def _rent_all(self, offers: list[Offer]) -> None:
         """Each stage's create in turn; each instance starts its own steps once its create is in."""
+        self.rental.on_retire = self._retired
         for stage in range(self.config.num_stages):
-            inst = await self.rental.rent(stage, self._env(stage), offers, self.keys.ids[1 + stage])
+            env = self._env(stage, self.keys.keys[1 + stage])
+            inst = await self.rental.rent(stage, env, offers, self.keys.ids[1 + stage])
             self._stamp(inst, "rented")
             self._tasks.append(asyncio.ensure_future(self._steps(inst)))
 
-    def _env(self, stage: int) -> dict[str, str]:
+    def _env(self, stage: int, key: bytes) -> dict[str, str]:
         c = self.config
         assert self.seed is not None
         node = c.node_env().replace(
             stage=stage,
             seed=self.seed.ticket() if c.transport == "local" else self.seed.id,
-            node_key=self.keys.keys[1 + stage],
-            allowed_ids=tuple(self.keys.ids),
+            node_key=key,
+            allowed_ids=tuple(self.admitted),
             swim=c.swim.to_env(),
         )
         return {**node.to_env(), **c.extra_env}
@@ -329,12 +343,11 @@ class Deployment(Resource):
         assert self.seed is not None
         c = self.config
         await self._every(Phase.CONVERGE)
-        await converge(
-            self.seed, self.keys.ids, c.converge_timeout, lambda missing: reach.explain(self.current, c, missing)
-        )
+        members = [self.seed.id, *(i.endpoint_id for i in self.current)]
+        await converge(self.seed, members, c.converge_timeout, lambda missing: reach.explain(self.current, c, missing))
         self.swim_timing = await reach.time_swim(self.seed, self.current, c)
         self.seed.membership.add_listener(self._on_member)  # until the seed closes, teardown included
-        self._done(Phase.CONVERGE, t, f"{len(self.keys.ids)} members" + self._paths_line() + self._swim_line())
+        self._done(Phase.CONVERGE, t, f"{len(members)} members" + self._paths_line() + self._swim_line())
 
     def _stalled(self, stall: LoopStall) -> None:
         """The orchestrator's own loop stalled: Lifeguard's local health takes it (once SWIM runs)."""
