@@ -170,7 +170,8 @@ class Draw:
 
 def most_creates() -> int:
     """Every create a run can make: each stage, a spare, and the policy's replacements."""
-    return STAGES + 1 + max(ReplacePolicy().most, 0) + 1
+    most = ReplacePolicy().most
+    return STAGES + 1 + (STAGES if most is None else most) + 1
 
 
 @dataclass

@@ -132,7 +132,14 @@ class Renewing:
             await asyncio.gather(*waits, return_exceptions=True)
         await self._retire(rival, f"neither it nor instance {inst.id}, of the same stage, ran in time")
         assert first is not None
-        raise first
+        error = first.error if isinstance(first, Replaceable) else first
+        if not isinstance(error, PhaseError):
+            raise first
+        rented = rival.timeline.get("rented")
+        since = f", rented at {rented:.0f} s," if rented is not None else ""
+        raise PhaseError(
+            error.phase, f"{error.reason}; nor did instance {rival.id}{since} which raced it, within its own window"
+        ) from None
 
     async def _retire(self: Renter, inst: RentedInstance, why: str) -> None:
         """Mark ``inst`` replaced (``why``), tell ``on_retire``, and destroy it (a destroy that

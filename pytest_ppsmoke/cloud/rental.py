@@ -256,7 +256,7 @@ class Rental(Renewing):
         replacements spent, or too little of the budget left for the policy's estimate of a
         replacement's boot and the rest of the run."""
         left = None if self.deadline is None else self.deadline - self.clock()
-        return self.config.replacement.refusal(self.replacements, left)
+        return self.config.replacement.refusal(self.replacements, left, self.config.num_stages)
 
     async def _forwarded(self, inst: RentedInstance, record: Instance) -> str | None:
         """Where vast.ai forwards the node's UDP port from: the running record's ``ports``, or a

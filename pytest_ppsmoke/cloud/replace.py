@@ -70,17 +70,18 @@ class ReplacePolicy:
     ``keep_slow``: a host past that deadline but still booting keeps booting beside its
     replacement, and the first of the two to run goes on (the other is destroyed then); off,
     it is destroyed at once. ``join_deadline``: seconds from its running to its node joined (a
-    node that has not is replaced at once). ``most``: replacements in one run.
+    node that has not is replaced at once). ``most``: replacements in one run (None: one a
+    stage).
     ``boot_estimate``, ``join_estimate`` and ``rest_estimate``: the seconds a replacement's
     boot and its node's join are assumed to take, and the seconds the run needs once every host
     has joined (load, resolve, inference): a replacement is rented only when all three fit
     before the budget's end. The defaults are the simulation's (docs/benchmarks.md)."""
 
     on: bool = True
-    host_deadline: float = 90.0
+    host_deadline: float = 30.0
     keep_slow: bool = True
     join_deadline: float = 60.0
-    most: int = 2
+    most: int | None = None
     boot_estimate: float = round(FAST_HOSTS.median)
     join_estimate: float = 15.0
     rest_estimate: float = 75.0
@@ -90,17 +91,19 @@ class ReplacePolicy:
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
                 raise ValueError(f"{name} must be a positive number of seconds, got {v!r}")
-        if self.most < 0:
+        if self.most is not None and self.most < 0:
             raise ValueError(f"most must be at least 0 replacements, got {self.most}")
 
-    def refusal(self, made: int, left: float | None) -> str | None:
-        """Why no replacement may be rented (None: one may), ``made`` replacements into the run
-        with ``left`` seconds of its budget (None: no budget): replacement off, the run's
-        replacements spent, or too little left for a replacement's boot and the rest of the run."""
+    def refusal(self, made: int, left: float | None, stages: int) -> str | None:
+        """Why no replacement may be rented (None: one may), ``made`` replacements into a run of
+        ``stages`` with ``left`` seconds of its budget (None: no budget): replacement off, the
+        run's replacements spent, or too little left for a replacement's boot and the rest of
+        the run."""
         if not self.on:
             return "replacement is off"
-        if made >= self.most:
-            return f"the run's {self.most} replacement(s) are spent"
+        most = stages if self.most is None else self.most
+        if made >= most:
+            return f"the run's {most} replacement(s) are spent"
         need = self.boot_estimate + self.join_estimate + self.rest_estimate
         if left is not None and left < need:
             return (
