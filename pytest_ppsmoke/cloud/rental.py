@@ -229,8 +229,10 @@ class Rental(Renewing):
                     log.info("%s: not running by its per-host deadline, and %s", inst.where, kept)
                     left = max(1, math.ceil((c.boot_window - took) / c.poll_interval))
                     await poll(left)
-            else:  # the rest of its window (a slow host racing its replacement has used some)
-                await poll(1 + max(0, math.ceil((c.boot_window - waited) / c.poll_interval)))
+            elif deadline:  # the spec's polls
+                await poll(looks)
+            else:  # a host racing its replacement: the rest of its window, from its create
+                await poll(max(1, looks - int(waited // c.poll_interval)))
         except NeverRuns as e:
             fix = ""
             if e.failure == "image pull":
