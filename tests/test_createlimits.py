@@ -64,7 +64,7 @@ async def test_every_stage_counts_create_bodies_fit_every_documented_limit(num_s
     dep.seed = SimpleNamespace(id=dep.keys.ids[0], ticket=lambda: TICKET)  # type: ignore[assignment]
     found = await dep.rental.check()
     for stage in range(num_stages):
-        await dep.rental.rent(stage, dep._env(stage), found, dep.keys.ids[1 + stage])
+        await dep.rental.rent(stage, dep._env(stage, dep.keys.keys[1 + stage]), found, dep.keys.ids[1 + stage])
     assert len(provider.instances) == num_stages
     for inst in provider.instances.values():
         body = create_body(image=config.image, env=inst.env, label=inst.label, disk_gb=config.disk_gb)

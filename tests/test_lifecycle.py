@@ -169,13 +169,17 @@ async def test_either_create_rejected_names_its_stage_and_destroys_what_was_crea
     await assert_all_destroyed(fake, smoke, report, stage)
 
 
-@pytest.mark.parametrize("stage", [0, 1], ids=["stage 0", "stage 1"])
+# stage 0's host is a machine that never boots (``vast.stuck_machines``: the default catalogue's
+# cheapest match, 31004, is stage 0's), stage 1's is its stage's failpoint: with the spec's setting
+# (failed_run: no replacement) either fails the boot and everything is destroyed
+STUCK = {0: "vast.stuck_machines=31004", 1: "vast.never_running=1"}
+
+
+@pytest.mark.parametrize("stage", [0, 1], ids=["stage 0 (a stuck machine)", "stage 1"])
 async def test_either_instance_never_running_names_it_and_destroys_both(
     stage: int, emulator: Callable[[str], Any], tmp_path: Path
 ) -> None:
-    fake, smoke, report = await failed_run(
-        emulator, tmp_path, f"vast.never_running={stage}", "--polls", "1", "--poll-interval", "0.1"
-    )
+    fake, smoke, report = await failed_run(emulator, tmp_path, STUCK[stage], "--polls", "1", "--poll-interval", "0.1")
     # the window is the polls at vast.ai's pace (1 x 3 s), looked at every 0.1 s
     window = r"within its 3 s boot window \(1 polls at vast.ai's 3 s\)"
     last = r"\(last status 'loading': Pulling image .*\)"
@@ -183,6 +187,7 @@ async def test_either_instance_never_running_names_it_and_destroys_both(
     found = assert_failed_at(smoke, report, "boot", message)
     stuck = next(i for i in report["instances"] if i["stage"] == stage)
     assert int(found.group(2)) == stuck["id"] and stuck["status_msg"].startswith("Pulling image")
+    assert report["replacements"] == 0 and (stage == 1 or stuck["offer"]["machine_id"] == 31004)
     await assert_all_destroyed(fake, smoke, report, 2)
 
 
