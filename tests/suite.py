@@ -81,6 +81,7 @@ LONGEST_FIRST = (
     "tests/test_layout_grid.py",
     "tests/test_cache.py",
     "tests/test_stages.py",
+    "tests/test_replace_run.py",
     "tests/test_signals.py",
     "tests/test_plugin.py",
     "tests/test_pipeline.py",

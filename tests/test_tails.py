@@ -123,6 +123,10 @@ class _Rental:
             inst.timeline["joined"] = 1.0
         self.states, self.log, self.asked = states, log, []
 
+    @property
+    def current(self) -> list[RentedInstance]:
+        return self.instances  # none replaced
+
     async def state_now(self, inst: Any) -> tuple[str, str]:
         return self.states[inst.stage], "as shown"
 
