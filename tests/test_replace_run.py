@@ -39,6 +39,8 @@ async def test_a_machine_that_never_boots_is_replaced_and_the_run_passes_token_e
     assert new["label"] == slow["label"] + "r1" and new["endpoint_id"] != slow["endpoint_id"]
     assert list(new["timeline"]) == ["rented", "running", "reached", "joined", "loaded"]
     assert report["replacements"] == 1 and len(report["instances"]) == 3
+    other = next(i for i in report["instances"] if i["stage"] == 1)
+    assert [(s["stage"], s["instance"]) for s in report["split"]] == [(0, new["id"]), (1, other["id"])]
     # the stuck instance is gone from the emulator's own list, as is every other
     assert not fake.live() and slow["id"] in {i.id for i in fake.destroyed}
     said = smoke.stderr

@@ -125,6 +125,12 @@ class Deployment(Resource):
         return self.rental.current
 
     @property
+    def members(self) -> list[str]:
+        """The cluster's members' ids: the orchestrator's, then each current instance's node's."""
+        seed = [self.seed.id] if self.seed is not None else [self.keys.ids[0]]
+        return seed + [i.endpoint_id for i in sorted(self.current, key=lambda x: x.stage) if i.endpoint_id]
+
+    @property
     def label_prefix(self) -> str:
         return self.rental.label_prefix
 
@@ -343,7 +349,7 @@ class Deployment(Resource):
         assert self.seed is not None
         c = self.config
         await self._every(Phase.CONVERGE)
-        members = [self.seed.id, *(i.endpoint_id for i in self.current)]
+        members = self.members
         await converge(self.seed, members, c.converge_timeout, lambda missing: reach.explain(self.current, c, missing))
         self.swim_timing = await reach.time_swim(self.seed, self.current, c)
         self.seed.membership.add_listener(self._on_member)  # until the seed closes, teardown included

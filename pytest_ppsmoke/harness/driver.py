@@ -328,7 +328,7 @@ class SmokeRun(Resource):
                 # weights cached or not, programs: the line derived from the node's load figures
                 load=((st.load.describe() if st.load else "") if (st := dep.ready.get(i)) else None),
             )
-            for i, inst in enumerate(dep.instances)
+            for i, inst in enumerate(sorted(dep.current, key=lambda x: x.stage))
         ]
         r.text, r.prompt_token_ids, r.token_ids = result.text, result.prompt_token_ids, result.token_ids
         r.hops, r.kv, r.frames = result.hops, result.kv_summary(), result.frames
@@ -405,8 +405,8 @@ class SmokeRun(Resource):
         r.offers_skipped = parse(list[SkippedOffer], dep.offers_skipped)
         if self.vast is not None:
             r.vast_api = parse(ApiFigures, self.vast.calls_summary())
-        if not r.split and dep.instances:
-            r.split = [StageSplit(stage=i.stage, instance=i.id) for i in dep.instances]
+        if not r.split and dep.current:
+            r.split = [StageSplit(stage=i.stage, instance=i.id) for i in sorted(dep.current, key=lambda x: x.stage)]
         if dep.seed is not None and "converge" in dep.timings:
             r.paths = parse(Paths, dep.paths())
             r.paths.stages = dict(self.stage_paths)
