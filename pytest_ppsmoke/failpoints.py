@@ -51,6 +51,7 @@ ROW_DROP = "Either node drops out mid-decode"
 ROW_DESTROY = "Destroy fails for either instance"
 RULE_DESTROY = "Any path that allocates an instance also destroys it"
 RULE_BUDGET = "The whole run, teardown included, ends within its budget"
+RULE_TOKENS = "The pipeline's tokens equal the model's run in one piece"
 
 
 # --- value kinds: each parses the text of PP_FAILPOINTS or a Python value, and prints it back ---
@@ -292,6 +293,14 @@ POINTS: dict[str, Point] = {
             "node.stall_worker",
         ),
         Point(
+            "vast.compute_fault",
+            NUMBERS,
+            RULE_TOKENS,
+            "node.compute_fault in these stages' nodes",
+            frozenset(),
+            "node.compute_fault",
+        ),
+        Point(
             "vast.empty_text",
             NUMBERS,
             ROW_TEXT,
@@ -492,6 +501,14 @@ POINTS: dict[str, Point] = {
             False,
         ),
         Point("node.empty_text", FLAG, ROW_TEXT, "the last stage reports done with empty text", False),
+        Point(
+            "node.compute_fault",
+            FLAG,
+            RULE_TOKENS,
+            "the stage's worker negates every hidden state it computes before it sends it on: a wrong answer the "
+            "wire's digests cannot see (they are taken after it), which only the token-exact reference finds",
+            False,
+        ),
         Point(
             "node.crash",
             FLAG,

@@ -372,6 +372,7 @@ class NodeEnv:
             "program_cache",
             "worker_role",
             "log_level",
+            "failpoints",  # a worker's own points (node.compute_fault); a real image never sets them
         )
         return NodeEnv(**{k: getattr(self, k) for k in keep})
 

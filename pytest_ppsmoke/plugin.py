@@ -389,6 +389,10 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     tr.write_sep("=", f"pytest-ppsmoke: {r.mode}, {r.model}, {r.num_stages} stages, {r.wire_dtype}")
     for line in r.summary():
         tr.write_line(line)
+    from .harness import claims  # loaded once a session ran (the plugin's import stays light)
+
+    for line in claims.block(r):  # the same verdict block as pp-smoke-run's
+        tr.write_line(line)
 
 
 def _layout_summary(tr: Any) -> None:

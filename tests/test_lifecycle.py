@@ -25,6 +25,7 @@ from pytest_ppsmoke import failpoints
 from pytest_ppsmoke.cloud.emulator.server import FakeVast
 from pytest_ppsmoke.cloud.rental import STEPS
 from pytest_ppsmoke.cloud.vast import VastClient
+from pytest_ppsmoke.harness import claims
 from pytest_ppsmoke.harness.deployment import Deployment
 from pytest_ppsmoke.harness.pipeline import locate_stages
 from pytest_ppsmoke.harness.reach import load_totals
@@ -350,6 +351,16 @@ async def test_either_node_dropping_out_mid_decode_is_named_with_its_instance_an
     assert "each node's log tail: the report's instances[].log_tail" in report["error"]
     assert "hung" not in report["error"]
     assert accounts[1 - stage]["node_state"] in ("answered", "stalled"), accounts[1 - stage]
+    # the verdict: FAIL at decode; what was checked before the drop passed, what needed the answer
+    # was not checked, and the block ends on the one-line cause
+    states = {c["claim"]: c["state"] for c in report["claims"]}
+    assert states[claims.CLUSTER] == states[claims.NAMES] == states[claims.LEFT] == "passed", states
+    for name in (claims.ACTIVATIONS, claims.KV, claims.DECODE, claims.TOKENS, claims.TEXT):
+        assert states[name] == "not checked", states
+    said = smoke.stderr.splitlines()
+    head = next(line for line in said if line.startswith("pp-smoke-run: FAIL"))
+    assert head.startswith("pp-smoke-run: FAIL at decode: ") and said[-1].startswith("pp-smoke-run: failed at decode")
+    assert "not checked  the tokens are exact: the run failed at decode first" in smoke.stderr
     [loss] = fake.host_losses  # what the emulator did, and when: a detector's delay counts from it
     assert (loss["stage"], loss["how"]) == (stage, "killed" if state == "exited" else state), loss
     assert loss["after_tokens"] >= 3 and loss["at"] > 0, loss
@@ -536,6 +547,25 @@ async def test_an_instance_is_reached_joined_and_loaded_while_another_host_still
         finally:
             await dep.close()
     assert [i.state for i in dep.instances] == ["destroyed", "destroyed"]
+
+
+async def test_a_stages_compute_fault_fails_the_token_exact_claim_and_the_run(
+    emulator: Callable[[str], Any], tmp_path: Path
+) -> None:
+    """A wrong computation on stage 0 (its worker negates the hidden state before the wire's
+    digest): every hop arrives as sent, the text is text, and only the reference finds it. The
+    token-exact claim fails, the verdict is FAIL, and the run exits 1."""
+    fake = await emulator("vast.compute_fault=0")
+    async with Smoke(fake, tmp_path, "--max-tokens", "4") as smoke:
+        assert await smoke.finish() == 1, smoke.stderr[-3000:]
+    report = smoke.report()
+    states = {c["claim"]: c["state"] for c in report["claims"]}
+    assert states[claims.TOKENS] == "failed" and states[claims.ACTIVATIONS] == "passed", report["claims"]
+    assert report["reference"]["match"] is False and report["failed_phase"] == "reference"
+    assert report["error"].startswith("reference: the tokens are exact: no: the pipeline's tokens differ")
+    assert "pp-smoke-run: FAIL at reference: " in smoke.stderr
+    assert smoke.stderr.splitlines()[-1].startswith("pp-smoke-run: failed at reference: the tokens are exact: no:")
+    await assert_all_destroyed(fake, smoke, report, 2)
 
 
 async def test_a_failed_converge_then_every_destroy_failing_still_names_converge_last(

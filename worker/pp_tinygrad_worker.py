@@ -61,6 +61,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from pytest_ppsmoke import failpoints
 from pytest_ppsmoke.messages import Hidden, Span, WireDtype, digest
 from pytest_ppsmoke.nodeenv import NodeEnv
 from pytest_ppsmoke.stage.cache import SCHEDULES, ProgramStats, ScheduleStats, WeightCache, install_program_cache
@@ -103,6 +104,8 @@ class Worker:
     def __init__(self, env: NodeEnv) -> None:
         self.stage, self.num_stages, self.model_name = env.stage, env.num_stages, env.model
         self.wire = WireDtype.parse(env.wire_dtype)
+        # node.compute_fault: a wrong computation, made before the digest, so the wire cannot see it
+        self.fault = failpoints.parse(env.failpoints).on("node.compute_fault")
         started = time.monotonic()
         self.programs = install_program_cache() if env.program_cache else None
         self.device_s = open_device()
@@ -156,7 +159,7 @@ class Worker:
             raise PipeError(f"payload of {len(req.hidden)} bytes: {e}" if framed else str(e)) from None
 
     def _hidden_out(self, x: np.ndarray, received: bytes | None = None) -> HiddenOut:
-        h = Hidden.from_array(x, self.wire)
+        h = Hidden.from_array(-x if self.fault else x, self.wire)
         return HiddenOut(h.data, digest(h.data), int(x.shape[0]), self.wire, received)
 
     def _tokens(self, ids: tuple[int, ...]) -> list[int]:

@@ -31,6 +31,7 @@ import sys
 from pathlib import Path
 
 from ..protocol import PhaseError
+from . import claims
 from .accounts import WHERE
 from .driver import SmokeRun
 from .options import Parser, SettingError
@@ -182,12 +183,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pp-smoke-run: {api}", file=sys.stderr)
     if r.teardown_error:  # said apart, also after an earlier failure: something may still be billing
         print(f"pp-smoke-run: WARNING: {r.teardown_error}", file=sys.stderr)
+    money = " (emulated: nothing was billed)" if settings.local else ""
     print(
-        f"pp-smoke-run: {r.destroyed()} of {len(r.instances)} instance(s) destroyed; cost ${r.cost_usd:.4f}",
+        f"pp-smoke-run: {r.destroyed()} of {len(r.instances)} instance(s) destroyed; cost ${r.cost_usd:.4f}{money}",
         file=sys.stderr,
     )
-    if (replaced := r.replaced_line()) is not None:
-        print(f"pp-smoke-run: {replaced}", file=sys.stderr)
+    for line in claims.block(r):  # the verdict: PASS or FAIL, a line per claim, what was replaced
+        print(f"pp-smoke-run: {line}", file=sys.stderr)
     if not r.ok and args.verbose:  # each node's account of the failure, in its own words
         for name, text in r.tails():
             print(f"pp-smoke-run: {name}:\n  " + "\n  ".join(text.splitlines()), file=sys.stderr)

@@ -80,6 +80,7 @@ class Deployment(Resource):
             self.keys.ids
         )  # the ids the cluster admits now: a replacement's added, a retired one's gone
         self.names: dict[str, Any] = {}
+        self.views: dict[str, list[tuple[str, str]]] = {}  # each node's own view of the members, after converge
         self.ready: dict[int, NodeStatus] = {}  # each stage's ready status: dim, blocks, context
         # each stage's last status during the load, and when it came (monotonic): the progress line's
         self.statuses: dict[int, tuple[NodeStatus, float]] = {}
@@ -350,7 +351,9 @@ class Deployment(Resource):
         c = self.config
         await self._every(Phase.CONVERGE)
         members = self.members
-        await converge(self.seed, members, c.converge_timeout, lambda missing: reach.explain(self.current, c, missing))
+        self.views = await converge(
+            self.seed, members, c.converge_timeout, lambda missing: reach.explain(self.current, c, missing)
+        )
         self.swim_timing = await reach.time_swim(self.seed, self.current, c)
         self.seed.membership.add_listener(self._on_member)  # until the seed closes, teardown included
         self._done(Phase.CONVERGE, t, f"{len(members)} members" + self._paths_line() + self._swim_line())

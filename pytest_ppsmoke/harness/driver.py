@@ -37,7 +37,7 @@ from ..cloud.rental import RentedInstance
 from ..protocol import Phase, PhaseError, stage_name
 from ..runtime.errors import RemoteError
 from ..runtime.resource import Resource
-from . import accounts
+from . import accounts, claims
 from .check import refusal
 from .deployment import Deployment
 from .figures import (
@@ -74,6 +74,17 @@ OnPhase = Callable[[str, float, str], None]
 ACCOUNTS_TIMEOUT = 12.0  # seconds the nodes' accounts of a failure may take, at most
 ACCOUNTS_SHARE = 0.25  # and, the steps' deadline passed, this share of the teardown's (the budget holds)
 LATE_TEARDOWN = 0.5  # the share of teardown_timeout a teardown gets even when the budget is spent
+
+
+def random_weights(model: str) -> bool:
+    """Whether ``model`` is a GGUF on this machine whose weights are random (``pp-synth-gguf``'s)."""
+    from ..ggufinfo import GGUFError, metadata
+    from ..stage.synth import RANDOM_WEIGHTS
+
+    try:
+        return RANDOM_WEIGHTS in str(metadata(model, ("general.name",)).get("general.name", ""))
+    except (OSError, GGUFError, ValueError):
+        return False  # a catalogue name, or a file that is not a GGUF: a real model
 
 
 def stage_paths(result: InferenceResult, dep: Deployment) -> dict[str, PathFigures]:
@@ -469,4 +480,16 @@ class SmokeRun(Resource):
                 r.network_stats = parse(dict[str, LinkStats], stats) if stats is not None else None
             if self.started is not None:
                 r.timings["total"] = round(time.monotonic() - self.started, 4)
+            r.claims = claims.verdict(r, self.evidence())
             r.finish()
+
+    def evidence(self) -> claims.Evidence:
+        """What the run recorded for its claims (``claims.verdict`` judges them)."""
+        dep = self.deployment
+        if dep is None:
+            return claims.Evidence()
+        ready = dep.ready.get(0)
+        dim = ready.dim if ready is not None else None
+        return claims.Evidence(
+            dep.members, dep.views, dict(dep.names), self.result, dim, random_weights(self.settings.model)
+        )

@@ -227,6 +227,24 @@ class PreflightFigures:
     seconds: float
 
 
+class ClaimState(enum.StrEnum):
+    """How a claim of the run was judged (``harness/claims.py``)."""
+
+    PASSED = "passed"
+    FAILED = "failed"
+    NOT_CHECKED = "not checked"
+
+
+@dataclass
+class ClaimFigures:
+    """One claim of the README's table, as the run judged it: its evidence in words (a figure
+    when it passed, what differed when it failed, why not when it was not checked)."""
+
+    claim: str
+    state: ClaimState
+    evidence: str
+
+
 @dataclass
 class OfferFigures:
     """The offer an instance was created on, and its machine (0: not known)."""

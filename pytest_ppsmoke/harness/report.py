@@ -37,6 +37,8 @@ from typing import Any, TypeVar
 from ..protocol import Names, Phase, stage_name
 from .figures import (
     ApiFigures,
+    ClaimFigures,
+    ClaimState,
     EmulatorFigures,
     Frames,
     FrameWindow,
@@ -56,7 +58,20 @@ from .figures import (
     WireDtype,
 )
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
+# the phase whose evidence each claim is judged on: a claim that fails is that phase's failure
+CLAIM_PHASES = {
+    "the cluster forms": Phase.CONVERGE,
+    "the machines reach each other directly": Phase.CONVERGE,
+    "the names resolve": Phase.RESOLVE,
+    "activations arrive as sent": Phase.DECODE,
+    "the KV cache stays with its blocks": Phase.DECODE,
+    "decode closes without the orchestrator": Phase.DECODE,
+    "the tokens are exact": Phase.REFERENCE,
+    "the output is text": Phase.DECODE,
+    "nothing is left rented": Phase.TEARDOWN,
+    "nothing is rented in vain": Phase.PREFLIGHT,
+}
 SCHEMA_FILE = "report.schema.json"  # beside this module, in the package
 REGENERATE = "python -m pytest_ppsmoke.harness.report --schema > pytest_ppsmoke/harness/report.schema.json"
 
@@ -92,6 +107,7 @@ class Report:
     left_after_teardown: list[ListedInstance] | None = None  # vast.ai's list of the run's label, after
     going_after_teardown: list[ListedInstance] = field(default_factory=list)  # still listed, on their way out
     offers_skipped: list[SkippedOffer] = field(default_factory=list)  # taken by someone else before our create
+    claims: list[ClaimFigures] = field(default_factory=list)  # the README's claims as this run judged them
     replacements: int = 0  # hosts replaced (never running, or never joined, by their deadlines): instances[].replaced
     network: NetworkFigures | None = None  # the emulated network
     network_stats: dict[str, LinkStats] | None = None  # the delay switch's counts per link, at the end
@@ -115,10 +131,17 @@ class Report:
             self.error = now
 
     def finish(self) -> None:
-        """Decide the verdict: a non-empty answer, no failure and every instance destroyed."""
+        """Decide the verdict: PASS (exit 0) when nothing failed, the answer is non-empty and no
+        claim the run checked failed (``claims``); FAIL (exit 1) otherwise, a failed claim the
+        cause when nothing failed before it."""
         if self.error is None and not self.text:
             self.fail(None, "no text came back")
-        self.ok = self.error is None and bool(self.text)
+        failed = [c for c in self.claims if c.state is ClaimState.FAILED]
+        if self.error is None and failed:
+            phase = CLAIM_PHASES.get(failed[0].claim)
+            said = f"{failed[0].claim}: no: {failed[0].evidence}"
+            self.fail(phase, f"{phase}: {said}" if phase is not None else said)
+        self.ok = self.error is None and bool(self.text) and not failed
         self.exit_code = 0 if self.ok else 1
 
     def headline(self, names: Names | None = None) -> str:

@@ -43,9 +43,10 @@ log = logging.getLogger(__name__)
 
 async def converge(
     seed: Node, ids: list[str], timeout: float, explain: Callable[[set[str]], str] | None = None
-) -> None:
+) -> dict[str, list[tuple[str, str]]]:
     """Wait until the seed sees every id in ``ids`` alive, and every member's own view
-    (``MembersQuery``) agrees: the spec's SWIM deadline. ``explain`` adds detail on missing ids."""
+    (``MembersQuery``) agrees: the spec's SWIM deadline. ``explain`` adds detail on missing ids.
+    Returns each node's view as it agreed (by id: sorted (member, state) pairs)."""
     deadline = time.monotonic() + timeout
     want = set(ids)
 
@@ -62,12 +63,12 @@ async def converge(
             Phase.CONVERGE, f"{alive_n} of {len(want)} members alive after {timeout:.0f} s; missing: {detail}"
         ) from None
     try:
-        await _views_agree(seed, ids, deadline)
+        return await _views_agree(seed, ids, deadline)
     except TimeoutError as e:
         raise PhaseError(Phase.CONVERGE, str(e)) from None
 
 
-async def _views_agree(seed: Node, ids: list[str], deadline: float) -> None:
+async def _views_agree(seed: Node, ids: list[str], deadline: float) -> dict[str, list[tuple[str, str]]]:
     """Every node's own view (MembersQuery) equals the seed's: all members, all alive."""
     want = tuple(sorted((i, "alive") for i in ids))
     while True:
@@ -85,7 +86,7 @@ async def _views_agree(seed: Node, ids: list[str], deadline: float) -> None:
                 sorted((m.id, MemberStatus(m.status).name) for m in reply.members if m.status != MemberStatus.dead)
             )
         if seed.membership.view() == want and all(v == want for v in views.values()):
-            return
+            return {i: list(v) for i, v in views.items() if isinstance(v, tuple)}
         if time.monotonic() > deadline:
             differing = [f"{i[:10]} sees {v}" for i, v in views.items() if v != want]
             raise TimeoutError(f"views did not agree on {len(want)} alive members: {'; '.join(differing)}")

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+RANDOM_WEIGHTS = "random weights"  # in every file's general.name: its text is noise by design
 CHAT_TOKENS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
 # Llama 3 has 256 special tokens (128000-128255) among 128256. tinygrad's tokenizer compiles one
 # pattern of all the special tokens in each process that loads the model: 128000 of them (this
@@ -88,7 +89,7 @@ def write(path: Path, shape: Shape, seed: int = 0) -> None:
     types = [normal] * 256 + [int(gguf.TokenType.CONTROL)] * special + [normal] * (shape.vocab - 256 - special)
 
     w = gguf.GGUFWriter(str(path), "llama")
-    w.add_name(f"synthetic llama {shape.blocks}x{shape.dim} (random weights, seed {seed})")
+    w.add_name(f"synthetic llama {shape.blocks}x{shape.dim} ({RANDOM_WEIGHTS}, seed {seed})")
     w.add_block_count(shape.blocks)
     w.add_context_length(shape.context)
     w.add_embedding_length(shape.dim)
