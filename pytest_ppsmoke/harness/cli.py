@@ -11,13 +11,15 @@ running), converge (1 + N members under SWIM), load (every worker ready), resolv
 names, prefill and decode "Say hello" through the chain, the reference (the model in one piece
 on stage 0's node: the tokens must be the same; ``--reference off`` leaves it out), teardown
 (destroy everything rented). A line per phase with its time; the text on stdout; ``--report``
-writes the JSON report. A reference that differs or fails is said on stderr; the exit status
-does not depend on it (the spec's token-exact test does).
+writes the JSON report. The run ends on its verdict (``harness/claims.py``): PASS or FAIL, then
+a line per claim of the README's table, passed, failed or not checked, with its evidence.
 
-Exit status: 0 when the response is non-empty and every instance was destroyed; 1 when a phase
-failed (the message names it), when a destroy failed, or on SIGINT/SIGTERM/SIGHUP (everything
-rented is destroyed first); 2 for bad arguments, or a tool the run needs that this machine lacks
-(one line that says what to install, before anything starts; ``--check`` lists them all).
+Exit status: 0 for PASS: nothing failed, the response is non-empty, every instance was destroyed
+and no claim the run checked failed (a token-exact reference that differs fails the run); 1 for
+FAIL: a phase failed (the message names it), a claim failed, a destroy failed, or
+SIGINT/SIGTERM/SIGHUP (everything rented is destroyed first); 2 for bad arguments, or a tool the
+run needs that this machine lacks (one line that says what to install, before anything starts;
+``--check`` lists them all).
 """
 
 from __future__ import annotations
