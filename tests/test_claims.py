@@ -59,7 +59,7 @@ def test_claims_the_run_never_reached_are_not_checked_saying_where_it_stopped() 
     assert list(judged) == list(claims.CLAIMS)
     for name in (claims.CLUSTER, claims.NAMES, claims.ACTIVATIONS, claims.KV, claims.DECODE, claims.TOKENS):
         assert judged[name].state is ClaimState.NOT_CHECKED
-        assert judged[name].evidence == "the run failed at decode first", judged[name]
+        assert judged[name].evidence == "the run stopped at decode, before its evidence", judged[name]
     assert judged[claims.LEFT].state is ClaimState.PASSED  # nothing was created: nothing is left
     assert judged[claims.DIRECT].evidence.startswith("one machine over loopback")
 

@@ -360,7 +360,7 @@ async def test_either_node_dropping_out_mid_decode_is_named_with_its_instance_an
     said = smoke.stderr.splitlines()
     head = next(line for line in said if line.startswith("pp-smoke-run: FAIL"))
     assert head.startswith("pp-smoke-run: FAIL at decode: ") and said[-1].startswith("pp-smoke-run: failed at decode")
-    assert "not checked  the tokens are exact: the run failed at decode first" in smoke.stderr
+    assert "not checked  the tokens are exact: the run stopped at decode, before its evidence" in smoke.stderr
     [loss] = fake.host_losses  # what the emulator did, and when: a detector's delay counts from it
     assert (loss["stage"], loss["how"]) == (stage, "killed" if state == "exited" else state), loss
     assert loss["after_tokens"] >= 3 and loss["at"] > 0, loss

@@ -287,7 +287,11 @@ def judge(claim: str, work: Any, *args: Any) -> Judgement:
 def verdict(report: Report, ev: Evidence) -> list[Judgement]:
     """Every claim of :data:`CLAIMS`, judged on what the run recorded; one whose evidence the run
     never reached is not checked, saying where the run stopped."""
-    failed = f"the run failed at {report.failed_phase} first" if report.failed_phase else "the run stopped first"
+    failed = (
+        f"the run stopped at {report.failed_phase}, before its evidence"
+        if report.failed_phase
+        else "the run stopped first"
+    )
 
     def absent(claim: str) -> Judgement:
         return Judgement(claim, State.NOT_CHECKED, failed)
