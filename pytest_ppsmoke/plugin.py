@@ -291,6 +291,10 @@ def ppsmoke_session(pytestconfig: pytest.Config, ppsmoke_settings: Settings) -> 
             report = session.report
             if ppsmoke_settings.report is not None:
                 report.write(ppsmoke_settings.report)
+            if ppsmoke_settings.timeline is not None:
+                from .harness.cli import draw_timeline  # matplotlib, if at all: only now
+
+                draw_timeline(report, ppsmoke_settings.timeline, "pytest-ppsmoke")
         if report.failed_phase == "teardown" and not state.teardown_reported:
             state.teardown_reported = True
             pytest.fail(report.headline(), pytrace=False)
