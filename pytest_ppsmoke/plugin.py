@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from .harness.deployment import Deployment
     from .harness.figures import ReferenceFigures
     from .harness.pipeline import InferenceResult
+    from .harness.progress import Relay
     from .harness.session import SmokeSession
     from .runtime.codec import ActorAddress
 
@@ -281,7 +282,7 @@ def ppsmoke_session(pytestconfig: pytest.Config, ppsmoke_settings: Settings) -> 
     from .harness.session import SmokeSession  # the runtime: only now
 
     state = pytestconfig.stash[STATE]
-    session = state.session = SmokeSession(ppsmoke_settings)
+    session = state.session = SmokeSession(ppsmoke_settings, _relay(pytestconfig))
     try:
         yield session
     finally:
@@ -291,9 +292,43 @@ def ppsmoke_session(pytestconfig: pytest.Config, ppsmoke_settings: Settings) -> 
             report = session.report
             if ppsmoke_settings.report is not None:
                 report.write(ppsmoke_settings.report)
+            if ppsmoke_settings.timeline is not None:
+                from .harness.cli import draw_timeline  # matplotlib, if at all: only now
+
+                draw_timeline(report, ppsmoke_settings.timeline, "pytest-ppsmoke")
         if report.failed_phase == "teardown" and not state.teardown_reported:
             state.teardown_reported = True
             pytest.fail(report.headline(), pytrace=False)
+
+
+def _relay(config: pytest.Config) -> Relay | None:
+    """What the session shows while it waits, through pytest's terminal reporter: on a terminal
+    a live line, redrawn in place over pytest's own line and given back after each step; in a
+    pipe or CI a line as each phase starts and as it ends. Nothing in an xdist worker, whose
+    output is no terminal: the controller prints its tests' outcomes."""
+    tr = config.pluginmanager.get_plugin("terminalreporter")
+    if tr is None or hasattr(config, "workerinput"):
+        return None
+    import contextlib
+    import io
+
+    from .harness.progress import Around, Lines, Progress, Relay
+
+    tw = tr._tw  # pytest's terminal writer: its file, and the line it has written so far
+    capman = config.pluginmanager.get_plugin("capturemanager")
+    uncaptured = capman.global_and_fixture_disabled if capman is not None else contextlib.nullcontext
+    if tr.isatty():
+        terminal = Around(tw._file, uncaptured)
+        progress = Progress(io.StringIO(), terminal, live=True)  # the phase lines: in the terminal summary
+        progress.cache_said = True  # no line of its own between pytest's
+        return Relay(progress, lambda: getattr(tw, "_current_line", ""))
+
+    def write_line(line: str) -> None:
+        with uncaptured():
+            tr.write_line(line)
+
+    lines = Lines(write_line)
+    return Relay(Progress(lines, lines, live=False))
 
 
 def _step(pytestconfig: pytest.Config, session: SmokeSession, step: str) -> None:

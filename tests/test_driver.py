@@ -5,6 +5,7 @@ shows once, as one line."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import re
@@ -89,6 +90,29 @@ EIGHT_CLAIMS = (
 )
 
 
+def timeline_agrees(r: dict[str, Any]) -> None:
+    """The report's timeline against its timings: every timed phase, in the phases' order, each
+    ``end - start`` its ``timings`` entry (both rounded to 0.1 ms), none overlapping the next;
+    each instance's steps between the rent's start and the end of the phase that waits for them
+    (on the same clock: seconds since the rent began); the run's start and the budget around them."""
+    tl = r["timeline"]
+    spans = tl["phases"]
+    assert [p["phase"] for p in spans] == [p.value for p in Phase if p.value in r["timings"]], spans
+    for span in spans:
+        assert span["end"] - span["start"] == pytest.approx(r["timings"][span["phase"]], abs=2e-4), span
+    for a, b in itertools.pairwise(spans):
+        assert a["end"] <= b["start"] + 1e-4, (a, b)
+    by = {p["phase"]: p for p in spans}
+    waits = {p.waits_for: p.value for p in Phase if p.waits_for}
+    waits["reached"] = "converge"  # a node heard from: on its way to joined
+    for inst in r["instances"]:
+        for step, at in inst["timeline"].items():
+            assert by["rent"]["start"] - 1e-3 <= at <= by[waits[step]]["end"] + 1e-3, (inst["stage"], step, at)
+    assert tl["started"] <= spans[0]["start"] and spans[-1]["end"] <= tl["budget_end"]
+    assert tl["budget_end"] - tl["started"] == pytest.approx(tl["budget"], abs=2e-4)
+    assert tl["started"] < tl["steps_deadline"] < tl["budget_end"]
+
+
 def test_the_cli_and_the_plugin_write_the_same_report(
     pytester: pytest.Pytester, synth_model: str, tmp_path: Path
 ) -> None:
@@ -133,6 +157,7 @@ def test_the_cli_and_the_plugin_write_the_same_report(
         for inst in r["instances"]:  # each instance's own steps, stamped in order
             assert list(inst["timeline"]) == list(STEPS), inst["timeline"]
             assert sorted(inst["timeline"].values()) == list(inst["timeline"].values()), inst["timeline"]
+        timeline_agrees(r)
         assert 1 <= len(r["token_ids"]) <= 4
         ref = r["reference"]  # on stage 0's node, after the request: the same tokens
         assert (ref["state"], ref["stage"], ref["match"], ref["method"]) == (

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -17,7 +18,9 @@ from pytest_ppsmoke.cloud.vastrecords import Offer
 from pytest_ppsmoke.harness.progress import (
     CLEAR,
     REFRESH,
+    Lines,
     Progress,
+    Relay,
     cache_line,
     grown_caches,
     human,
@@ -26,6 +29,7 @@ from pytest_ppsmoke.harness.progress import (
     size_of,
     stage_doing,
 )
+from pytest_ppsmoke.harness.session import LoopThread
 from pytest_ppsmoke.messages import LoadFigures, NodeStatus, ProgramCounts, WeightLoad
 
 pytestmark = pytest.mark.local
@@ -59,7 +63,10 @@ def test_the_load_line_says_what_each_stage_does_and_for_how_long() -> None:
     ]
     # stage 1 said "loading for 11 s" at 13.0 s into the run; it is now 14.0 s
     line = live_line("load", 12.34, 2, insts, {1: (loading(1, 11), 13.0)}, at=14.0)
-    assert line == "load 12.3 s: stage 0 ready 4.1 s, stage 1 loading 12 s"
+    assert line == "load 12.3 s: 1 of 2 workers ready; stage 0 ready 4.1 s, stage 1 loading 12 s"
+    ready = NodeStatus(0, "ready", "", 0, 576, 0, 15)  # stage 0's worker holds blocks [0, 15)
+    line = live_line("load", 12.34, 2, insts, {0: (ready, 6.1), 1: (loading(1, 11), 13.0)}, at=14.0)
+    assert line == "load 12.3 s: 1 of 2 workers ready, 15 blocks loaded; stage 0 ready 4.1 s, stage 1 loading 12 s"
 
 
 def test_each_waiting_phase_names_its_step_or_the_wait() -> None:
@@ -92,7 +99,7 @@ def test_other_phases_show_their_clock_and_a_narrow_terminal_cuts_the_line() -> 
     gone, failed = instance(0, "destroyed"), instance(1, "running")
     failed.destroy_error = "HTTP 500"
     assert live_line("teardown", 0.5, 3, [gone, failed, instance(2, "running")]) == (
-        "teardown 0.5 s: stage 0 destroyed, stage 1 not destroyed, stage 2 destroying"
+        "teardown 0.5 s: 1 of 3 destroyed; stage 0 destroyed, stage 1 not destroyed, stage 2 destroying"
     )
     insts = [instance(s, rented=0.1 * s) for s in range(8)]
     full = live_line("rent", 1.0, 8, insts, at=2.0)
@@ -129,7 +136,8 @@ def test_the_answer_is_printed_at_once_and_the_live_line_is_cleared_first() -> N
     assert err.getvalue().endswith("decode 2.0 s" + CLEAR)  # nothing drawn since: nothing more to clear
 
 
-def test_the_live_line_reads_the_runs_instances_and_statuses() -> None:
+def test_the_live_line_reads_the_runs_instances_and_statuses(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "200")  # the line whole: no terminal here
     out, err, clock = io.StringIO(), io.StringIO(), Clock()
     p = Progress(out, err, live=True, clock=clock)
     dep = SimpleNamespace(
@@ -144,7 +152,7 @@ def test_the_live_line_reads_the_runs_instances_and_statuses() -> None:
     p.watch(run)
     p.start("load")
     clock.now += 1.5
-    assert p.line() == "load 1.5 s: stage 0 ready 4.1 s, stage 1 loading 7 s"
+    assert p.line() == "load 1.5 s: 1 of 2 workers ready; stage 0 ready 4.1 s, stage 1 loading 7 s"
 
 
 def status(stage: int, weights: WeightLoad | None, misses: int) -> NodeStatus:
@@ -222,3 +230,74 @@ def test_the_live_line_is_drawn_while_the_run_runs_and_taken_away_at_its_end() -
         return err.getvalue()
 
     assert asyncio.run(ended()) == CLEAR + "teardown 0.0 s" + CLEAR
+
+
+def test_every_waiting_phase_counts_its_work_as_it_advances() -> None:
+    """Not only a clock: each line of rent, boot, converge and load counts the instances that
+    reached the step the phase waits for, and the teardown those destroyed; the count rises as
+    they get there (a fixed clock: only the work moves)."""
+    steps = {"rent": "rented", "boot": "running", "converge": "joined", "load": "loaded"}
+    for phase, step in steps.items():
+        insts = [instance(0), instance(1), instance(2)]
+        seen = []
+        for inst in [None, *insts]:
+            if inst is not None:
+                inst.timeline[step] = 1.0
+            seen.append(live_line(phase, 1.0, 3, insts, at=2.0).split(";")[0])
+        assert [int(line.split(": ")[1].split()[0]) for line in seen] == [0, 1, 2, 3], (phase, seen)
+    gone = [instance(0, "running"), instance(1, "running")]
+    seen = [live_line("teardown", 1.0, 2, gone)]
+    for inst in gone:
+        inst.state = "destroyed"
+        seen.append(live_line("teardown", 1.0, 2, gone))
+    assert [line.split(";")[0] for line in seen] == [f"teardown 1.0 s: {n} of 2 destroyed" for n in (0, 1, 2)]
+
+
+def test_the_plugins_relay_draws_on_the_waiting_thread_and_gives_pytests_line_back() -> None:
+    """The plugin's session runs its loop in a thread: the driver's calls come from there, are
+    queued, and are replayed (and the line drawn) only by the thread that waits; when the step is
+    over the line pytest had written is written back."""
+    err, clock = io.StringIO(), Clock()
+    relay = Relay(Progress(io.StringIO(), err, live=True, clock=clock), lambda: "test_spec.py ..")
+    thread = threading.Thread(target=lambda: (relay.on_phase("prefill", 1.5, ""), relay.on_start("decode")))
+    thread.start()
+    thread.join()
+    assert err.getvalue() == ""  # nothing written from the loop's thread
+    relay.tick()
+    clock.now += 1
+    relay.tick()
+    assert err.getvalue() == CLEAR + "decode 0.0 s" + CLEAR + "decode 0.0 s" + CLEAR + "decode 1.0 s"
+    relay.done()
+    assert err.getvalue().endswith("decode 1.0 s" + CLEAR + "test_spec.py ..")
+
+    said: list[str] = []
+    plain = Relay(Progress(Lines(said.append), Lines(said.append), live=False, clock=Clock()))
+    plain.on_start("boot")
+    plain.on_phase("boot", 2.0, "2 running")
+    plain.tick()
+    plain.done()
+    assert said == ["[   0.00s] start boot", "[   0.00s] boot         2.000s  2 running"]  # whole lines, in a pipe
+
+
+def test_a_wait_on_the_sessions_loop_calls_back_until_it_is_done() -> None:
+    """``LoopThread.run``'s ``on_wait``: called while the coroutine runs, on the waiting thread.
+    The coroutine ends once it has been called twice: no clock is read."""
+    loop = LoopThread()
+    called = threading.Event()
+    calls: list[str] = []
+
+    def on_wait() -> None:
+        calls.append(threading.current_thread().name)
+        if len(calls) >= 2:
+            called.set()
+
+    async def until_called() -> str:
+        while not called.is_set():
+            await asyncio.sleep(0.01)
+        return "done"
+
+    try:
+        assert loop.run(until_called(), 60, on_wait) == "done"
+    finally:
+        loop.close()
+    assert len(calls) >= 2 and set(calls) == {threading.current_thread().name}

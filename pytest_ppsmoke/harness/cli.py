@@ -38,6 +38,7 @@ from .accounts import WHERE
 from .driver import SmokeRun
 from .options import Parser, SettingError
 from .progress import Progress
+from .report import Report
 from .settings import GROUPS, OPTIONS, STEPS, Settings, face_names, read
 
 log = logging.getLogger(__name__)
@@ -202,7 +203,21 @@ def main(argv: list[str] | None = None) -> int:
         )
     if settings.report:
         r.write(settings.report)
+    if settings.timeline:
+        draw_timeline(r, settings.timeline)
     return r.exit_code
+
+
+def draw_timeline(report: Report, path: Path, who: str = "pp-smoke-run") -> None:
+    """``--timeline``: the run's timeline as an image, or a line saying how to get matplotlib."""
+    from .timeline import NoPlotting, draw  # matplotlib: only when asked for
+
+    try:
+        draw(report, path)
+    except NoPlotting as e:
+        print(f"{who}: no timeline drawn: {e}", file=sys.stderr)
+    except OSError as e:
+        print(f"{who}: no timeline drawn: {path}: {e}", file=sys.stderr)
 
 
 def tails_pointed(line: str, report: Path | None, verbose: bool) -> str:

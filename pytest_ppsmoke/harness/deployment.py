@@ -85,6 +85,7 @@ class Deployment(Resource):
         # each stage's last status during the load, and when it came (monotonic): the progress line's
         self.statuses: dict[int, tuple[NodeStatus, float]] = {}
         self.timings: dict[str, float] = {}
+        self.spans: dict[str, tuple[float, float]] = {}  # each phase's start and end, on ``clock``
         self.on_start: Callable[[Phase], None] | None = None  # told each phase as it begins
         self._phase = Phase.RENT
         self.lost: asyncio.Future[PhaseError] | None = None  # the first failure: an instance's, or a host lost
@@ -165,7 +166,9 @@ class Deployment(Resource):
     def _done(self, phase: Phase, started: float, detail: str = "") -> None:
         """The phase's time, and its line; from the line on, an interruption is the next phase's
         (the user has seen this one end)."""
-        self.timings[phase] = round(self.clock() - started, 4)
+        now = self.clock()
+        self.timings[phase] = round(now - started, 4)
+        self.spans[phase] = (started, now)
         if self.on_phase is not None:
             self.on_phase(phase, self.timings[phase], detail)
         self.phase = phase.next

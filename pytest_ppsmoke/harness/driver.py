@@ -50,10 +50,12 @@ from .figures import (
     NetworkFigures,
     PathFigures,
     Paths,
+    PhaseSpan,
     PreflightFigures,
     ReferenceFigures,
     ReferenceLoad,
     ReferenceState,
+    RunTimeline,
     SkippedOffer,
     StageSplit,
     SwimFigures,
@@ -146,6 +148,7 @@ class SmokeRun(Resource):
         self.deployment: Deployment | None = None
         self.result: InferenceResult | None = None
         self.stage_paths: dict[str, PathFigures] = {}  # how each stage reached its peers (the request's StageStats)
+        self.spans: dict[str, tuple[float, float]] = {}  # prefill, decode, reference: start, end
         self.failure: PhaseError | None = None
         self.accounts: dict[int, accounts.Account] = {}  # each node's own account of a failure, by stage
         self.failed_step: str | None = None  # the step that failed: every later one fails with it
@@ -322,6 +325,7 @@ class SmokeRun(Resource):
             dep.seed, s.num_stages, s.prompt, s.max_tokens, max(1.0, self.remaining()), prefilled, dep.places()
         )
         self.result = result
+        self.spans.update(result.spans)
         if self.on_phase is not None:
             t = result.timings
             self.on_phase(Phase.DECODE, t["decode"], f"{t['decode_tokens_per_s']} tokens/s")
@@ -386,7 +390,9 @@ class SmokeRun(Resource):
                 mem_after=ref.mem_after,
                 loaded=ReferenceLoad(ref.loaded) if ref.loaded else None,
             )
-        seconds = round(time.monotonic() - started, 4)
+        ended = time.monotonic()
+        seconds = round(ended - started, 4)
+        self.spans["reference"] = (started, ended)
         r.reference.seconds = r.timings["reference"] = seconds
         if self.on_phase is not None:
             self.on_phase("reference", seconds, r.reference.line())
@@ -401,6 +407,7 @@ class SmokeRun(Resource):
         if dep is None:
             return
         r.timings.update(dep.timings)
+        r.timeline = self._timeline(dep)
         # the lower layers' records (their summaries) as the report's parts, every key and type checked
         r.preflight = parse(PreflightFigures, dep.preflight.summary()) if dep.preflight is not None else None
         r.instances = [
@@ -426,6 +433,18 @@ class SmokeRun(Resource):
             stalls = dep.watch.summary() if dep.watch is not None else None
             swim = {**dep.swim_timing, "stats": stats, "deaths": dep.swim_deaths, "orchestrator_stalls": stalls}
             r.swim = parse(SwimFigures, swim)
+
+    def _timeline(self, dep: Deployment) -> RunTimeline:
+        """The phases so far, in seconds since the rent began (the instances' timelines' origin),
+        and the budget on the same clock."""
+        s, began = self.settings, dep.began
+        spans = {**dep.spans, **self.spans}
+        phases = [
+            PhaseSpan(str(phase), round(a - began, 4), round(b - began, 4))
+            for phase, (a, b) in sorted(spans.items(), key=lambda kv: kv[1])
+        ]
+        started = round((self.started if self.started is not None else began) - began, 4)
+        return RunTimeline(phases, started, s.budget, round(started + s.phases_budget, 4), round(started + s.budget, 4))
 
     # --- teardown --------------------------------------------------------------------------
 

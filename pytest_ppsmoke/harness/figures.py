@@ -485,3 +485,29 @@ class EmulatorFigures:
     live_instances: list[int]
     destroyed_instances: list[int]
     host_losses: list[HostLoss] = field(default_factory=list)
+
+
+@dataclass
+class PhaseSpan:
+    """One phase, from its start to its end, in seconds since the rent began (the origin of
+    ``instances[].timeline``; the pre-flight, before the rent, starts below 0). ``end - start``
+    is the phase's ``timings`` entry, within their rounding."""
+
+    phase: str
+    start: float
+    end: float
+
+
+@dataclass
+class RunTimeline:
+    """Where the run's time went: its phases in the order they ran (each instance's steps are in
+    ``instances[].timeline``, on the same clock), and its budget: the run's clock started at
+    ``started`` (at or below 0: the emulator or the client opened before the rent) and its steps
+    had to end by ``steps_deadline``, the budget by ``budget_end`` (the teardown's deadline kept
+    between the two)."""
+
+    phases: list[PhaseSpan] = field(default_factory=list)
+    started: float = 0.0
+    budget: float = 0.0
+    steps_deadline: float = 0.0
+    budget_end: float = 0.0

@@ -77,6 +77,9 @@ class InferenceResult:
     request_id: int | None = None
     # the orchestrator's prefill and decode windows, each stage's (by name): frames by type name
     frames: Frames = field(default_factory=Frames)
+    # prefill's and decode's start and end on this process's monotonic clock (``timings``' own
+    # figures), where the FirstToken came: the report's timeline
+    spans: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     def kv_summary(self) -> list[KvFigures]:
         """Each stage's caches as its worker read them, as the reports give them: the blocks it
@@ -326,6 +329,7 @@ async def run_inference(
             decode_tokens_per_s=_rate(generated, decode_s),
             inference=round(done_at - orch.sent_at, 4),
         )
+        result.spans = {"prefill": (orch.sent_at, orch.first_token_at), "decode": (orch.first_token_at, done_at)}
     return result
 
 

@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import os
+import queue
 import shutil
 import sys
 import time
@@ -92,6 +94,31 @@ def teardown_word(inst: RentedInstance) -> str:
     return "not destroyed" if inst.destroy_error else "destroying"
 
 
+def work_done(
+    phase: str,
+    num_stages: int,
+    instances: Sequence[RentedInstance] = (),
+    statuses: dict[int, tuple[NodeStatus, float]] | None = None,
+) -> str:
+    """The count of work the phase has done, as the orchestrator sees it: the instances that
+    reached the step a waiting phase waits for (``1 of 2 running``), in the load also the workers
+    ready and the blocks they hold, in the teardown the instances destroyed. "": the phase has
+    no count the orchestrator sees (prefill, decode and the reference run in the nodes)."""
+    current = {i.stage: i for i in instances if not i.replaced}  # each stage's latest
+    if phase in WAITS and num_stages:
+        step, (done, _, _) = Phase[phase.upper()].waits_for, WAITS[Phase[phase.upper()]]
+        reached = sum(1 for i in current.values() if step in i.timeline)
+        if phase != "load":
+            return f"{reached} of {num_stages} {done}"
+        ready = [st for st, _ in (statuses or {}).values() if st.state == "ready"]
+        blocks = f", {sum(st.end_block - st.first_block for st in ready)} blocks loaded" if ready else ""
+        return f"{reached} of {num_stages} workers ready{blocks}"
+    if phase == "teardown" and instances:
+        gone = sum(1 for i in instances if i.state == "destroyed")
+        return f"{gone} of {len(instances)} destroyed"
+    return ""
+
+
 def live_line(
     phase: str,
     phase_s: float,
@@ -101,18 +128,22 @@ def live_line(
     at: float = 0.0,
     width: int = 0,
 ) -> str:
-    """The live line: the phase and its clock, and while the run waits on its instances (rent to
-    load) what each stage's is doing (:func:`stage_doing`), in the teardown whether it is gone.
-    ``width``: the terminal's columns, the line cut to fit them (a line that wraps cannot be
-    redrawn in place); 0 leaves it whole."""
+    """The live line: the phase and its clock, the count of its work done (:func:`work_done`),
+    and while the run waits on its instances (rent to load) what each stage's is doing
+    (:func:`stage_doing`), in the teardown whether it is gone. ``width``: the terminal's
+    columns, the line cut to fit them (a line that wraps cannot be redrawn in place); 0 leaves it
+    whole. The count comes before the stages' words: a cut line keeps it."""
     line = f"{phase} {phase_s:.1f} s"
+    count = work_done(phase, num_stages, instances, statuses)
+    if count:
+        line += f": {count}"
     if phase in WAITS and num_stages:
         by_stage = {i.stage: i for i in instances}
-        line += ": " + ", ".join(
+        line += "; " + ", ".join(
             stage_doing(phase, s, by_stage.get(s), (statuses or {}).get(s), at) for s in range(num_stages)
         )
     elif phase == "teardown" and instances:
-        line += ": " + ", ".join(f"stage {i.stage} {teardown_word(i)}" for i in instances)
+        line += "; " + ", ".join(f"stage {i.stage} {teardown_word(i)}" for i in instances)
     if width and len(line) >= width:
         line = line[: max(0, width - 2)] + "…"
     return line
@@ -303,3 +334,95 @@ class Progress:
         if grown:
             self.cache_said = True
             print(cache_line([(p, size_of(p)) for p in grown]), file=self.err, flush=True)
+
+
+# --- the pytest plugin's ------------------------------------------------------------------------
+
+
+class Lines(io.StringIO):
+    """A text stream whose complete lines each go to ``write_line`` (pytest's terminal reporter's,
+    in a pipe or CI: each on a line of its own, whatever pytest was writing)."""
+
+    def __init__(self, write_line: Callable[[str], None]) -> None:
+        super().__init__()
+        self.write_line, self.pending = write_line, ""
+
+    def write(self, text: str) -> int:
+        *done, self.pending = (self.pending + text).split("\n")
+        for line in done:
+            self.write_line(line)
+        return len(text)
+
+
+class Around(io.StringIO):
+    """A text stream that writes to ``file`` within ``around()`` (pytest's capture manager's
+    ``global_and_fixture_disabled``: a test's setup runs with its output captured, and the live
+    line is the terminal's, as pytest's own live logging writes there)."""
+
+    def __init__(self, file: TextIO, around: Callable[[], contextlib.AbstractContextManager[object]]) -> None:
+        super().__init__()
+        self.file, self.around = file, around
+
+    def write(self, text: str) -> int:
+        with self.around():
+            self.file.write(text)
+            self.file.flush()
+        return len(text)
+
+    def fileno(self) -> int:
+        return self.file.fileno()
+
+    def isatty(self) -> bool:
+        return self.file.isatty()
+
+
+class Relay:
+    """The live line of a run stepped from another thread (the pytest plugin's session, whose
+    event loop runs in a thread of its own): the driver's ``on_phase`` and ``on_start`` queue
+    their calls, and the thread that waits for the step replays them and redraws the line
+    (:meth:`tick`, every :data:`REFRESH` seconds), so that only that thread writes to the
+    terminal. :meth:`done`, when the step is over, takes the line away and gives back what the
+    terminal's line held before (``restore()``: pytest's own, the test's path and its dots)."""
+
+    def __init__(self, progress: Progress, restore: Callable[[], str] = str) -> None:
+        self.progress, self.restore = progress, restore
+        self.calls: queue.SimpleQueue[tuple[str, tuple[str, ...]]] = queue.SimpleQueue()
+        self.shown = False  # the live line covers the terminal's line: done() gives it back
+
+    def on_phase(self, phase: str, seconds: float, detail: str = "") -> None:
+        self.calls.put(("phase", (phase, f"{seconds!r}", detail)))
+
+    def on_start(self, phase: str) -> None:
+        self.calls.put(("start", (phase,)))
+
+    def _replay(self) -> None:
+        p = self.progress
+        while True:
+            try:
+                call, args = self.calls.get_nowait()
+            except queue.Empty:
+                return
+            if call == "start":
+                with contextlib.suppress(RuntimeError):  # its first drawing read a changing state
+                    p.start(args[0])
+                self.shown = self.shown or p.live_line
+            else:
+                p(args[0], float(args[1]), args[2])
+
+    def tick(self) -> None:
+        """Replay what the driver said, and redraw the live line (on a terminal)."""
+        self._replay()
+        p = self.progress
+        if p.live_line and p.running:
+            with contextlib.suppress(RuntimeError):  # the run's state changed while read: the next tick
+                p.draw()
+            self.shown = True
+
+    def done(self) -> None:
+        """The step is over: what it said, then the terminal's own line back."""
+        self._replay()
+        self.progress.clear()
+        if self.shown:
+            self.progress.err.write(self.restore())
+            self.progress.err.flush()
+            self.shown = False

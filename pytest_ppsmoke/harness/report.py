@@ -52,13 +52,14 @@ from .figures import (
     Paths,
     PreflightFigures,
     ReferenceFigures,
+    RunTimeline,
     SkippedOffer,
     StageSplit,
     SwimFigures,
     WireDtype,
 )
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # the phase whose evidence each claim is judged on: a claim that fails is that phase's failure
 CLAIM_PHASES = {
     "the cluster forms": Phase.CONVERGE,
@@ -116,6 +117,7 @@ class Report:
     vast_api: ApiFigures | None = None  # the client's calls, 429s, retries and waits (None: no client)
     emulator: EmulatorFigures | None = None  # the embedded emulator's own record (local mode)
     reference: ReferenceFigures = field(default_factory=ReferenceFigures)  # the token-exact reference
+    timeline: RunTimeline | None = None  # each phase's start and end, and the budget, beside instances[].timeline
 
     def fail(self, phase: Phase | None, message: str) -> None:
         """Record a failure; the first one is the cause, later ones are its consequences."""

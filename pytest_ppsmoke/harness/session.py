@@ -11,6 +11,10 @@ Everything asynchronous (iroh, SWIM, the vast.ai client, the emulator and its no
 runs on one event loop in a background thread, so the fixtures work whatever asyncio plugin the
 user runs (none is needed), and a pytest-timeout signal or Ctrl-C in the main thread interrupts a
 wait without stopping the loop that the teardown then needs.
+
+While a step or the teardown waits, the waiting thread shows the run's progress (a
+:class:`~.progress.Relay` given as ``relay``): the plugin's live line on a terminal, or a line
+as each phase starts and ends in a pipe.
 """
 
 from __future__ import annotations
@@ -18,11 +22,13 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from collections.abc import Coroutine
+import time
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from ..protocol import PhaseError
 from .driver import SmokeRun
+from .progress import REFRESH, Relay
 from .report import Report
 from .settings import Settings
 
@@ -39,10 +45,20 @@ class LoopThread:
         self.thread = threading.Thread(target=self.loop.run_forever, name="ppsmoke-loop", daemon=True)
         self.thread.start()
 
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float, on_wait: Callable[[], None] | None = None) -> T:
+        """The coroutine's result, within ``timeout``; ``on_wait`` is called every
+        :data:`~.progress.REFRESH` seconds while it runs (in this thread)."""
         fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        deadline = time.monotonic() + timeout
         try:
-            return fut.result(timeout)
+            while True:
+                left = deadline - time.monotonic()
+                try:
+                    return fut.result(max(0.0, min(left, REFRESH)) if on_wait is not None else timeout)
+                except concurrent.futures.TimeoutError:
+                    if on_wait is None or left <= REFRESH:
+                        raise
+                    on_wait()
         except concurrent.futures.TimeoutError:
             fut.cancel()
             raise TimeoutError(f"not done within {timeout:.0f} s") from None
@@ -58,9 +74,13 @@ class LoopThread:
 
 
 class SmokeSession:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, relay: Relay | None = None) -> None:
         self.settings = settings
-        self.run = SmokeRun(settings, face="pytest")
+        self.relay = relay  # the progress shown while a step waits
+        on_phase, on_start = (relay.on_phase, relay.on_start) if relay is not None else (None, None)
+        self.run = SmokeRun(settings, face="pytest", on_phase=on_phase, on_start=on_start)
+        if relay is not None:
+            relay.progress.watch(self.run)
         self.loop = LoopThread()
         self.started = False
         self.closed = False
@@ -86,15 +106,25 @@ class SmokeSession:
         try:
             if not self.started:
                 self.started = True
-                self.loop.run(self.run.start(), SLACK)
-            self.loop.run(self.run.step(name), max(0.0, self.remaining()) + SLACK)
+                self.loop.run(self.run.start(), SLACK, self._tick)
+            self.loop.run(self.run.step(name), max(0.0, self.remaining()) + SLACK, self._tick)
         except PhaseError:
             raise
         except BaseException as e:  # a test's timeout, Ctrl-C: the phase it cut short is the cause
             phase = self.run.phase
             self.run.fail(phase, f"{phase}: interrupted ({type(e).__name__})")
             raise
+        finally:
+            self._done()
         return self.run
+
+    def _tick(self) -> None:
+        if self.relay is not None:
+            self.relay.tick()
+
+    def _done(self) -> None:
+        if self.relay is not None:
+            self.relay.done()
 
     def call(self, coro: Coroutine[Any, Any, T], timeout: float = 30.0) -> T:
         """Run a coroutine on the session's loop (a test's own request to a stage)."""
@@ -108,6 +138,7 @@ class SmokeSession:
         self.closed = True
         try:
             if self.started:
-                self.loop.run(self.run.close(), self.settings.teardown_timeout + SLACK)
+                self.loop.run(self.run.close(), self.settings.teardown_timeout + SLACK, self._tick)
         finally:
+            self._done()
             self.loop.close()

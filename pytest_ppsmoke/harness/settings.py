@@ -208,6 +208,14 @@ class Settings:
     )
     # option() makes a dataclasses.field, which ruff knows for str, int, float and bool fields only
     report: Path | None = option(None, "write the run's JSON report here", _PATH, group="reports")  # noqa: RUF009
+    timeline: Path | None = option(  # noqa: RUF009
+        None,
+        "draw the run's timeline (each instance's steps, each phase, the budget) as an image here, "
+        "with matplotlib (pip install 'pytest-ppsmoke[layout]')",
+        _PATH,
+        group="reports",
+        metavar="FILE.png",
+    )
     grid: str = option(
         "off",
         "measure a layout grid, fit its cost model and write the report (pp-smoke-run: instead of the smoke "
@@ -404,6 +412,7 @@ class Settings:
         """Every setting as the report gives it; the key never."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "api_key"}
         out["report"] = str(self.report) if self.report else None
+        out["timeline"] = str(self.timeline) if self.timeline else None
         return out
 
 
