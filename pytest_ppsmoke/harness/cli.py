@@ -30,6 +30,7 @@ import signal
 import sys
 from pathlib import Path
 
+from .. import __version__, checks
 from ..protocol import PhaseError
 from .accounts import WHERE
 from .driver import SmokeRun
@@ -40,13 +41,21 @@ from .settings import GROUPS, OPTIONS, STEPS, Settings, face_names, read
 log = logging.getLogger(__name__)
 
 
+MODES = ("--local", "--vastai", "--reap", "--check")
+# what ``--help`` shows beside the modes; ``--help-all`` and docs/run.md's options table list every option
+SHORT = ("report", "model", "num_stages", "max_tokens", "api_key", "run_id", "verbose")
+REST = "every option: pp-smoke-run --help-all, or the options table of docs/run.md"
+
+
 def parser() -> argparse.ArgumentParser:
     """The flags, generated from the settings table (all read as text, checked by the table) and
     grouped by task (``GROUPS``), each with its values as the metavar. A bad argument is one line
-    and a pointer to ``--help`` (``settings.Parser``)."""
-    p = Parser(prog="pp-smoke-run", usage="%(prog)s (--local | --vastai | --reap) [options]", description=__doc__)
+    and a pointer to ``--help`` (``settings.Parser``). ``--help`` is the modes and the common
+    options (:data:`SHORT`); ``--help-all`` is every option."""
+    usage = f"%(prog)s ({' | '.join(MODES)}) [options]"
+    p = Parser(prog="pp-smoke-run", usage=usage, description=__doc__, add_help=False)
     groups = {name: p.add_argument_group(title) for name, title in GROUPS.items()}
-    mode = groups["run"].add_mutually_exclusive_group(required=True)
+    mode = groups["run"].add_mutually_exclusive_group()  # required, but said after a bad flag or value
     mode.add_argument("--vastai", action="store_true", help="rent real GPUs on vast.ai")
     mode.add_argument(
         "--local", action="store_true", help="this machine: the vast.ai emulator, nodes on loopback, CPU tinygrad"
@@ -61,14 +70,56 @@ def parser() -> argparse.ArgumentParser:
         env = f"; env {opt.env}" if opt.env else ""
         groups[opt.group].add_argument(opt.cli, dest=opt.name, default=None, metavar=opt.metavar, help=opt.help + env)
     groups["run"].add_argument("--run-id", metavar="RUN_ID", help="--reap: only this run's instances")
+    p.add_argument("-h", "--help", action=_Help, help="the modes and the common options")
+    p.add_argument("--help-all", action=_Help, help="every option, grouped by task")
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     p.add_argument("-v", "--verbose", action="store_true", help="log membership, stage and API events to stderr")
     return p
 
 
+def short_help(p: argparse.ArgumentParser) -> str:
+    """``--help``: the usage, what the command is and its examples, the modes and the options of
+    :data:`SHORT`, each under its group, and where the rest is."""
+    f = p._get_formatter()
+    f.add_usage(p.usage, p._actions, p._mutually_exclusive_groups)
+    f.add_text("\n\n".join(__doc__.split("\n\n")[:2]))
+    for group in p._action_groups:
+        shown = [a for a in group._group_actions if {*a.option_strings} & {*MODES, "--help"} or a.dest in SHORT]
+        if shown:
+            f.start_section(group.title)
+            f.add_arguments(shown)
+            f.end_section()
+    f.add_text(REST)
+    return f.format_help()
+
+
+class _Help(argparse.Action):
+    """``--help`` (the short help) or ``--help-all`` (argparse's whole help), then exit 0."""
+
+    def __init__(self, option_strings: list[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0, help=help)
+
+    def __call__(
+        self, p: argparse.ArgumentParser, ns: argparse.Namespace, values: object, option_string: str | None = None
+    ) -> None:
+        p._print_message(p.format_help() if "--help-all" in self.option_strings else short_help(p), sys.stdout)
+        p.exit()
+
+
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Settings]:
+    """The arguments and the settings they give. A bad flag or value is named first: an unknown
+    flag (argparse's own), then each value by its option's check, then a missing mode."""
     p = parser()
     args = p.parse_args(argv)
     flags = {o.name: getattr(args, o.name) for o in OPTIONS if o.cli}
+    if not (args.vastai or args.local or args.reap or args.check):
+        for o in OPTIONS:
+            if o.cli and isinstance(flags[o.name], str):
+                try:
+                    o.parse(flags[o.name])
+                except checks.Invalid as e:
+                    p.error(f"{o.cli} {e}")
+        p.error(f"one of the arguments {' '.join(MODES)} is required")
     flags["mode"] = "vastai" if args.vastai or args.reap else "local"
     try:
         settings = read(flags, face="cli")
