@@ -36,6 +36,7 @@ from .accounts import WHERE
 from .driver import SmokeRun
 from .options import Parser, SettingError
 from .progress import Progress
+from .report import HEADLINE, Report
 from .settings import GROUPS, OPTIONS, STEPS, Settings, face_names, read
 
 log = logging.getLogger(__name__)
@@ -244,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"pp-smoke-run: {name}:\n  " + "\n  ".join(text.splitlines()), file=sys.stderr)
     if not r.ok and r.error != r.teardown_error:  # the first cause, last: what a user reads first
         print(
-            f"pp-smoke-run: failed at {tails_pointed(r.headline(face_names('cli')), settings.report, args.verbose)}",
+            f"{FAILED}{tails_pointed(r, settings.report, args.verbose)}",
             file=sys.stderr,
         )
     if settings.report:
@@ -252,13 +253,20 @@ def main(argv: list[str] | None = None) -> int:
     return r.exit_code
 
 
-def tails_pointed(line: str, report: Path | None, verbose: bool) -> str:
-    """The one-line failure, pointing where each node's log tail is: the report file given, the
-    lines above (``-v``), or how to have them."""
-    where = f"{report}'s instances[].log_tail" if report else ""
+FAILED = "pp-smoke-run: failed at "
+
+
+def tails_pointed(r: Report, report: Path | None, verbose: bool) -> str:
+    """The one-line failure (``Report.headline``), pointing where each node's log tail is: the
+    report file given, the lines above (``-v``), or how to have them; with the prefix, at most
+    ``HEADLINE`` characters."""
+    shown = report.name if report and len(str(report)) > 40 else report  # a long path: its name, the line stays short
+    where = f"{shown}'s instances[].log_tail" if report else ""
     if verbose:
         where = f"above{f', and in {where}' if where else ''}"
-    return line.replace(WHERE, where or f"pp-smoke-run -v, or {WHERE} with --report FILE")
+    where = where or f"pp-smoke-run -v, or {WHERE} with --report FILE"
+    line = r.headline(face_names("cli"), HEADLINE - len(FAILED) - max(0, len(where) - len(WHERE)))
+    return line.replace(WHERE, where)
 
 
 if __name__ == "__main__":
