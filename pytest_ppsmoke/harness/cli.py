@@ -265,7 +265,9 @@ def tails_pointed(r: Report, report: Path | None, verbose: bool) -> str:
     if verbose:
         where = f"above{f', and in {where}' if where else ''}"
     where = where or f"pp-smoke-run -v, or {WHERE} with --report FILE"
-    line = r.headline(face_names("cli"), HEADLINE - len(FAILED) - max(0, len(where) - len(WHERE)))
+    line = r.headline(face_names("cli"), HEADLINE - len(FAILED))
+    if WHERE in line:  # the pointer as it will read: a longer one leaves the rest less room
+        line = r.headline(face_names("cli"), HEADLINE - len(FAILED) - max(0, len(where) - len(WHERE)))
     return line.replace(WHERE, where)
 
 
