@@ -7,6 +7,7 @@ names the fixes on this machine: its network, its proxy, ``--vast-url``."""
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -117,3 +118,54 @@ def test_a_preflight_that_gets_no_answer_from_vastai_names_the_fixes() -> None:
     assert line.startswith(f"pp-smoke-run: failed at preflight: cannot reach vast.ai at {url} ("), line
     assert "check this machine's network and its proxy (HTTPS_PROXY), or point --vast-url at the API" in line
     assert "0 of 0 instance(s) destroyed" in out.stderr
+
+
+GIB = 2**30
+
+
+def test_a_local_run_this_machine_cannot_hold_is_refused_before_anything_starts(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """30 stages on 2 cores and 24 GiB (the machine injected): one line, exit 2, naming what the
+    nodes need (from check.py's measured figures) and what the machine has; no run is made."""
+    from pytest_ppsmoke.harness import cli
+
+    monkeypatch.setattr(check.Machine, "here", classmethod(lambda cls: cls(2, 24 * GIB)))
+    monkeypatch.setattr(cli, "SmokeRun", lambda *a, **k: pytest.fail("a run was made"))
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["--local", "--num-stages", "30"])
+    assert exited.value.code == 2
+    [line] = capsys.readouterr().err.splitlines()
+    cores = 30 * check.CORES_PER_NODE
+    assert line.startswith("pp-smoke-run: error: 30 local nodes need "), line
+    assert re.search(
+        rf"need [\d.]+ GiB of memory and {cores:g} cores; this machine has 24.0 GiB available and 2 ", line
+    )
+    assert line.endswith("lower --num-stages to at most 8, or rent the stages on vast.ai"), line
+
+
+@pytest.mark.parametrize("stages", [2, 3, 4, 8])  # every stage count the suite runs (tests/, NUM_STAGES)
+@pytest.mark.parametrize("model", ["smollm2:135m", "synth"])
+def test_runs_that_fit_are_not_refused(stages: int, model: str, tmp_path: Path) -> None:
+    from pytest_ppsmoke.harness.settings import read
+    from pytest_ppsmoke.stage.synth import write
+
+    from .helpers import SYNTH, SYNTH_SEED
+
+    if model == "synth":
+        model = str(tmp_path / "synth.gguf")
+        write(Path(model), SYNTH, SYNTH_SEED)
+    s = read({"mode": "local", "num_stages": stages, "model": model}, env={}, face="cli")
+    assert check.refusal(s, Names(), check.Machine(2, 24 * GIB)) is None
+
+
+def test_the_memory_the_nodes_need_is_checked_too() -> None:
+    """Many cores, little memory: refused for memory, with the most stages that fit."""
+    from pytest_ppsmoke.harness.settings import face_names, read
+
+    s = read({"mode": "local", "num_stages": 8}, env={}, face="cli")
+    line = check.refusal(s, face_names("pytest"), check.Machine(64, 4 * GIB))
+    assert line is not None, "8 stages in 4 GiB"
+    want = r"8 local nodes need [\d.]+ GiB of memory and 2 cores; this machine has 4.0 GiB available and 64 core\(s\): "
+    assert re.fullmatch(want + r"lower --ppsmoke-stages to at most [2-7], or rent the stages on vast.ai", line), line
+    assert check.refusal(s, face_names("pytest"), check.Machine(64, 64 * GIB)) is None

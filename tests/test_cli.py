@@ -111,7 +111,11 @@ def test_local_run_says_hello_reports_everything_and_leaves_nothing(tmp_path: Pa
         (["--local", "--load-timeout", "-1"], "--load-timeout must be a positive number, got '-1'"),
         (["--local", "--model", "gpt5:1t"], "unknown model 'gpt5:1t'; expected one of smollm2:135m"),
         (["--local", "--min-reliability", "2"], "--min-reliability must be a number between 0 and 1, got '2'"),
-        ([], "one of the arguments --vastai --local --reap --check is required"),
+        ([], "one of the arguments --local --vastai --reap --check is required"),
+        # a bad flag or value is named before a missing mode
+        (["--frobnicate"], "unrecognized arguments: --frobnicate"),
+        (["--max-tokens", "abc"], "--max-tokens must be an integer of at least 1, got 'abc'"),
+        (["--local", "--frobnicate"], "unrecognized arguments: --frobnicate"),
         (["--vastai"], "a vast.ai API key is needed: set VAST_API_KEY or pass --api-key"),
         (["--reap"], "a vast.ai API key is needed"),
         (
@@ -125,10 +129,58 @@ def test_bad_arguments_say_what_was_expected(args: list[str], message: str) -> N
     """One line that says what was wrong and a pointer to --help: no usage block first."""
     out = run(*args, timeout=60)
     assert out.returncode == 2
-    assert message in out.stderr
     lines = out.stderr.splitlines()
-    assert len(lines) <= 3 and "usage:" not in out.stderr, out.stderr
+    assert message in lines[0], out.stderr
+    assert len(lines) == 2 and "usage:" not in out.stderr, out.stderr
     assert lines[-1] == "pp-smoke-run --help lists the options"
+
+
+def test_version_prints_the_packages_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    from pytest_ppsmoke.harness import cli
+
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out == f"pp-smoke-run {version('pytest-ppsmoke')}\n"
+
+
+def test_the_usage_line_names_every_mode(capsys: pytest.CaptureFixture[str]) -> None:
+    """Every flag of the mode group (whichever the parser declares) is in the usage line that
+    ``--help`` starts with."""
+    from pytest_ppsmoke.harness import cli
+
+    p = cli.parser()
+    [group] = p._mutually_exclusive_groups
+    modes = [a.option_strings[0] for a in group._group_actions]
+    assert len(modes) == 4, modes
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    usage = capsys.readouterr().out.splitlines()[0]
+    assert usage.startswith("usage: pp-smoke-run (")
+    assert all(re.search(rf"[(| ]{m}[ |)]", usage) for m in modes), usage
+
+
+def test_help_fits_a_screen_and_says_where_every_option_is(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--help`` at 80 columns is at most 40 lines: the modes, the common options, and where the
+    rest is; ``--help-all`` has every flag of the settings table."""
+    from pytest_ppsmoke.harness import cli
+    from pytest_ppsmoke.harness.settings import OPTIONS
+
+    monkeypatch.setenv("COLUMNS", "80")
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["--help"])
+    short = capsys.readouterr().out
+    assert exited.value.code == 0 and len(short.splitlines()) <= 40, short
+    assert all(m in short for m in cli.MODES)
+    assert short.rstrip().endswith("every option: pp-smoke-run --help-all, or the options table of docs/run.md")
+    with pytest.raises(SystemExit):
+        cli.main(["--help-all"])
+    full = capsys.readouterr().out.split()
+    assert all(o.cli in full for o in OPTIONS if o.cli), [o.cli for o in OPTIONS if o.cli not in full]
 
 
 @pytest.mark.parametrize(
@@ -174,8 +226,8 @@ def test_the_help_is_grouped_by_task_and_shows_values(monkeypatch: pytest.Monkey
         assert action.metavar == opt.metavar and opt.metavar not in (opt.name.upper(), ""), opt.name
         if opt.env:
             assert f"env {opt.env}" in (action.help or ""), opt.name
-    catch_all = [a.dest for a in titles["options"]._group_actions]
-    assert catch_all == ["help", "verbose"]
+    catch_all = [a.option_strings[0] for a in titles["options"]._group_actions]
+    assert catch_all == ["-h", "--help-all", "--version", "-v"]
     words = set(text.split())
     assert {"--wire-dtype", "{bf16,f16,f32}", "--max-tokens", "N", "--budget", "SECONDS", "--vast-url", "URL"} <= words
     assert "WIRE_DTYPE" not in text and "MAX_TOKENS" not in text

@@ -15,11 +15,11 @@ import time
 import tomllib
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
-from pytest_ppsmoke import protocol
+from pytest_ppsmoke import failpoints, protocol
 from pytest_ppsmoke.cloud.rental import STEPS
 from pytest_ppsmoke.harness import claims, cli, driver
 from pytest_ppsmoke.harness.figures import ApiFigures, Mode, ReferenceFigures, ReferenceState, WireDtype
@@ -231,6 +231,43 @@ def test_the_headline_is_one_line_whatever_the_error_holds() -> None:
     assert stderr_text("Traceback:\n  File x\nValueError: bad\n\n") == (
         "its stderr ends: ValueError: bad (the last of 3 lines; the node's log has them)"
     )
+
+
+HUNG = "is hung, or cut off: no answer over the cluster within 4 s while vast.ai shows its instance running"
+
+
+@pytest.mark.parametrize("point", sorted(failpoints.POINTS))
+def test_every_failpoints_headline_is_short_and_names_its_phase_and_cause(point: str) -> None:
+    """Each failpoint, failing each phase, in the worst shape a failure has: its cause (the point's
+    own words, and a long detail after them) and 30 nodes' accounts, as ``pp-smoke-run --local
+    --num-stages 30`` printed them. The headline is at most 300 characters, starts with the phase
+    and the cause's first words, counts the other accounts and ends with the phase's advice; the
+    report's error stays whole. (The messages the suite's own runs fail with:
+    tests/test_lifecycle.py's ``assert_failed_at`` holds each line to 300 characters too.)"""
+    doc = failpoints.POINTS[point].doc
+    words = [f"pp-stage-{k} {HUNG}" for k in range(30)]
+    for phase in Phase:
+        cause = f"{point} is on ({doc}); " + "; ".join(f"instance {k} (stage {k}) did not answer" for k in range(30))
+        error = f"{phase}: {cause}; " + "; ".join(words) + " (each node's log tail: the report's instances[].log_tail)"
+        report = Report("local", "m", "hi", 4, 30, "bf16")
+        report.instances = [cast(Any, SimpleNamespace(node_words=w)) for w in words]
+        report.fail(phase, error)
+        line = report.headline(Names())
+        assert len(line) <= 300, (phase, len(line), line)
+        assert line.startswith(f"{phase}: {point} is on"), line
+        advised = phase.hint and not ("interrupted" in doc or "budget" in doc)  # an interruption has no advice
+        assert line.endswith(f" ({phase.advice(Names())})" if advised else "instances[].log_tail)"), line
+        assert "; and 29 more (each node's log tail: " in line or "; the accounts of 30 node(s)" in line, line
+        assert report.error == error
+
+
+def test_a_headline_keeps_what_fits_whole() -> None:
+    """A short cause and one account: nothing is cut; the error and the headline are the same line."""
+    report = Report("local", "m", "hi", 4, 2, "bf16")
+    report.instances = [cast(Any, SimpleNamespace(node_words=f"pp-stage-1 {HUNG}"))]
+    error = f"load: 1 of 2 workers ready after 240 s; pp-stage-1 {HUNG} (each node's log tail: X)"
+    report.fail(Phase.LOAD, error)
+    assert report.headline() == f"{error} ({Phase.LOAD.advice(Names())})"
 
 
 def test_each_figure_has_the_step_after_which_it_is_final() -> None:

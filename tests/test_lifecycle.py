@@ -63,16 +63,22 @@ NO_REFERENCE = ("--reference", "off")
 
 
 def assert_failed_at(smoke: Smoke, report: dict[str, Any], phase: str, message: str) -> re.Match[str]:
-    """Exit 1 (checked by the caller) and the failure as one line: ``failed at <phase>: <message>``
-    with the phase's advice, the same error in the report; the match of ``message``."""
+    """Exit 1 (checked by the caller), the whole error in the report (``<phase>: <message>`` and
+    the nodes' accounts), and the failure as one line of at most 300 characters: ``failed at
+    <phase>:``, the cause's first words, the error's own words from its start (each "…" a part left
+    out), the nodes' accounts (the first, and a count of the rest) and the phase's advice; the
+    match of ``message`` in the report's error."""
     lines = [line for line in smoke.stderr.splitlines() if line.startswith("pp-smoke-run: failed at ")]
     assert len(lines) == 1, smoke.stderr[-3000:]
-    hint = re.escape(Phase[phase.upper()].advice(face_names("cli")))
-    line = rf"pp-smoke-run: failed at {phase}: (?:{message})(?:{ACCOUNTS})? \({hint}\)"
-    assert re.fullmatch(line, lines[0]), lines[0]
     assert report["ok"] is False and report["exit_code"] == 1 and report["failed_phase"] == phase
     found = re.fullmatch(rf"{phase}: ({message})(?:{ACCOUNTS})?", report["error"])
     assert found, report["error"]
+    prefix, advice = "pp-smoke-run: failed at ", f" ({Phase[phase.upper()].advice(face_names('cli'))})"
+    first = " ".join(found.group(1).split()[:3])  # the cause's first words
+    line = lines[0]
+    assert line.startswith(f"{prefix}{phase}: {first}") and line.endswith(advice) and len(line) <= 300, line
+    cause = re.sub(f"(?:{HEADLINE_ACCOUNTS})$", "", line[len(prefix) : -len(advice)])
+    assert re.match(".*".join(re.escape(part) for part in cause.split("…")), report["error"]), (line, report["error"])
     return found
 
 
@@ -99,6 +105,8 @@ async def failed_run(
 
 # the nodes' own accounts that a failure's message ends with, when a node did not simply answer
 ACCOUNTS = r"(?:; pp-stage-\d+ .*)? \(each node's log tail: [^()]*\)"
+# the same in a headline: the first node's account and a count of the rest, or the count alone
+HEADLINE_ACCOUNTS = r"(?:; (?:pp-stage-\d+ |the accounts of \d+ node).*)?(?: \(each node's log tail: [^()]*\))?"
 
 
 def cause(error: str) -> str:

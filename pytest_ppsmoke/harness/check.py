@@ -3,16 +3,20 @@
     pp-smoke-run --check      # a line per mode: ok, or missing: what to install
 
 :func:`report` is that table; :func:`refusal` is a run's own line, before anything starts, when
-this machine lacks a tool its settings need (the driver fails the run's first phase with it, the
-command line refuses with it). Only what a run here needs is refused: on vast.ai, or on an
-emulator started apart (``--vast-url``), the tools are the other machine's.
+this machine lacks a tool its settings need, or cannot hold the run's nodes (:func:`capacity`:
+their memory and cores against this machine's, :class:`Machine`); the driver fails the run's first
+phase with it, the command line refuses with it. Only what a run here needs is refused: on
+vast.ai, or on an emulator started apart (``--vast-url``), the tools and the nodes are the other
+machine's.
 """
 
 from __future__ import annotations
 
 import ctypes.util
+import os
 import shutil
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..network.netns import unavailable
 from ..network.profiles import NAT_PROFILES, PROFILES
@@ -83,9 +87,70 @@ def report() -> list[str]:
     return [f"{need.what}: {'ok' if (fix := need.missing()) is None else f'missing: {fix}'}" for need in NEEDS]
 
 
-def refusal(s: Settings, names: Names) -> str | None:
-    """Why this machine cannot run ``s``, in one line that says what to install; None if it can.
-    Each setting named as ``names`` (the face's) writes it."""
+# What a local node costs this machine, measured with SmolLM2 and the synthetic model (peak RSS
+# read from /proc through a run; bench/node_memory.py, docs/benchmarks.md "What a local node costs")
+NODE_MIB = 60  # a stage's node process (pp-gpu-node)
+WORKER_MIB = 160  # its tinygrad worker with next to no weights (the synthetic model)
+MODEL_PER_GGUF = 35  # the workers' memory above that, all stages and the reference together, per GGUF byte
+ORCHESTRATOR_MIB = 80  # pp-smoke-run with the emulator in it
+CORES_PER_NODE = 0.25  # the share of a core a node and its worker need to load and stay alive
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What this machine has for local nodes: cores, and memory available (bytes)."""
+
+    cores: int
+    memory: int
+
+    @classmethod
+    def here(cls) -> Machine:
+        """The cores this process may run on and /proc/meminfo's MemAvailable."""
+        memory = 0
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                memory = int(line.split()[1]) * 1024
+        return cls(len(os.sched_getaffinity(0)), memory)
+
+
+def capacity(s: Settings, names: Names, machine: Machine | None = None) -> str | None:
+    """Why this machine cannot hold ``s``'s local nodes, in one line that says what they need
+    (memory from the figures above and the model's GGUF; cores on CPU only) and what it has; None
+    when they fit."""
+    from ..stage.catalog import ModelError, resolve_model
+
+    machine = machine or Machine.here()
+    try:
+        model = resolve_model(s.model)
+        gguf = model.stat().st_size if isinstance(model, Path) else 0  # a URL: the nodes fetch it
+    except (ModelError, OSError):
+        gguf = 0  # the pre-flight names a model it cannot read
+
+    def need(stages: int) -> tuple[float, float]:
+        """Memory (bytes) and cores that ``stages`` local nodes need."""
+        mib = ORCHESTRATOR_MIB + stages * (NODE_MIB + WORKER_MIB) + MODEL_PER_GGUF * gguf / 2**20
+        return mib * 2**20, 0.0 if s.gpus else stages * CORES_PER_NODE
+
+    def fits(stages: int) -> bool:
+        memory, cores = need(stages)
+        return memory <= machine.memory and cores <= machine.cores
+
+    if fits(s.num_stages):
+        return None
+    memory, cores = need(s.num_stages)
+    most = max((k for k in range(2, s.num_stages) if fits(k)), default=0)
+    needs = f"{memory / 2**30:.1f} GiB of memory" + (f" and {cores:g} cores" if cores else "")
+    fix = f"lower {names.setting('num_stages')} to at most {most}" if most else "free memory"
+    return (
+        f"{s.num_stages} local nodes need {needs}; this machine has {machine.memory / 2**30:.1f} GiB available "
+        f"and {machine.cores} core(s): {fix}, or rent the stages on vast.ai"
+    )
+
+
+def refusal(s: Settings, names: Names, machine: Machine | None = None) -> str | None:
+    """Why this machine cannot run ``s``, in one line that says what to install or to change; None
+    if it can. Each setting named as ``names`` (the face's) writes it; ``machine``: this one's
+    cores and memory (:meth:`Machine.here`) unless given."""
     if not s.local or s.vast_url:
         return None
     needs = []
@@ -98,4 +163,4 @@ def refusal(s: Settings, names: Names) -> str | None:
         if (fix := need.missing()) is not None:
             tools = need.needs()
             return f"{need.what} needs {tools}, which this machine lacks: {fix}" if tools else f"{need.what}: {fix}"
-    return None
+    return capacity(s, names, machine)

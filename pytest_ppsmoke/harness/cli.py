@@ -32,25 +32,34 @@ import signal
 import sys
 from pathlib import Path
 
+from .. import __version__, checks
 from ..protocol import PhaseError
 from . import claims
 from .accounts import WHERE
 from .driver import SmokeRun
 from .options import Parser, SettingError
 from .progress import Progress
-from .report import Report
+from .report import HEADLINE, Report
 from .settings import GROUPS, OPTIONS, STEPS, Settings, face_names, read
 
 log = logging.getLogger(__name__)
 
 
+MODES = ("--local", "--vastai", "--reap", "--check")
+# what ``--help`` shows beside the modes; ``--help-all`` and docs/run.md's options table list every option
+SHORT = ("report", "model", "num_stages", "max_tokens", "api_key", "run_id", "verbose")
+REST = "every option: pp-smoke-run --help-all, or the options table of docs/run.md"
+
+
 def parser() -> argparse.ArgumentParser:
     """The flags, generated from the settings table (all read as text, checked by the table) and
     grouped by task (``GROUPS``), each with its values as the metavar. A bad argument is one line
-    and a pointer to ``--help`` (``settings.Parser``)."""
-    p = Parser(prog="pp-smoke-run", usage="%(prog)s (--local | --vastai | --reap) [options]", description=__doc__)
+    and a pointer to ``--help`` (``settings.Parser``). ``--help`` is the modes and the common
+    options (:data:`SHORT`); ``--help-all`` is every option."""
+    usage = f"%(prog)s ({' | '.join(MODES)}) [options]"
+    p = Parser(prog="pp-smoke-run", usage=usage, description=__doc__, add_help=False)
     groups = {name: p.add_argument_group(title) for name, title in GROUPS.items()}
-    mode = groups["run"].add_mutually_exclusive_group(required=True)
+    mode = groups["run"].add_mutually_exclusive_group()  # required, but said after a bad flag or value
     mode.add_argument("--vastai", action="store_true", help="rent real GPUs on vast.ai")
     mode.add_argument(
         "--local", action="store_true", help="this machine: the vast.ai emulator, nodes on loopback, CPU tinygrad"
@@ -65,14 +74,56 @@ def parser() -> argparse.ArgumentParser:
         env = f"; env {opt.env}" if opt.env else ""
         groups[opt.group].add_argument(opt.cli, dest=opt.name, default=None, metavar=opt.metavar, help=opt.help + env)
     groups["run"].add_argument("--run-id", metavar="RUN_ID", help="--reap: only this run's instances")
+    p.add_argument("-h", "--help", action=_Help, help="the modes and the common options")
+    p.add_argument("--help-all", action=_Help, help="every option, grouped by task")
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     p.add_argument("-v", "--verbose", action="store_true", help="log membership, stage and API events to stderr")
     return p
 
 
+def short_help(p: argparse.ArgumentParser) -> str:
+    """``--help``: the usage, what the command is and its examples, the modes and the options of
+    :data:`SHORT`, each under its group, and where the rest is."""
+    f = p._get_formatter()
+    f.add_usage(p.usage, p._actions, p._mutually_exclusive_groups)
+    f.add_text("\n\n".join(__doc__.split("\n\n")[:2]))
+    for group in p._action_groups:
+        shown = [a for a in group._group_actions if {*a.option_strings} & {*MODES, "--help"} or a.dest in SHORT]
+        if shown:
+            f.start_section(group.title)
+            f.add_arguments(shown)
+            f.end_section()
+    f.add_text(REST)
+    return f.format_help()
+
+
+class _Help(argparse.Action):
+    """``--help`` (the short help) or ``--help-all`` (argparse's whole help), then exit 0."""
+
+    def __init__(self, option_strings: list[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0, help=help)
+
+    def __call__(
+        self, p: argparse.ArgumentParser, ns: argparse.Namespace, values: object, option_string: str | None = None
+    ) -> None:
+        p._print_message(p.format_help() if "--help-all" in self.option_strings else short_help(p), sys.stdout)
+        p.exit()
+
+
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Settings]:
+    """The arguments and the settings they give. A bad flag or value is named first: an unknown
+    flag (argparse's own), then each value by its option's check, then a missing mode."""
     p = parser()
     args = p.parse_args(argv)
     flags = {o.name: getattr(args, o.name) for o in OPTIONS if o.cli}
+    if not (args.vastai or args.local or args.reap or args.check):
+        for o in OPTIONS:
+            if o.cli and isinstance(flags[o.name], str):
+                try:
+                    o.parse(flags[o.name])
+                except checks.Invalid as e:
+                    p.error(f"{o.cli} {e}")
+        p.error(f"one of the arguments {' '.join(MODES)} is required")
     flags["mode"] = "vastai" if args.vastai or args.reap else "local"
     try:
         settings = read(flags, face="cli")
@@ -198,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"pp-smoke-run: {name}:\n  " + "\n  ".join(text.splitlines()), file=sys.stderr)
     if not r.ok and r.error != r.teardown_error:  # the first cause, last: what a user reads first
         print(
-            f"pp-smoke-run: failed at {tails_pointed(r.headline(face_names('cli')), settings.report, args.verbose)}",
+            f"{FAILED}{tails_pointed(r, settings.report, args.verbose)}",
             file=sys.stderr,
         )
     if settings.report:
@@ -220,13 +271,22 @@ def draw_timeline(report: Report, path: Path, who: str = "pp-smoke-run") -> None
         print(f"{who}: no timeline drawn: {path}: {e}", file=sys.stderr)
 
 
-def tails_pointed(line: str, report: Path | None, verbose: bool) -> str:
-    """The one-line failure, pointing where each node's log tail is: the report file given, the
-    lines above (``-v``), or how to have them."""
-    where = f"{report}'s instances[].log_tail" if report else ""
+FAILED = "pp-smoke-run: failed at "
+
+
+def tails_pointed(r: Report, report: Path | None, verbose: bool) -> str:
+    """The one-line failure (``Report.headline``), pointing where each node's log tail is: the
+    report file given, the lines above (``-v``), or how to have them; with the prefix, at most
+    ``HEADLINE`` characters."""
+    shown = report.name if report and len(str(report)) > 40 else report  # a long path: its name, the line stays short
+    where = f"{shown}'s instances[].log_tail" if report else ""
     if verbose:
         where = f"above{f', and in {where}' if where else ''}"
-    return line.replace(WHERE, where or f"pp-smoke-run -v, or {WHERE} with --report FILE")
+    where = where or f"pp-smoke-run -v, or {WHERE} with --report FILE"
+    line = r.headline(face_names("cli"), HEADLINE - len(FAILED))
+    if WHERE in line:  # the pointer as it will read: a longer one leaves the rest less room
+        line = r.headline(face_names("cli"), HEADLINE - len(FAILED) - max(0, len(where) - len(WHERE)))
+    return line.replace(WHERE, where)
 
 
 if __name__ == "__main__":

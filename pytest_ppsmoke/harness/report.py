@@ -73,6 +73,7 @@ CLAIM_PHASES = {
     "nothing is left rented": Phase.TEARDOWN,
     "nothing is rented in vain": Phase.PREFLIGHT,
 }
+HEADLINE = 300  # the most characters of a failure's one line
 SCHEMA_FILE = "report.schema.json"  # beside this module, in the package
 REGENERATE = "python -m pytest_ppsmoke.harness.report --schema > pytest_ppsmoke/harness/report.schema.json"
 
@@ -146,15 +147,17 @@ class Report:
         self.ok = self.error is None and bool(self.text) and not failed
         self.exit_code = 0 if self.ok else 1
 
-    def headline(self, names: Names | None = None) -> str:
-        """The failure in one line: the phase, why, and what to do (the phase's advice, each
-        setting named as ``names``, the face's, writes it)."""
+    def headline(self, names: Names | None = None, limit: int = HEADLINE) -> str:
+        """The failure in one line of at most ``limit`` characters: the phase, the first cause, and
+        what to do (the phase's advice, each setting named as ``names``, the face's, writes it).
+        The nodes' accounts that :attr:`error` carries (each instance's ``node_words``) are the
+        first one and a count of the rest; the error stays whole in the report."""
         if self.error is None:
             return "nothing failed"
         hint = self.failed_phase.advice(names or Names()) if self.failed_phase is not None else ""
         interrupted = "interrupted" in self.error or "budget" in self.error
-        error = " | ".join(line.strip() for line in self.error.splitlines() if line.strip())  # one line, always
-        return f"{error} ({hint})" if hint and not interrupted else error
+        words = [i.node_words for i in self.instances if i.node_words]
+        return one_line(self.error, words, hint if not interrupted else "", limit)
 
     def api_line(self) -> str | None:
         """What vast.ai's API cost the run when it pushed back: its 429s (absorbed, and the time
@@ -300,6 +303,67 @@ class Report:
         failed = f"; failed at {self.failed_phase or 'the start'} (the error is shown above)" if self.error else ""
         lines.append(f"cost ${self.cost_usd:.4f}{failed}")
         return lines
+
+
+TAILS = " (each node's log tail: "  # how the nodes' accounts on an error end (accounts.failure_words)
+MORE = "the report's instances[].node_words"
+CAUSE = 80  # the least of the cause a headline keeps, where the rest leaves that much
+DETAIL = 24  # a bracketed detail longer than this may be left out of a headline ("(…)")
+
+
+def one_line(error: str, words: list[str], hint: str, limit: int = HEADLINE) -> str:
+    """``error`` (``<phase>: <cause>``, then the nodes' accounts, ``words`` each, and where their
+    tails are) as one line of at most ``limit`` characters, ``hint`` last in brackets: the first
+    account and a count of the rest; then, where that is still too long, the count alone, and the
+    cause :func:`shortened`, so that the phase and the cause's first words always show."""
+    line = " | ".join(part.strip() for part in error.splitlines() if part.strip())  # one line, always
+    named = [w for w in dict.fromkeys(words) if f"; {w}" in line]
+    for w in named:
+        line = line.replace(f"; {w}", "", 1)
+    tails = ""
+    if (at := line.rfind(TAILS)) >= 0 and line.endswith(")"):
+        line, tails = line[:at], line[at:]
+    end = f" ({hint})" if hint else ""
+    tries = [tails, ""]  # what follows the cause, longest first: the tails' pointer is the last to go
+    if named:  # where the tails are is where the accounts are too: the report's instances[]
+        rest, first, n = len(named) - 1, named[0].split(": ", 1)[0], len(named)  # the node and its state, no more
+        count = (f"; and {rest} more" + ("" if tails else f": {MORE}")) if rest else ""
+        every = f"; the accounts of {n} node(s)"
+        tries = [f"; {named[0]}{count}{tails}", f"; {first}{count}{tails}", every + tails, f"{every}: {MORE}", ""]
+    # the first that fits: the accounts whole, or the cause shortened to keep where the tails are,
+    # or the cause whole without them, or the cause shortened
+    pointed = [a for a in tries if tails and a.endswith(tails)]
+    for after, cut in [*((a, False) for a in tries if a), *((a, True) for a in pointed), ("", False)]:
+        room = limit - len(after + end)
+        if len(line) <= room or (cut and room >= CAUSE):
+            return shortened(line, room) + after + end
+    after = next((a for a in tries if limit - len(a + end) >= CAUSE), "")
+    return (shortened(line, limit - len(after + end)) + after + end)[:limit]
+
+
+def shortened(text: str, room: int) -> str:
+    """``text`` in at most ``room`` characters: its longest bracketed detail (of more than
+    ``DETAIL`` characters) as "(…)", again
+    until it fits (what to do, after the detail, stays); then its middle as "…", cut at words."""
+    while len(text) > room:
+        spans, depth, start = [], 0, 0
+        for at, char in enumerate(text):
+            if char in "([":
+                depth, start = depth + 1, at if depth == 0 else start
+            elif char in ")]" and depth:
+                depth -= 1
+                if depth == 0 and at - start > DETAIL:
+                    spans.append((start, at))
+        if not spans:
+            break
+        start, stop = max(spans, key=lambda span: span[1] - span[0])
+        text = f"{text[: start + 1]}…{text[stop:]}"
+    if len(text) <= room:
+        return text
+    head = text[: max(room - min(40, room // 3), 1)].rsplit(" ", 1)[0]
+    tail = text[len(text) - (room - len(head) - 1) :]
+    tail = tail.split(" ", 1)[1] if " " in tail[1:] else tail
+    return f"{head}…{tail}"[:room]
 
 
 def _timing_step(key: str) -> str:
