@@ -168,15 +168,17 @@ def test_the_live_line_reads_the_runs_instances_and_statuses(monkeypatch: pytest
     p.start("reference")
     assert p.line() == "reference 0.0 s: 0 of 64 tokens"
     run.noted["reference loading"] = (0, 64)
-    assert p.line() == "reference 0.0 s: loading the model, 0 of 64 tokens"
+    assert p.line() == "reference 0.0 s: 0 of 1 model loaded, 0 of 64 tokens"
     run.noted["reference tokens"] = (3, 64)
-    assert p.line() == "reference 0.0 s: 3 of 64 tokens"
+    assert p.line() == "reference 0.0 s: 1 of 1 model loaded, 3 of 64 tokens"
 
 
 def test_the_nodes_phases_count_from_their_notes() -> None:
-    """Resolve, prefill, decode and the reference count what the nodes noted (``Noted``): the
-    names, the blocks the prompt has passed (of the model's, once the load said them), the tokens."""
+    """The pre-flight counts its checks; resolve, prefill, decode and the reference count what
+    the nodes noted (``Noted``): the names, the blocks the prompt has passed (of the model's,
+    once the load said them), the tokens."""
     assert nodes_work("resolve", 2, Noted(names=3)) == "3 of 4 names resolved"
+    assert nodes_work("preflight", 2, Noted(checks=(3, 5))) == "3 of 5 checks passed"
     assert nodes_work("prefill", 2, Noted(blocks=30)) == "0 of 30 blocks"
     assert nodes_work("prefill", 3, Noted(notes={"stages": (2, 3)})) == "2 of 3 stages"
     assert nodes_work("decode", 2, Noted(8, notes={"tokens": (1, 8)})) == "1 of 8 tokens"

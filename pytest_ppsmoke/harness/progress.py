@@ -106,14 +106,19 @@ class Noted:
     blocks: int = 0
     names: int = 0
     notes: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    checks: tuple[int, int] | None = None  # the pre-flight's checks passed, of how many
 
 
 def nodes_work(phase: str, num_stages: int, noted: Noted) -> str:
-    """The count of a phase that runs in the nodes, from their notes: the names resolved; the
+    """The count of a phase that runs in the nodes, from their notes (and the pre-flight's checks
+    passed, which run before any node): the names resolved; the
     blocks (or stages) the prompt has passed in the prefill (``3 of 30 blocks``); the tokens
     sampled in the decode (``12 of 64 tokens``: the first with the prefill's end) and in the
-    reference, whose model may first load (``loading the model, 0 of 64 tokens``). "": none."""
+    reference, whose model first loads (``0 of 1 model loaded, 0 of 64 tokens``; a model loaded
+    beside the stages is loaded at once). "": none."""
     notes = noted.notes
+    if phase == "preflight":
+        return f"{noted.checks[0]} of {noted.checks[1]} checks passed" if noted.checks else ""
     if phase == "resolve":
         return f"{noted.names} of {num_stages + 2} names resolved"
     if phase == "prefill":
@@ -128,10 +133,19 @@ def nodes_work(phase: str, num_stages: int, noted: Noted) -> str:
     if phase == "reference":
         if "reference tokens" in notes:
             done, total = notes["reference tokens"]
-            return f"{done} of {total} tokens"
-        loading = "loading the model, " if "reference loading" in notes else ""
-        return f"{loading}0 of {noted.max_tokens} tokens"
+            return f"1 of 1 model loaded, {done} of {total} tokens"
+        if "reference loading" in notes:
+            return f"0 of 1 model loaded, 0 of {noted.max_tokens} tokens"
+        return f"0 of {noted.max_tokens} tokens"
     return ""
+
+
+def preflight_checks(rental: object) -> tuple[int, int]:
+    """The pre-flight's checks passed, of how many (none yet before it has begun)."""
+    from ..cloud.preflight import Preflight  # the driver has loaded it: a run is watched
+
+    found = getattr(rental, "preflight", None)
+    return (found.checks if isinstance(found, Preflight) else 0), Preflight.of
 
 
 def resolved(seed: Node | None, num_stages: int) -> int:
@@ -342,6 +356,7 @@ class Progress:
             sum(st.end_block - st.first_block for st, _ in dep.statuses.values() if st.state == "ready"),
             resolved(dep.seed, s.num_stages),
             dict(run.noted),
+            preflight_checks(getattr(dep, "rental", None)),
         )
         return live_line(phase, now - self.phase_started, s.num_stages, dep.instances, statuses, at, width, noted)
 
