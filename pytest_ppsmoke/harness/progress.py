@@ -149,9 +149,11 @@ def preflight_checks(rental: object) -> tuple[int, int]:
 
 
 def resolved(seed: Node | None, num_stages: int) -> int:
-    """The stages' names (of ``num_stages + 2``) the orchestrator's registry holds."""
+    """The stages' names (of ``num_stages + 2``) the orchestrator's registry holds (none once
+    the seed has closed)."""
     names = [n for i in range(num_stages) for n in stage_names(i, num_stages)]
-    return 0 if seed is None else sum(1 for n in names if seed.registry.lookup(n) is not None)
+    registry = getattr(seed, "registry", None)
+    return 0 if registry is None else sum(1 for n in names if registry.lookup(n) is not None)
 
 
 def work_done(
@@ -354,7 +356,7 @@ class Progress:
         noted = Noted(
             s.max_tokens,
             sum(st.end_block - st.first_block for st, _ in dep.statuses.values() if st.state == "ready"),
-            resolved(dep.seed, s.num_stages),
+            resolved(dep.seed, s.num_stages) if phase == "resolve" else 0,
             dict(run.noted),
             preflight_checks(getattr(dep, "rental", None)),
         )
