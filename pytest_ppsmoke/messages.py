@@ -443,6 +443,24 @@ class FirstToken(Message):
     token_id: U32
 
 
+@message(59)
+@dataclass(frozen=True)
+class Progress(Message):
+    """A one-way note of work done, from a stage's node to the orchestrator, never answered:
+    counts only, never a token id. ``what`` says what is counted: ``blocks`` (the prompt's
+    activation has passed ``done`` of ``total`` blocks: each stage says so after its part of the
+    prefill), ``tokens`` (the last stage in decode, stage 0's node in the reference: ``done``
+    sampled of ``max_tokens``), ``loading`` (the reference's model is loading, no token yet).
+    The last stage sends it to ``reply_to`` (where the InferenceResponse goes), at most one a
+    second in decode; the orchestrator counts these frames apart from the token loop."""
+
+    request_id: U64
+    stage: U32
+    what: str
+    done: U32
+    total: U32
+
+
 @message(48)
 @dataclass(frozen=True)
 class RelayProbe(Message):

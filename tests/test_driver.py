@@ -23,6 +23,7 @@ from pytest_ppsmoke import failpoints, protocol
 from pytest_ppsmoke.cloud.rental import STEPS
 from pytest_ppsmoke.harness import claims, cli, driver
 from pytest_ppsmoke.harness.figures import ApiFigures, Mode, ReferenceFigures, ReferenceState, WireDtype
+from pytest_ppsmoke.harness.progress import REFRESH
 from pytest_ppsmoke.harness.report import SCHEMA_VERSION, Report, schema
 from pytest_ppsmoke.harness.settings import OPTIONS, WIRE_DTYPES, Settings
 from pytest_ppsmoke.harness.settings import STEPS as RUN_STEPS
@@ -30,6 +31,7 @@ from pytest_ppsmoke.messages import ReferenceResult
 from pytest_ppsmoke.protocol import Names, Phase
 from pytest_ppsmoke.stage.bridge import stderr_text
 
+from .ptyread import Terminal, counted, drawings, plain
 from .smoke import report_problems
 
 pytestmark = pytest.mark.local
@@ -77,6 +79,14 @@ def test_infer(ppsmoke_inference, ppsmoke_reference):
 """
 
 
+# every phase of a passing local run, each drawn on the terminal as it runs
+PHASES_DRAWN = [p.value for p in Phase]
+# a phase drawn this many times or more has run 2 s or more (a drawing every progress.REFRESH s):
+# its count must have moved on within it. Not the load's: its count moves only as a whole worker
+# is ready, and the stages' workers load side by side
+SEVERAL = round(2 / REFRESH)
+
+
 # the claims the issue's verdict names as passed on a local run (the direct paths need NATs to cross)
 EIGHT_CLAIMS = (
     claims.CLUSTER,
@@ -118,33 +128,54 @@ def test_the_cli_and_the_plugin_write_the_same_report(
 ) -> None:
     """The same run through both faces: the same keys at every level, the same settings, and
     both report a passed run with every instance destroyed. The plugin runs with no asyncio
-    plugin at all (``-p no:asyncio``): it needs none."""
+    plugin at all (``-p no:asyncio``): it needs none.
+
+    Each face runs on a terminal of its own (a pty: the CLI's stderr, the plugin's stdout and
+    stderr), read whole: every drawing of its live line, from the first phase to the teardown,
+    carries a count of work (n of m), not only a clock, and within each phase the count never
+    goes back and, in a phase drawn more than twice, moves on from its first drawing."""
     env = {k: v for k, v in os.environ.items() if k not in ("VAST_API_KEY", "PPSMOKE_MODE", "VAST_URL")}
+    env["PY_COLORS"] = "0"  # pytest's summary in plain words, on a terminal too
     args = ["--model", synth_model, "--max-tokens", "4", "--prompt", "hi"]
     from_cli = tmp_path / "cli.json"
-    # the two runs side by side (each has its own emulator): most of a run is waiting; the CLI's
-    # output goes to a file, which cannot fill up and stall it as an unread pipe would
-    cli_err = tmp_path / "cli.stderr"
-    with cli_err.open("w") as sink:
-        cli_run = subprocess.Popen(
-            [sys.executable, "-m", "pytest_ppsmoke.harness.cli", "--local", *args, "--report", str(from_cli)],
-            stdout=subprocess.DEVNULL, stderr=sink, env=env,
-        )  # fmt: skip
+    # the two runs side by side (each has its own emulator): most of a run is waiting; each
+    # writes to a terminal whose every byte a thread reads, so that neither can stall
+    cli_tty, plugin_tty = Terminal(), Terminal()
+    cli_run = subprocess.Popen(
+        [sys.executable, "-m", "pytest_ppsmoke.harness.cli", "--local", *args, "--report", str(from_cli)],
+        stdout=subprocess.DEVNULL, stderr=cli_tty.slave, env=env,
+    )  # fmt: skip
+    cli_tty.close_slave()
+    plugin_run = None
     try:
         pytester.makepyfile(INFER)
         from_plugin = tmp_path / "plugin.json"
-        result = pytester.runpytest_subprocess(
-            "--ppsmoke-mode", "local", "-p", "no:cacheprovider", "-p", "no:asyncio",
-            "--ppsmoke-report", str(from_plugin), "--ppsmoke-reference-load", "beside",
-            *(a.replace("--", "--ppsmoke-", 1) if a.startswith("--") else a for a in args),
+        plugin_run = subprocess.Popen(
+            [
+                sys.executable, "-m", "pytest", "--ppsmoke-mode", "local", "-p", "no:cacheprovider",
+                "-p", "no:asyncio", "--ppsmoke-report", str(from_plugin), "--ppsmoke-reference-load", "beside",
+                *(a.replace("--", "--ppsmoke-", 1) if a.startswith("--") else a for a in args),
+            ],
+            stdin=subprocess.DEVNULL, stdout=plugin_tty.slave, stderr=plugin_tty.slave, env=env, cwd=pytester.path,
         )  # fmt: skip
+        plugin_tty.close_slave()
+        plugin_run.wait(timeout=240)
         cli_run.wait(timeout=240)
     finally:
-        if cli_run.returncode is None:
-            cli_run.kill()
-            cli_run.wait()
-    assert cli_run.returncode == 0, cli_err.read_text()[-3000:]
-    result.assert_outcomes(passed=1)
+        for proc in (cli_run, plugin_run):
+            if proc is not None and proc.returncode is None:
+                proc.kill()
+                proc.wait()
+    cli_said, plugin_said = cli_tty.text(), plugin_tty.text()
+    assert cli_run.returncode == 0, plain(cli_said)[-3000:]
+    assert plugin_run.returncode == 0 and re.search(r"=+ 1 passed in ", plain(plugin_said)), plain(plugin_said)[-3000:]
+    for face, said in (("pp-smoke-run", cli_said), ("the plugin", plugin_said)):
+        phases = counted(drawings(said))  # every drawing carries a count: n of m
+        assert [p for p, _ in phases] == PHASES_DRAWN, (face, phases)
+        for phase, done in phases:
+            assert done == sorted(done), (face, phase, done)  # within a phase it never goes back
+            if len(done) >= SEVERAL and phase != "load":
+                assert done[-1] > done[0], f"{face}: {phase} drawn {len(done)} times, its count still at {done[0]}"
     a, b = json.loads(from_cli.read_text()), json.loads(from_plugin.read_text())
     _same_keys(a, b)
     assert set(a) == {"schema_version", *(f.name for f in dataclasses.fields(Report))}
@@ -177,11 +208,11 @@ def test_the_cli_and_the_plugin_write_the_same_report(
     direct = checked[claims.DIRECT]
     assert direct["state"] == "not checked" and "loopback" in direct["evidence"]
     assert checked[claims.TOKENS]["evidence"].startswith(f"{len(a['token_ids'])} tokens equal the unsplit model's")
-    said = cli_err.read_text().splitlines()
+    said = plain(cli_said).splitlines()
     block = said[said.index("pp-smoke-run: PASS: 9 passed, 1 not checked of the 10 claims") :]
     lines = [re.fullmatch(r"pp-smoke-run:   (passed|failed|not checked) +(.+?): .+", line) for line in block[1:11]]
     assert [m.group(2) if m else None for m in lines] == list(claims.CLAIMS), block
-    assert "(emulated: nothing was billed)" in cli_err.read_text()
+    assert "(emulated: nothing was billed)" in plain(cli_said)
     # the CLI's stage 0 (auto, on the CPU) loaded the model afresh after the request and dropped
     # it; the plugin's (beside) had a reference worker load it beside the stages, and keep it
     assert (a["reference"]["loaded"], b["reference"]["loaded"]) == ("after", "beside")
@@ -366,7 +397,9 @@ async def test_the_reference_step_records_a_mismatch_a_failure_and_a_lack_of_bud
     report with what a reader needs: where the tokens first differ, the error, the budget left."""
     answers: list[Any] = []
 
-    async def reference(seed: object, prompt: str, max_tokens: int, timeout: float) -> ReferenceResult:
+    async def reference(
+        seed: object, prompt: str, max_tokens: int, timeout: float, on_progress: Any
+    ) -> ReferenceResult:
         assert timeout <= run.remaining() - driver.REFERENCE_MARGIN + 0.1
         answer = answers.pop(0)
         if isinstance(answer, BaseException):

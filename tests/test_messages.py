@@ -28,6 +28,7 @@ PIPELINE_CODES = {
     "NodeStatusQuery": 45,
     "NodeStatus": 46,
     "FirstToken": 47,
+    "Progress": 59,
     "RelayProbe": 48,
     "ProbeReport": 49,
     "ReferenceQuery": 55,

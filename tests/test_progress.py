@@ -19,12 +19,14 @@ from pytest_ppsmoke.harness.progress import (
     CLEAR,
     REFRESH,
     Lines,
+    Noted,
     Progress,
     Relay,
     cache_line,
     grown_caches,
     human,
     live_line,
+    nodes_work,
     program_cache_path,
     size_of,
     stage_doing,
@@ -147,12 +149,41 @@ def test_the_live_line_reads_the_runs_instances_and_statuses(monkeypatch: pytest
             instance(1, rented=0.7, running=1.1, reached=1.6, joined=2.1),
         ],
         statuses={1: (loading(1, 3), 97.0)},
+        seed=None,
     )
-    run: Any = SimpleNamespace(deployment=dep, settings=SimpleNamespace(num_stages=2, local=True))
+    settings = SimpleNamespace(num_stages=2, local=True, max_tokens=64)
+    run: Any = SimpleNamespace(deployment=dep, settings=settings, noted={})
     p.watch(run)
     p.start("load")
     clock.now += 1.5
     assert p.line() == "load 1.5 s: 1 of 2 workers ready; stage 0 ready 4.1 s, stage 1 loading 7 s"
+    # the phases that run in the nodes: what their notes say (SmokeRun.noted)
+    p.start("prefill")
+    assert p.line() == "prefill 0.0 s: 0 of 2 stages"
+    run.noted["blocks"] = (15, 30)
+    assert p.line() == "prefill 0.0 s: 15 of 30 blocks"
+    p.start("decode")
+    run.noted["tokens"] = (12, 64)
+    assert p.line() == "decode 0.0 s: 12 of 64 tokens"
+    p.start("reference")
+    assert p.line() == "reference 0.0 s: 0 of 64 tokens"
+    run.noted["reference loading"] = (0, 64)
+    assert p.line() == "reference 0.0 s: 0 of 1 model loaded, 0 of 64 tokens"
+    run.noted["reference tokens"] = (3, 64)
+    assert p.line() == "reference 0.0 s: 1 of 1 model loaded, 3 of 64 tokens"
+
+
+def test_the_nodes_phases_count_from_their_notes() -> None:
+    """The pre-flight counts its checks; resolve, prefill, decode and the reference count what
+    the nodes noted (``Noted``): the names, the blocks the prompt has passed (of the model's,
+    once the load said them), the tokens."""
+    assert nodes_work("resolve", 2, Noted(names=3)) == "3 of 4 names resolved"
+    assert nodes_work("preflight", 2, Noted(checks=(3, 5))) == "3 of 5 checks passed"
+    assert nodes_work("prefill", 2, Noted(blocks=30)) == "0 of 30 blocks"
+    assert nodes_work("prefill", 3, Noted(notes={"stages": (2, 3)})) == "2 of 3 stages"
+    assert nodes_work("decode", 2, Noted(8, notes={"tokens": (1, 8)})) == "1 of 8 tokens"
+    assert nodes_work("decode", 2, Noted(8)) == "0 of 8 tokens"
+    assert nodes_work("load", 2, Noted(8)) == ""  # the orchestrator's own count: work_done's
 
 
 def status(stage: int, weights: WeightLoad | None, misses: int) -> NodeStatus:

@@ -32,7 +32,9 @@ it loads the whole model before its ready line (``role``: ``reference``), keeps 
 and answers ``reference`` and ``shutdown`` only.
 
 A stage's ``reference`` loads the model afresh (a Transformer of its own, never this stage's) and runs it
-in one piece through tinygrad's ``generate`` on this worker's device; with a bf16 or f16 wire its
+in one piece through tinygrad's ``generate`` on this worker's device (while it runs, a progress line
+``{"progress": "tokens", "done": n, "total": max_tokens}`` once the model is ready and after each
+token: lines with no ``request_id``, which answer no call); with a bf16 or f16 wire its
 hidden state is rounded to the wire dtype after each stage's last block, as the pipeline's is
 (``ReferenceResult``: the device bytes in use before and after, the reference model dropped
 before the reply). The stage's own model and KV cache are left as they were.
@@ -90,6 +92,7 @@ from pytest_ppsmoke.stage.pipe import (
     Unframeable,
     decode_request,
     encode_error,
+    encode_progress,
     encode_ready,
     encode_reply,
     payload_size,
@@ -192,7 +195,7 @@ class Worker:
         if isinstance(req, RunReference):
             return run_reference(
                 self.model_name, req.prompt, req.max_tokens, self.wire, self.num_stages, m.max_context, self.cache,
-                self.stage,
+                self.stage, say_tokens,
             )  # fmt: skip
         if isinstance(req, Shutdown):  # with the programs this process generated and read, over its life
             return Bye(_counts(self.programs), _counts(SCHEDULES if self.programs else None))
@@ -237,7 +240,8 @@ class ReferenceWorker:
 
     def handle(self, req: Request[Any], framed: bool = False) -> Reply:
         if isinstance(req, RunReference):
-            return dataclasses.replace(self.model.generate(req.prompt, req.max_tokens), loaded="beside")
+            ref = self.model.generate(req.prompt, req.max_tokens, say_tokens)
+            return dataclasses.replace(ref, loaded="beside")
         if isinstance(req, Shutdown):
             return Bye(_counts(self.programs), _counts(SCHEDULES if self.programs else None))
         raise PipeError(f"unknown op {req.op!r} for a reference worker; expected reference or shutdown")
@@ -291,6 +295,11 @@ def main() -> None:
         else:
             if isinstance(req, Shutdown):
                 return
+
+
+def say_tokens(done: int, total: int) -> None:
+    """The reference's tokens so far, as a progress line before its reply (``pipe.encode_progress``)."""
+    _write(sys.stdout.buffer, encode_progress("tokens", done, total))
 
 
 def _write(out: BinaryIO, data: bytes) -> None:

@@ -23,13 +23,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from ..ggufinfo import GGUFError, blocks_of, check_complete
 from ..protocol import Names, Phase, PhaseError
 from ..stage.catalog import declared
 from .oci import ImageInfo, ImageProblem, ImageRef, inspect_image, on_loopback
 from .provider import Offer, OfferQuery, Provider, ProviderError, QuotaExceeded
+
+CHECKS = 5  # the key, the image, the model, the offers, the credit
 
 
 @dataclass
@@ -43,6 +45,8 @@ class Preflight:
     worst_case_usd: float = 0.0
     blocks: int | None = None
     seconds: float = 0.0
+    checks: int = 0  # how many of the CHECKS have passed so far (the live line's count)
+    of: ClassVar[int] = CHECKS
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -84,12 +88,15 @@ async def preflight(
     model: str,
     budget_s: float,
     names: Names,
+    found: Preflight | None = None,
 ) -> Preflight:
     """The checks of the module docstring; PhaseError (phase ``preflight``) on the first that
-    fails. ``check_image``: True to ask the image's registry, or the reason it is not asked."""
+    fails. ``check_image``: True to ask the image's registry, or the reason it is not asked.
+    ``found``: the record to fill as the checks pass (``checks``), and return."""
     started = time.monotonic()
-    found = Preflight()
+    found = Preflight() if found is None else found
     found.credit = await _key(vast, names)
+    found.checks = 1
     if check_image is True:
         try:
             found.image = await inspect_image(image, names=names)
@@ -98,8 +105,11 @@ async def preflight(
         found.image_checked = "checked"
     else:
         found.image_checked = str(check_image) or "not asked"
+    found.checks = 2
     found.blocks = _blocks(model, num_stages, names)
+    found.checks = 3
     found.offers = await find_offers(vast, query, num_stages, names)
+    found.checks = 4
     rate = sum(o.dph_total for o in found.offers[:num_stages])
     found.worst_case_usd = rate * budget_s / 3600
     if found.credit is not None and found.credit < found.worst_case_usd:
@@ -110,6 +120,7 @@ async def preflight(
             f"{names.setting('max_price')}"
         )
     found.seconds = time.monotonic() - started
+    found.checks = CHECKS
     return found
 
 

@@ -101,9 +101,10 @@ class Rental(Renewing):
         if not c.preflight:
             self.offers = await find_offers(self.provider, c.query, c.num_stages, c.names, phase=Phase.RENT)
             return self.offers
-        self.preflight = await preflight(
+        self.preflight = Preflight()  # filled as its checks pass: the live line counts them
+        await preflight(
             self.provider, query=c.query, num_stages=c.num_stages, image=c.image, check_image=c.check_image or "",
-            model=c.model, budget_s=c.budget, names=c.names,
+            model=c.model, budget_s=c.budget, names=c.names, found=self.preflight,
         )  # fmt: skip
         self.offers = self.preflight.offers
         return self.offers

@@ -170,8 +170,10 @@ def kv_cache(kv: Sequence[KvInfo], num_stages: int, prompt_len: int, generated: 
 
 
 def decode_closes(frames: Any, num_stages: int, generated: int) -> str:
-    """In decode the orchestrator receives the answer and nothing else, and sends nothing; stage 0
-    receives G NextToken frames, all from the last stage (``frames``: ``InferenceResult.frames``)."""
+    """The token loop never passes through the orchestrator: in decode it receives the answer and,
+    counted apart as membership traffic is, the last stage's progress notes (counts for its live
+    line, one way, never answered), and sends nothing, notes included; stage 0 receives G
+    NextToken frames, all from the last stage (``frames``: ``InferenceResult.frames``)."""
     g = generated
     seed = frames.orchestrator
     prefill, decode = seed.prefill, seed.decode
@@ -183,6 +185,10 @@ def decode_closes(frames: Any, num_stages: int, generated: int) -> str:
     )
     _check(decode.sent == {}, f"orchestrator, decode: sent {decode.sent} (membership aside); expected nothing")
     _check(
+        prefill.notes.sent == decode.notes.sent == 0,
+        f"orchestrator: sent {prefill.notes.sent + decode.notes.sent} progress notes; it only receives them",
+    )
+    _check(
         not {"NextToken", "StageActivation"} & (set(prefill.received) | set(prefill.sent)),
         f"orchestrator, prefill: {prefill}",
     )
@@ -192,7 +198,11 @@ def decode_closes(frames: Any, num_stages: int, generated: int) -> str:
         f"{stage_name(0)} received {first.received.get('NextToken', 0)} NextToken frames for {g} generated tokens",
     )
     _check(last.sent.get("NextToken") == g, f"{stage_name(num_stages - 1)} sent {last.sent.get('NextToken', 0)}")
-    return f"{g} NextToken frames from {stage_name(num_stages - 1)} to {stage_name(0)}; the orchestrator got 1 frame"
+    notes = decode.notes.received
+    return (
+        f"{g} NextToken frames from {stage_name(num_stages - 1)} to {stage_name(0)}; the orchestrator got the "
+        f"answer and {notes} progress note{'' if notes == 1 else 's'} in decode, and sent nothing"
+    )
 
 
 def tokens_exact(ref: ReferenceFigures, wire: str, prompt_token_ids: Sequence[int], token_ids: Sequence[int]) -> str:

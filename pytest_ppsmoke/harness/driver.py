@@ -149,6 +149,9 @@ class SmokeRun(Resource):
         self.result: InferenceResult | None = None
         self.stage_paths: dict[str, PathFigures] = {}  # how each stage reached its peers (the request's StageStats)
         self.spans: dict[str, tuple[float, float]] = {}  # prefill, decode, reference: start, end
+        # the work the nodes noted (``Progress``), the furthest of each kind: "blocks" (or "stages")
+        # of the prefill, decode's "tokens", "reference loading" and "reference tokens": done, total
+        self.noted: dict[str, tuple[int, int]] = {}
         self.failure: PhaseError | None = None
         self.accounts: dict[int, accounts.Account] = {}  # each node's own account of a failure, by stage
         self.failed_step: str | None = None  # the step that failed: every later one fails with it
@@ -316,14 +319,16 @@ class SmokeRun(Resource):
         assert dep is not None and dep.seed is not None
 
         def prefilled(seconds: float) -> None:
+            self._note("tokens", 1, s.max_tokens)  # the first token, sampled at the prefill's end
             if self.on_phase is not None:
                 self.on_phase(Phase.PREFILL, seconds, "first token sampled")
             dep.phase = Phase.DECODE
 
         # a failure names each stage it involves with its instance: the nodes know stages only by name
         result = await run_inference(
-            dep.seed, s.num_stages, s.prompt, s.max_tokens, max(1.0, self.remaining()), prefilled, dep.places()
-        )
+            dep.seed, s.num_stages, s.prompt, s.max_tokens, max(1.0, self.remaining()), prefilled, dep.places(),
+            lambda note: self._note(note.what, note.done, note.total),
+        )  # fmt: skip
         self.result = result
         self.spans.update(result.spans)
         if self.on_phase is not None:
@@ -367,7 +372,13 @@ class SmokeRun(Resource):
         dep.phase = Phase.REFERENCE
         started = time.monotonic()
         try:
-            ref = await request_reference(dep.seed, s.prompt, s.max_tokens, left)
+            ref = await request_reference(
+                dep.seed,
+                s.prompt,
+                s.max_tokens,
+                left,
+                lambda note: self._note(f"reference {note.what}", note.done, note.total),
+            )
         except (RemoteError, TimeoutError, ConnectionError, LookupError) as e:
             r.reference = ReferenceFigures(ReferenceState.FAILED, str(e))
         else:
@@ -396,6 +407,11 @@ class SmokeRun(Resource):
         r.reference.seconds = r.timings["reference"] = seconds
         if self.on_phase is not None:
             self.on_phase("reference", seconds, r.reference.line())
+
+    def _note(self, what: str, done: int, total: int) -> None:
+        """A count of work done in the nodes (a stage's ``Progress``): the furthest of its kind."""
+        if done >= self.noted.get(what, (0, 0))[0]:
+            self.noted[what] = (done, total)
 
     def _account(self, inst: RentedInstance) -> accounts.Account | None:
         """The node's own account of a failure, for the instance its stage stands on (a replaced

@@ -178,12 +178,23 @@ class MembershipCounts:
 
 
 @dataclass
+class NoteCounts:
+    """The stages' progress notes (``Progress``), summed: counts for the live line, one way, apart
+    from the request's own traffic."""
+
+    sent: int = 0
+    received: int = 0
+
+
+@dataclass
 class FrameWindow:
-    """The frames of a window by message type name, membership traffic summed apart."""
+    """The frames of a window by message type name, membership traffic and progress notes summed
+    apart."""
 
     sent: dict[str, int] = field(default_factory=dict)
     received: dict[str, int] = field(default_factory=dict)
     membership: MembershipCounts = field(default_factory=MembershipCounts)
+    notes: NoteCounts = field(default_factory=NoteCounts)
 
 
 @dataclass

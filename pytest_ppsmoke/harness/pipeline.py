@@ -18,8 +18,9 @@ Frames: the seed counts what it sends and receives by message type (``Node.frame
 takes three snapshots: before it sends the request, when the ``FirstToken`` arrives (that frame
 counted: the boundary), and when the ``InferenceResponse`` arrives (counted). Prefill is the
 window between the first two, decode between the last two; each stage's counts cover its request
-from the frame that began it. Membership traffic (``MEMBERSHIP_MESSAGES``) is counted apart, so
-that what is left is the request's own traffic.
+from the frame that began it. Membership traffic (``MEMBERSHIP_MESSAGES``) is counted apart, and so
+are the stages' progress notes (``Progress``: counts of blocks and tokens, one way, for the live
+line; ``on_progress`` hears each), so that what is left is the request's own traffic.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from ..messages import (
     InferenceResponse,
     KvInfo,
     KvInfoQuery,
+    Progress,
     ReferenceQuery,
     ReferenceResult,
     Span,
@@ -60,6 +62,7 @@ log = logging.getLogger(__name__)
 MEMBERSHIP_MESSAGES = frozenset(
     {"Ping", "Ack", "PingReq", "Nack", "Join", "Sync", "Gossip", "Register", "ResolveQuery", "Resolved"}
 )
+NOTE_MESSAGES = frozenset({"Progress"})  # the stages' progress notes: counted apart, as membership is
 FINISH_WAIT = 10.0  # how long the figures wait for stage 0 and the last stage to mark the request finished
 
 Counts = dict[int, tuple[int, int]]  # message type code -> (sent, received)
@@ -150,6 +153,10 @@ def frame_window(pairs: dict[int, tuple[int, int]]) -> FrameWindow:
             window.membership.sent += sent
             window.membership.received += received
             continue
+        if name in NOTE_MESSAGES:
+            window.notes.sent += sent
+            window.notes.received += received
+            continue
         if sent:
             window.sent[name] = sent
         if received:
@@ -167,13 +174,28 @@ def _between(before: Counts, after: Counts) -> Counts:
     }
 
 
+OnProgress = Callable[[Progress], None]
+
+
+class _Notes:
+    """The orchestrator's actor for a reference's progress notes (request id 0)."""
+
+    def __init__(self, on_progress: OnProgress | None) -> None:
+        self.progress_callback = on_progress
+
+    def on_progress(self, msg: Progress, ctx: Context) -> None:
+        if self.progress_callback is not None and msg.request_id == 0:
+            self.progress_callback(msg)
+
+
 class _Orchestrator:
-    def __init__(self, on_first_token: Callable[[float], None] | None) -> None:
+    def __init__(self, on_first_token: Callable[[float], None] | None, on_progress: OnProgress | None = None) -> None:
         self.response: asyncio.Future[InferenceResponse] = asyncio.get_running_loop().create_future()
         self.request_id: int | None = None
         self.sent_at = time.monotonic()
         self.first_token_at: float | None = None  # this process's clock: no skew between machines
         self.first_token_callback = on_first_token
+        self.progress_callback = on_progress
         # the seed's frame counts when the request went out, the FirstToken came, the response came
         self.frames_at_send: Counts = {}
         self.frames_at_first_token: Counts | None = None
@@ -192,6 +214,12 @@ class _Orchestrator:
             self.frames_at_first_token = ctx.node.frame_counts()  # this FirstToken counted
             if self.first_token_callback is not None:
                 self.first_token_callback(self.first_token_at - self.sent_at)
+
+    def on_progress(self, msg: Progress, ctx: Context) -> None:
+        """A stage's note of its work (counted apart in the frames): to ``on_progress``, if it
+        is of this request, or of one whose id is not known yet."""
+        if self.progress_callback is not None and self.request_id in (None, msg.request_id):
+            self.progress_callback(msg)
 
     def on_inference_response(self, msg: InferenceResponse, ctx: Context) -> None:
         frames = ctx.node.frame_counts()  # this response counted
@@ -245,12 +273,14 @@ async def run_inference(
     timeout: float,
     on_first_token: Callable[[float], None] | None = None,
     instances: Mapping[int, str] | None = None,
+    on_progress: OnProgress | None = None,
 ) -> InferenceResult:
     """Send the request to ``pp-entry`` and await the response; ``on_first_token(seconds)`` is
-    called when prefill is done (the last stage sampled its first token). ``instances``: where
-    each stage runs, as failure messages name it (``instance 12400002 (label)``)."""
+    called when prefill is done (the last stage sampled its first token), ``on_progress`` with
+    each stage's note of its work (``Progress``). ``instances``: where each stage runs, as
+    failure messages name it (``instance 12400002 (label)``)."""
     places = dict(instances or {})
-    orch = _Orchestrator(on_first_token)
+    orch = _Orchestrator(on_first_token, on_progress)
     seed.actors.pop(ORCHESTRATOR_ACTOR, None)
     seed.add_actor(ORCHESTRATOR_ACTOR, orch)
     stage_ids = {}
@@ -372,17 +402,23 @@ def _frames(orch: _Orchestrator, stages: list[StageStats]) -> Frames:
 REFERENCE_SLACK = 5.0  # seconds the orchestrator waits beyond the node's deadline for its answer
 
 
-async def request_reference(seed: Node, prompt: str, max_tokens: int, timeout: float) -> ReferenceResult:
+async def request_reference(
+    seed: Node, prompt: str, max_tokens: int, timeout: float, on_progress: OnProgress | None = None
+) -> ReferenceResult:
     """The token-exact reference, computed on ``pp-entry``'s node (stage 0) after the request:
     its worker loads the model afresh and runs it in one piece on that node's device. The node
     gets ``timeout`` less a slack, so that its own error (a worker deadline, a busy stage) comes
-    back before this one expires. Raises RemoteError, TimeoutError, ConnectionError or LookupError."""
+    back before this one expires; it notes its work (``Progress``, request id 0: ``loading``,
+    then its ``tokens``) to the orchestrator's actor, which asks: ``on_progress`` hears each.
+    Raises RemoteError, TimeoutError, ConnectionError or LookupError."""
+    seed.actors.pop(ORCHESTRATOR_ACTOR, None)
+    seed.add_actor(ORCHESTRATOR_ACTOR, _Notes(on_progress))
     started = time.monotonic()
     entry = await seed.resolve(ENTRY, min(60.0, timeout))
     left = timeout - (time.monotonic() - started)
     node_s = max(1.0, left - min(REFERENCE_SLACK, left / 10))
     query = ReferenceQuery(prompt, max_tokens, int(node_s * 1000))
-    reply = await seed.request(entry, query, timeout=max(1.0, left))
+    reply = await seed.request(entry, query, timeout=max(1.0, left), sender=ORCHESTRATOR_ACTOR)
     if not isinstance(reply, ReferenceResult):
         raise RemoteError(entry, "bad_reply", f"answered {type(reply).__name__}, expected ReferenceResult")
     return reply

@@ -35,15 +35,17 @@ import queue
 import shutil
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from ..protocol import Phase
+from ..protocol import Phase, stage_names
 
 if TYPE_CHECKING:
     from ..cloud.rental import RentedInstance
     from ..messages import NodeStatus
+    from ..runtime.node import Node
     from .driver import SmokeRun
 
 REFRESH = 0.25  # seconds between two drawings of the live line
@@ -94,16 +96,80 @@ def teardown_word(inst: RentedInstance) -> str:
     return "not destroyed" if inst.destroy_error else "destroying"
 
 
+@dataclass
+class Noted:
+    """What the orchestrator knows of the work that runs in the nodes: the names it has resolved
+    (of ``num_stages + 2``), the blocks of the model (0: not known), the request's ``max_tokens``,
+    and the stages' progress notes (``SmokeRun.noted``: each kind's done and total)."""
+
+    max_tokens: int = 0
+    blocks: int = 0
+    names: int = 0
+    notes: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    checks: tuple[int, int] | None = None  # the pre-flight's checks passed, of how many
+
+
+def nodes_work(phase: str, num_stages: int, noted: Noted) -> str:
+    """The count of a phase that runs in the nodes, from their notes (and the pre-flight's checks
+    passed, which run before any node): the names resolved; the
+    blocks (or stages) the prompt has passed in the prefill (``3 of 30 blocks``); the tokens
+    sampled in the decode (``12 of 64 tokens``: the first with the prefill's end) and in the
+    reference, whose model first loads (``0 of 1 model loaded, 0 of 64 tokens``; a model loaded
+    beside the stages is loaded at once). "": none."""
+    notes = noted.notes
+    if phase == "preflight":
+        return f"{noted.checks[0]} of {noted.checks[1]} checks passed" if noted.checks else ""
+    if phase == "resolve":
+        return f"{noted.names} of {num_stages + 2} names resolved"
+    if phase == "prefill":
+        if "blocks" in notes or ("stages" not in notes and noted.blocks):
+            done, total = notes.get("blocks", (0, noted.blocks))
+            return f"{done} of {total} blocks"
+        done, total = notes.get("stages", (0, num_stages))
+        return f"{done} of {total} stages"
+    if phase == "decode":
+        done, total = notes.get("tokens", (0, noted.max_tokens))
+        return f"{done} of {total} tokens"
+    if phase == "reference":
+        if "reference tokens" in notes:
+            done, total = notes["reference tokens"]
+            return f"1 of 1 model loaded, {done} of {total} tokens"
+        if "reference loading" in notes:
+            return f"0 of 1 model loaded, 0 of {noted.max_tokens} tokens"
+        return f"0 of {noted.max_tokens} tokens"
+    return ""
+
+
+def preflight_checks(rental: object) -> tuple[int, int]:
+    """The pre-flight's checks passed, of how many (none yet before it has begun)."""
+    from ..cloud.preflight import Preflight  # the driver has loaded it: a run is watched
+
+    found = getattr(rental, "preflight", None)
+    return (found.checks if isinstance(found, Preflight) else 0), Preflight.of
+
+
+def resolved(seed: Node | None, num_stages: int) -> int:
+    """The stages' names (of ``num_stages + 2``) the orchestrator's registry holds (none once
+    the seed has closed)."""
+    names = [n for i in range(num_stages) for n in stage_names(i, num_stages)]
+    registry = getattr(seed, "registry", None)
+    return 0 if registry is None else sum(1 for n in names if registry.lookup(n) is not None)
+
+
 def work_done(
     phase: str,
     num_stages: int,
     instances: Sequence[RentedInstance] = (),
     statuses: dict[int, tuple[NodeStatus, float]] | None = None,
+    noted: Noted | None = None,
 ) -> str:
     """The count of work the phase has done, as the orchestrator sees it: the instances that
     reached the step a waiting phase waits for (``1 of 2 running``), in the load also the workers
-    ready and the blocks they hold, in the teardown the instances destroyed. "": the phase has
-    no count the orchestrator sees (prefill, decode and the reference run in the nodes)."""
+    ready and the blocks they hold, in the teardown the instances destroyed; in the phases that
+    run in the nodes (resolve, prefill, decode, the reference), ``noted``'s count
+    (:func:`nodes_work`). "": the phase has no count."""
+    if noted is not None and (count := nodes_work(phase, num_stages, noted)):
+        return count
     current = {i.stage: i for i in instances if not i.replaced}  # each stage's latest
     if phase in WAITS and num_stages:
         step, (done, _, _) = Phase[phase.upper()].waits_for, WAITS[Phase[phase.upper()]]
@@ -127,6 +193,7 @@ def live_line(
     statuses: dict[int, tuple[NodeStatus, float]] | None = None,
     at: float = 0.0,
     width: int = 0,
+    noted: Noted | None = None,
 ) -> str:
     """The live line: the phase and its clock, the count of its work done (:func:`work_done`),
     and while the run waits on its instances (rent to load) what each stage's is doing
@@ -134,7 +201,7 @@ def live_line(
     columns, the line cut to fit them (a line that wraps cannot be redrawn in place); 0 leaves it
     whole. The count comes before the stages' words: a cut line keeps it."""
     line = f"{phase} {phase_s:.1f} s"
-    count = work_done(phase, num_stages, instances, statuses)
+    count = work_done(phase, num_stages, instances, statuses, noted)
     if count:
         line += f": {count}"
     if phase in WAITS and num_stages:
@@ -285,7 +352,15 @@ class Progress:
             width = os.get_terminal_size(self.err.fileno()).columns
         except (OSError, ValueError):
             width = shutil.get_terminal_size().columns
-        return live_line(phase, now - self.phase_started, run.settings.num_stages, dep.instances, statuses, at, width)
+        s = run.settings
+        noted = Noted(
+            s.max_tokens,
+            sum(st.end_block - st.first_block for st, _ in dep.statuses.values() if st.state == "ready"),
+            resolved(dep.seed, s.num_stages) if phase == "resolve" else 0,
+            dict(run.noted),
+            preflight_checks(getattr(dep, "rental", None)),
+        )
+        return live_line(phase, now - self.phase_started, s.num_stages, dep.instances, statuses, at, width, noted)
 
     def draw(self) -> None:
         self.err.write(CLEAR + self.line())

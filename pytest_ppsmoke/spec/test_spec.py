@@ -118,10 +118,11 @@ def test_decode_loop_closes_without_the_orchestrator(
     the orchestrator. Evidence: every node counts the frames it sends and receives by message
     type. The orchestrator's decode window runs from the FirstToken's arrival (the boundary: that
     frame is counted in prefill) to the InferenceResponse's arrival (counted in decode); in it,
-    membership traffic (SWIM, the registry) aside, it receives the InferenceResponse and nothing
-    else, and sends nothing. Over the request, stage 0 receives exactly G NextToken frames (G
-    generated tokens: G - 1 that each drive a decode step, and the last, marked done, that frees
-    it), all sent by the last stage, and the orchestrator none."""
+    membership traffic (SWIM, the registry) and the last stage's progress notes (``Progress``:
+    counts for the live line, one way, never answered) aside, it receives the InferenceResponse
+    and nothing else, and sends nothing, notes included. Over the request, stage 0 receives
+    exactly G NextToken frames (G generated tokens: G - 1 that each drive a decode step, and the
+    last, marked done, that frees it), all sent by the last stage, and the orchestrator none."""
     n = ppsmoke_session.settings.num_stages
     _stages(ppsmoke_inference, n)
     claims.decode_closes(ppsmoke_inference.frames, n, len(ppsmoke_inference.token_ids))

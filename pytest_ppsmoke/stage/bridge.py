@@ -5,13 +5,14 @@
     sampled = await bridge.call(ForwardAndSample(raw, position=0, seq_len=11), timeout=60)
 
 Requests and replies are the records of ``pipe.py`` (each request names its reply's record), matched
-by ``request_id``; every wait has a deadline. If the worker dies, every pending call fails at once
-with :class:`WorkerDied`, which carries the exit status and the tail of the worker's stderr. Each
-line of the worker's stderr is also logged by the node at WARNING (``<name> worker: <line>``,
-within a budget of lines, ``runtime.logbudget``; the worker writes there only what went wrong: its
-errors, a traceback, tinygrad's warnings), so that it is in the node's own log at its default
-level: its stderr, which is what vast.ai's logs endpoint serves, and the tail a node tells when
-asked.
+by ``request_id``; every wait has a deadline. A progress line (``pipe.encode_progress``: the
+reference's tokens as they come) answers no call: it goes to ``on_progress``. If the worker dies,
+every pending call fails at once with :class:`WorkerDied`, which carries the exit status and the
+tail of the worker's stderr. Each line of the worker's stderr is also logged by the node at WARNING
+(``<name> worker: <line>``, within a budget of lines, ``runtime.logbudget``; the worker writes there
+only what went wrong: its errors, a traceback, tinygrad's warnings), so that it is in the node's own
+log at its default level: its stderr, which is what vast.ai's logs endpoint serves, and the tail a
+node tells when asked.
 
 Hidden states pass as raw bytes in the wire dtype (a record's ``hidden``). On the pipe they travel
 in the worker's payload framing (a JSON line with ``"payload": N``, then N raw bytes) when its ready
@@ -48,6 +49,7 @@ from .pipe import (
     encode_request,
     is_ready,
     payload_size,
+    progress_of,
     reply_id,
     worker_seconds,
 )
@@ -115,6 +117,8 @@ class WorkerBridge:
         self.proc: asyncio.subprocess.Process | None = None
         self.ready: Ready | None = None
         self.on_death: Callable[[WorkerDied], None] | None = None
+        # the worker's progress lines while a call runs: what it counts, done, of total
+        self.on_progress: Callable[[str, int, int], None] | None = None
         self._ids = itertools.count(1)
         # each call's future (its reply and the worker's seconds) and the request it answers
         self._pending: dict[int, tuple[asyncio.Future[tuple[Any, float | None]], Request[Any]]] = {}
@@ -248,7 +252,12 @@ class WorkerBridge:
             self._deliver(msg, None)
 
     def _deliver(self, msg: dict[str, Any], payload: bytes | None) -> None:
-        """A reply line (and its payload) to the call that waits for it, as its record."""
+        """A reply line (and its payload) to the call that waits for it, as its record; a
+        progress line to ``on_progress``."""
+        if (counted := progress_of(msg)) is not None:
+            if self.on_progress is not None:
+                self.on_progress(*counted)
+            return
         if self._ready_fut is not None and not self._ready_fut.done():
             if is_ready(msg):
                 try:

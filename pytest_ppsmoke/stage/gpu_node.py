@@ -15,6 +15,11 @@ stage can serve. The flow, for stage i of N:
   ``reply_to`` (which rides on the prefill activation): stage 0 is free before the answer is out;
 - stage 0, on ``NextToken``: the decode step, ``StageActivation`` with ``seq_len`` 1.
 
+Beside the flow, one-way progress notes to ``reply_to`` (``Progress``, ``notes.py``): each stage,
+once its part of the prefill is done, the blocks the prompt has passed; the last stage in decode
+the tokens sampled, at most one a second; in a reference, to the actor that asked, ``loading``
+and then the reference's tokens as its worker says them.
+
 The evidence a stage keeps of its request (``StageStats``): each activation sent and received
 with the digest of its raw wire bytes, taken by the worker that produced them and by the worker
 that decoded them; the frames the node sent and received, by type, from the frame that began
@@ -86,6 +91,7 @@ from . import markers
 from .account import StatusActor
 from .bridge import WorkerBridge, WorkerDied, WorkerError
 from .lifetime import Settings, container_env, give_up, guard_lifetime
+from .notes import Notes
 from .pipe import (
     DecodeStep,
     Detokenize,
@@ -223,6 +229,10 @@ class StageActor:
         self._addr_cache: dict[str, ActorAddress] = {}
         self._failed: set[int] = set()
         self._progress_at = time.monotonic()
+        self.notes = Notes(node, stage)  # the counts the orchestrator's live line shows
+        span, blocks = bridge.ready.range, bridge.ready.num_blocks
+        # what a stage's prefill note says: the blocks the prompt has passed, or the stages
+        self.prefilled = ("blocks", span.end, blocks) if span and blocks else ("stages", stage + 1, num_stages)
         bridge.on_death = self._worker_died
         if self.first:
             node.membership.add_listener(self._member_event)
@@ -273,6 +283,7 @@ class StageActor:
         the node has already counted when it came from another node (it belongs to the request)."""
         self.busy, self.reply_to, self.max_tokens, self.tokens = request_id, reply_to, max_tokens, []
         self._progress_at = time.monotonic()
+        self.notes.reset()
         self._addr_cache.clear()
         frames, code = self.node.frame_counts(), began_with.type_code
         if ctx.sender.node != self.node.id and code in frames:
@@ -385,6 +396,7 @@ class StageActor:
             reply = await self._compute(EmbedAndForward(ids, 0, prefill=True))
             act = StageActivation(rid, 0, len(ids), True, self._hidden(reply), self.reply_to, self.max_tokens)
             await self._send_activation(act, reply)
+            self.notes.send(self.reply_to, rid, *self.prefilled, always=True)
 
     async def on_next_token(self, msg: NextToken, ctx: Context) -> None:
         if msg.request_id != self.busy:
@@ -445,6 +457,8 @@ class StageActor:
                     ),
                     reply,
                 )
+                if msg.is_prefill:
+                    self.notes.send(self.reply_to, msg.request_id, *self.prefilled, always=True)
                 return
             sampled = await self._compute(ForwardAndSample(*step))
             received(sampled.received_digest)  # before the next activation can arrive: the records stay in order
@@ -456,7 +470,10 @@ class StageActor:
                 await self._send_to(stage_name(0), NextToken(msg.request_id, token, position, False))
             emit({"event": "token", "request_id": msg.request_id, "n": len(self.tokens)})
             if len(self.tokens) == 1 and self.reply_to is not None:  # the orchestrator sees decode begin
+                self.notes.send(self.reply_to, msg.request_id, *self.prefilled, always=True)
                 self.node.send_nowait(self.reply_to, FirstToken(msg.request_id, token), HOP_TIMEOUT, STAGE_ACTOR)
+            elif not done:  # decode's count, one way: at most one note a second
+                self.notes.send(self.reply_to, msg.request_id, "tokens", len(self.tokens), self.max_tokens)
             if done:
                 text = (await self._compute(Detokenize(tuple(self.tokens)))).text
                 # stage 0 first: it is free (and its figures final) before the orchestrator hears the answer
@@ -519,14 +536,24 @@ class StageActor:
                 await asyncio.sleep(0.05)
             self.reference_running = True
         emit({"event": "reference", "stage": self.stage})
+        self.notes.reset()  # its counts go to the asking actor (the orchestrator's), if it named one
+        self.notes.send(ctx.sender, 0, "loading", 0, msg.max_tokens, always=True)
+        worker: WorkerBridge | None = None
         try:
             if failpoints.on("node.slow_reference"):
                 await asyncio.sleep(min(failpoints.value("node.slow_reference"), timeout))
             left = max(0.001, deadline - time.monotonic())
             worker = self.bridge if self.reference is None else await self.reference.ready(left)
             left = max(0.001, deadline - time.monotonic())
+
+            def counted(what: str, done: int, total: int) -> None:  # the worker's progress lines
+                self.notes.send(ctx.sender, 0, what, done, total, always=done == 0)
+
+            worker.on_progress = counted
             ref = await worker.call(RunReference(msg.prompt, msg.max_tokens), left)
         finally:
+            if worker is not None:
+                worker.on_progress = None
             if self.first:
                 self.reference_running = False
         if ref.stage != self.stage:

@@ -596,11 +596,20 @@ def _spans(positions: np.ndarray) -> tuple[Span, ...]:
     return tuple(Span(int(a), int(b)) for a, b in zip(starts, ends, strict=True))
 
 
-def unsplit_generate(model: Transformer, prompt_ids: list[int], max_tokens: int, end_ids: set[int]) -> list[int]:
-    """The reference: tinygrad's own ``Transformer.generate`` (greedy), on the whole model."""
+def unsplit_generate(
+    model: Transformer,
+    prompt_ids: list[int],
+    max_tokens: int,
+    end_ids: set[int],
+    on_token: Callable[[int], None] | None = None,
+) -> list[int]:
+    """The reference: tinygrad's own ``Transformer.generate`` (greedy), on the whole model;
+    ``on_token(n)`` after each of its tokens (how many so far)."""
     out: list[int] = []
     for tok in model.generate(list(prompt_ids)):
         out.append(tok)
+        if on_token is not None:
+            on_token(len(out))
         if tok in end_ids or len(out) >= max_tokens:
             break
     return out

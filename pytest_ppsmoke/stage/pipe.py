@@ -27,7 +27,7 @@ import math
 import types
 import typing
 from dataclasses import dataclass
-from typing import Any, ClassVar, Generic, TypeVar, Union
+from typing import Any, ClassVar, Generic, TypeGuard, TypeVar, Union
 
 from ..messages import (
     KvInfo,
@@ -459,6 +459,27 @@ def encode_reply(request_id: Any, reply: Reply, framing: Framing, worker_s: floa
 
 def encode_error(request_id: Any, op: Any, error: str) -> bytes:
     return (json.dumps({"request_id": request_id, "op": op, "error": error}) + "\n").encode()
+
+
+def encode_progress(what: str, done: int, total: int) -> bytes:
+    """A progress line, written by the worker while a call runs (the reference's tokens as they
+    are sampled): ``{"progress": what, "done": n, "total": m}``. It has no ``request_id``, so that
+    a bridge that does not read it passes it over as it does any line that answers no call."""
+    return (json.dumps({"progress": what, "done": done, "total": total}) + "\n").encode()
+
+
+def progress_of(obj: dict[str, Any]) -> tuple[str, int, int] | None:
+    """What a progress line counts (``what``, ``done``, ``total``); None: not a progress line."""
+    what, done, total = obj.get("progress"), obj.get("done"), obj.get("total")
+    if "request_id" in obj or not isinstance(what, str):
+        return None
+    if not (_count(done) and _count(total)):
+        return None
+    return what, done, total
+
+
+def _count(n: Any) -> TypeGuard[int]:
+    return isinstance(n, int) and not isinstance(n, bool) and n >= 0
 
 
 def reply_id(obj: dict[str, Any]) -> int | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import time
+from collections.abc import Callable
 from typing import Any
 
 from tinygrad import Device, GlobalCounters, Tensor, UOp, dtypes, nn
@@ -15,6 +16,8 @@ from ..messages import ReferenceResult, WireDtype
 from ..protocol import layer_range, reference_method
 from .cache import WeightCache
 from .model import Tokenizer, realized_model, unsplit_generate
+
+OnToken = Callable[[int, int], None]  # tokens sampled so far, of at most this many
 
 
 def round_in_graph(x: Tensor, wire: WireDtype) -> Tensor:
@@ -75,8 +78,9 @@ class ReferenceModel:
         Tensor.realize(*nn.state.get_parameters(self.model))
         self.load_s = time.monotonic() - started
 
-    def generate(self, prompt: str, max_tokens: int) -> ReferenceResult:
-        """The tokens a pipeline with this split and wire must produce for ``prompt``."""
+    def generate(self, prompt: str, max_tokens: int, on_token: OnToken | None = None) -> ReferenceResult:
+        """The tokens a pipeline with this split and wire must produce for ``prompt``;
+        ``on_token(n, max_tokens)`` once the model is ready (n = 0) and after each token."""
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
         ids = self.tokenizer.chat(prompt)
@@ -85,7 +89,10 @@ class ReferenceModel:
                 f"prompt of {len(ids)} tokens + max_tokens {max_tokens} exceed the context of {self.model.max_context}"
             )
         started = time.monotonic()
-        out = unsplit_generate(self.model, ids, max_tokens, self.tokenizer.end_ids)
+        if on_token is not None:
+            on_token(0, max_tokens)
+        counted = (lambda n: on_token(n, max_tokens)) if on_token is not None else None
+        out = unsplit_generate(self.model, ids, max_tokens, self.tokenizer.end_ids, counted)
         return ReferenceResult(
             self.stage,
             reference_method(self.wire.name),
@@ -118,6 +125,7 @@ def run_reference(
     max_context: int,
     cache: WeightCache | None = None,
     stage: int = 0,
+    on_token: OnToken | None = None,
 ) -> ReferenceResult:
     """The tokens a pipeline of ``num_stages`` stages with this wire must produce, by a
     :class:`ReferenceModel` loaded afresh here and dropped before returning (so its memory
@@ -126,7 +134,7 @@ def run_reference(
         raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
     ref = ReferenceModel(name, wire, num_stages, max_context, cache, stage)
     try:
-        result = ref.generate(prompt, max_tokens)
+        result = ref.generate(prompt, max_tokens, on_token)
     finally:
         ref.drop()
     return dataclasses.replace(result, mem_after=GlobalCounters.mem_used)
