@@ -23,7 +23,6 @@ from pytest_ppsmoke import failpoints, protocol
 from pytest_ppsmoke.cloud.rental import STEPS
 from pytest_ppsmoke.harness import claims, cli, driver
 from pytest_ppsmoke.harness.figures import ApiFigures, Mode, ReferenceFigures, ReferenceState, WireDtype
-from pytest_ppsmoke.harness.progress import REFRESH
 from pytest_ppsmoke.harness.report import SCHEMA_VERSION, Report, schema
 from pytest_ppsmoke.harness.settings import OPTIONS, WIRE_DTYPES, Settings
 from pytest_ppsmoke.harness.settings import STEPS as RUN_STEPS
@@ -81,12 +80,6 @@ def test_infer(ppsmoke_inference, ppsmoke_reference):
 
 # every phase of a passing local run, each drawn on the terminal as it runs
 PHASES_DRAWN = [p.value for p in Phase]
-# a phase drawn this many times or more has run 2 s or more (a drawing every progress.REFRESH s):
-# its count must have moved on within it. Not the load's: its count moves only as a whole worker
-# is ready, and the stages' workers load side by side
-SEVERAL = round(2 / REFRESH)
-
-
 # the claims the issue's verdict names as passed on a local run (the direct paths need NATs to cross)
 EIGHT_CLAIMS = (
     claims.CLUSTER,
@@ -133,7 +126,7 @@ def test_the_cli_and_the_plugin_write_the_same_report(
     Each face runs on a terminal of its own (a pty: the CLI's stderr, the plugin's stdout and
     stderr), read whole: every drawing of its live line, from the first phase to the teardown,
     carries a count of work (n of m), not only a clock, and within each phase the count never
-    goes back and, in a phase drawn more than twice, moves on from its first drawing."""
+    goes back."""
     env = {k: v for k, v in os.environ.items() if k not in ("VAST_API_KEY", "PPSMOKE_MODE", "VAST_URL")}
     env["PY_COLORS"] = "0"  # pytest's summary in plain words, on a terminal too
     args = ["--model", synth_model, "--max-tokens", "4", "--prompt", "hi"]
@@ -173,9 +166,10 @@ def test_the_cli_and_the_plugin_write_the_same_report(
         phases = counted(drawings(said))  # every drawing carries a count: n of m
         assert [p for p, _ in phases] == PHASES_DRAWN, (face, phases)
         for phase, done in phases:
-            assert done == sorted(done), (face, phase, done)  # within a phase it never goes back
-            if len(done) >= SEVERAL and phase != "load":
-                assert done[-1] > done[0], f"{face}: {phase} drawn {len(done)} times, its count still at {done[0]}"
+            # within a phase it never goes back; how soon it moves on is the machine's speed, not
+            # a property a test may assert (a loaded runner draws a phase many times between two
+            # steps of its work): the counts' pace is in the benchmark runs, docs/benchmarks.md
+            assert done == sorted(done), (face, phase, done)
     a, b = json.loads(from_cli.read_text()), json.loads(from_plugin.read_text())
     _same_keys(a, b)
     assert set(a) == {"schema_version", *(f.name for f in dataclasses.fields(Report))}

@@ -515,16 +515,15 @@ class SmokeRun(Resource):
                 r.network_stats = parse(dict[str, LinkStats], stats) if stats is not None else None
             if self.started is not None:
                 r.timings["total"] = round(time.monotonic() - self.started, 4)
-            r.claims = claims.verdict(r, self.evidence())
+            r.claims = claims.verdict(r, evidence(self))
             r.finish()
 
-    def evidence(self) -> claims.Evidence:
-        """What the run recorded for its claims (``claims.verdict`` judges them)."""
-        dep = self.deployment
-        if dep is None:
-            return claims.Evidence()
-        ready = dep.ready.get(0)
-        dim = ready.dim if ready is not None else None
-        return claims.Evidence(
-            dep.members, dep.views, dict(dep.names), self.result, dim, random_weights(self.settings.model)
-        )
+
+def evidence(run: SmokeRun) -> claims.Evidence:
+    """What the run recorded for its claims (``claims.verdict`` judges them)."""
+    dep = run.deployment
+    if dep is None:
+        return claims.Evidence()
+    ready = dep.ready.get(0)
+    dim = ready.dim if ready is not None else None
+    return claims.Evidence(dep.members, dep.views, dict(dep.names), run.result, dim, random_weights(run.settings.model))
