@@ -32,6 +32,7 @@ from pytest_ppsmoke.stage.pipe import (
     decode_ready,
     decode_reply,
     encode_request,
+    progress_of,
 )
 from pytest_ppsmoke.stage.synth import write
 
@@ -163,7 +164,9 @@ def _ask(proc: subprocess.Popen[str], req: Request[R]) -> R:
     assert proc.stdin is not None and proc.stdout is not None
     proc.stdin.write(encode_request(1, req, Framing.json).decode())
     proc.stdin.flush()
-    reply = decode_reply(req.reply, json.loads(proc.stdout.readline()))
+    while progress_of(obj := json.loads(proc.stdout.readline())) is not None:  # a call's counts as it runs
+        pass
+    reply = decode_reply(req.reply, obj)
     assert not isinstance(reply, ErrorReply), reply
     return reply
 

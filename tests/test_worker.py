@@ -36,6 +36,7 @@ from pytest_ppsmoke.stage.pipe import (
     decode_ready,
     decode_reply,
     encode_request,
+    progress_of,
 )
 
 from .helpers import SMOLLM2, SYNTH
@@ -68,10 +69,14 @@ class Worker:
         return decode_ready(self.line())
 
     def _send(self, line: str) -> Any:
+        """The reply to ``line``: the first line after it that is not a progress line (a call's
+        counts as it runs, ``pipe.encode_progress``, which answers no call)."""
         assert self.proc.stdin is not None
         self.proc.stdin.write(line + "\n")
         self.proc.stdin.flush()
-        return self.line()
+        while progress_of(out := self.line()) is not None:
+            pass
+        return out
 
     def answer(self, req: Request[R]) -> R | ErrorReply:
         """The reply to ``req`` (its line in the JSON framing, as the spec writes it)."""
