@@ -57,6 +57,10 @@ if [[ -z $base ]]; then
 fi
 tar -C "$root" --numeric-owner -xf "$base"
 cp /etc/resolv.conf "$root/etc/resolv.conf"
+# this machine's certificate authorities, where they differ from pip's own (a proxy that signs the
+# package index's TLS with an authority of its own): given to pip and uv through the environment
+mkdir -p "$root/etc/ssl"
+cp /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/this-machines-cas.crt"
 git clone -q --no-hardlinks "$repo" "$root/root/pytest-ppsmoke"
 git -C "$root/root/pytest-ppsmoke" checkout -q "$commit"
 # the command as a script of its own, pasted as written after a cd into the clone; bash traces each
@@ -73,15 +77,17 @@ set +e
 timeout --kill-after=30 "$limit" unshare --mount --propagation private bash -c '
   mount -t proc proc "$1/proc" && mount -t sysfs sys "$1/sys" && mount --rbind /dev "$1/dev" || exit 97
   exec chroot "$1" /usr/bin/env -i HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-    LANG=C.UTF-8 TERM=dumb DEBIAN_FRONTEND=noninteractive bash /tmp/fresh-run.sh
+    LANG=C.UTF-8 TERM=dumb DEBIAN_FRONTEND=noninteractive \
+    PIP_CERT=/etc/ssl/this-machines-cas.crt SSL_CERT_FILE=/etc/ssl/this-machines-cas.crt bash /tmp/fresh-run.sh
 ' _ "$root" >"$work/log" 2>&1 </dev/null
 status=$?
 set -e
 end=$(date +%s.%N)
 
-python3 - "$root/tmp/trace" "$work/log" "$end" "$status" "$which" "$commit" "$cmd" "${out:-/dev/stdout}" <<'EOF'
+python3 - "$root/tmp/trace" "$work/log" "$end" "$status" "$which" "$commit" "$cmd" "${out:-/dev/stdout}" \
+  "${readme_file:-README.md at $commit}" <<'EOF'
 import json, platform, re, sys
-trace, log, end, status, which, commit, cmd, out = sys.argv[1:]
+trace, log, end, status, which, commit, cmd, out, source = sys.argv[1:]
 steps = []
 for line in open(trace, errors="replace"):
     m = re.match(r"\++(\d+\.\d+) (.*)", line.rstrip("\n"))
@@ -93,7 +99,7 @@ run = next((t for t, s in steps if last in s.split()[:4]), None)
 after_apt = next((t for t, s in steps if not s.startswith("apt-get")), None)
 tail = open(log, errors="replace").read().splitlines()[-25:]
 result = {
-    "which": which, "commit": commit, "command": cmd, "exit_status": int(status),
+    "which": which, "commit": commit, "command": cmd, "command_from": source, "exit_status": int(status),
     "apt_s": round(after_apt - start, 1) if after_apt else None,
     "install_s": round(run - start, 1) if run else None,
     "total_s": round(float(end) - start, 1),
