@@ -129,7 +129,7 @@ class Phase(enum.StrEnum):
         "preflight",
         "rent",
         None,
-        ("nothing was rented; the message says which check refused the run and what to change"),
+        "nothing was rented",
     )
     RENT = (
         "rent",

