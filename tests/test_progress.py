@@ -138,6 +138,21 @@ def test_the_answer_is_printed_at_once_and_the_live_line_is_cleared_first() -> N
     assert err.getvalue().endswith("decode 2.0 s" + CLEAR)  # nothing drawn since: nothing more to clear
 
 
+def test_a_live_line_that_cannot_be_read_is_drawn_as_its_clock_and_fails_nothing() -> None:
+    """The live line is a view of the run: a fault in reading it (a record half made, a closed
+    seed) draws the phase's clock instead, and never reaches the run it shows."""
+    out, err, clock = io.StringIO(), io.StringIO(), Clock()
+    p = Progress(out, err, live=True, clock=clock)
+    broken: Any = SimpleNamespace(deployment=SimpleNamespace(began=0.0), settings=None, noted={})
+    p.watch(broken)  # its deployment lacks what the line reads: line() raises
+    with pytest.raises(AttributeError):
+        p.line()
+    p.start("decode")
+    clock.now += 2
+    p.draw()
+    assert err.getvalue() == CLEAR + "decode 0.0 s" + CLEAR + "decode 2.0 s"
+
+
 def test_the_live_line_reads_the_runs_instances_and_statuses(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "200")  # the line whole: no terminal here
     out, err, clock = io.StringIO(), io.StringIO(), Clock()

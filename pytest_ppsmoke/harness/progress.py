@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import logging
 import os
 import queue
 import shutil
@@ -47,6 +48,8 @@ if TYPE_CHECKING:
     from ..messages import NodeStatus
     from ..runtime.node import Node
     from .driver import SmokeRun
+
+log = logging.getLogger(__name__)
 
 REFRESH = 0.25  # seconds between two drawings of the live line
 CLEAR = "\r\x1b[K"  # back to the start of the line, and clear it
@@ -363,7 +366,12 @@ class Progress:
         return live_line(phase, now - self.phase_started, s.num_stages, dep.instances, statuses, at, width, noted)
 
     def draw(self) -> None:
-        self.err.write(CLEAR + self.line())
+        try:
+            line = self.line()
+        except Exception:  # the live line is a view: a fault in it never fails the run it shows
+            log.debug("the live line could not be drawn", exc_info=True)
+            line = live_line(self.phase or "start", self.clock() - self.phase_started, 0)
+        self.err.write(CLEAR + line)
         self.err.flush()
         self._drawn = True
 
