@@ -63,7 +63,7 @@ def cluster_forms(members: Sequence[str], views: Mapping[str, Sequence[tuple[str
     """1 + N members, every one alive in every member's own view (``views``: each node's, by id)."""
     want = sorted((m, "alive") for m in members)
     nodes = [m for m in members[1:]]
-    for node in nodes:
+    for node in [m for m in members[:1] if m in views] + nodes:  # the orchestrator's too, when given
         seen = sorted(views.get(node, ()))
         _check(seen == want, f"{node[:10]} sees {seen}; expected all {len(want)} members alive")
     return f"{len(members)} members alive in each of the {len(nodes)} nodes' views and the orchestrator's"

@@ -10,6 +10,8 @@ rented GPUs. The session's figures go to the JUnit XML as properties and to the 
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -30,18 +32,30 @@ pytestmark = [pytest.mark.local, pytest.mark.vastai]
 def test_cluster_converges_to_all_members_with_one_view(
     ppsmoke_session: SmokeSession, ppsmoke_cluster: Deployment
 ) -> None:
-    """Spec: both nodes join the local cluster (1 + N members), and SWIM agrees everywhere."""
+    """Spec: both nodes join the local cluster (1 + N members), and SWIM agrees everywhere.
+    Every member is asked for its own view, until all agree or the spec's convergence deadline
+    passes: a member that suspects another for a moment (a probe late on a loaded machine) and
+    clears it is SWIM at work; one whose view never agrees fails, naming what it sees."""
     seed = ppsmoke_cluster.seed
     assert seed is not None
     members = ppsmoke_cluster.members
     assert len(members) == 1 + ppsmoke_session.settings.num_stages
-    assert list(seed.membership.view()) == sorted((i, "alive") for i in members)
-    views = {}
-    for member in members[1:]:
-        view = ppsmoke_session.call(seed.request(ActorAddress(member, NODE_ACTOR), MembersQuery(), timeout=10))
-        assert isinstance(view, MembersView)
-        views[member] = [(m.id, MemberStatus(m.status).name) for m in view.members if m.status != MemberStatus.dead]
-    claims.cluster_forms(members, views)  # the judge pp-smoke-run's verdict uses
+    deadline = time.monotonic() + ppsmoke_session.settings.converge_timeout
+    while True:
+        views = {}
+        for member in members[1:]:
+            view = ppsmoke_session.call(seed.request(ActorAddress(member, NODE_ACTOR), MembersQuery(), timeout=10))
+            assert isinstance(view, MembersView)
+            shown = [(m.id, MemberStatus(m.status).name) for m in view.members if m.status != MemberStatus.dead]
+            views[member] = shown
+        views[members[0]] = list(seed.membership.view())  # the orchestrator's own
+        try:
+            claims.cluster_forms(members, views)  # the judge pp-smoke-run's verdict uses
+            return
+        except claims.ClaimFailed:
+            if time.monotonic() >= deadline:
+                raise
+        time.sleep(0.5)
 
 
 def test_stage_names_resolve_to_their_stages(
