@@ -52,6 +52,7 @@ from pytest_ppsmoke.cloud import vastdoc
 from pytest_ppsmoke.cloud.provider import Offer
 from pytest_ppsmoke.cloud.rental import Rental, RentalConfig, RentedInstance
 from pytest_ppsmoke.cloud.replace import DOCUMENTED, FAST_HOSTS, SPEC, BootAssumption, ReplacePolicy
+from pytest_ppsmoke.cloud.teardown import within
 from pytest_ppsmoke.harness.settings import Settings
 from pytest_ppsmoke.protocol import BOOT_POLL_INTERVAL, BUDGET, Phase, PhaseError
 
@@ -187,18 +188,12 @@ class Outcome:
 
 
 async def _within(clock: VirtualClock, seconds: float, work: Any) -> bool:
-    """``work`` until done (True) or ``seconds`` of the virtual clock (False: cancelled)."""
-    task = asyncio.ensure_future(work)
-    timer = asyncio.ensure_future(clock.sleep(max(seconds, 0.0)))
+    """``work`` until done (True) or ``seconds`` of the virtual clock (False: cancelled): the
+    rental's own deadline (``teardown.within``), as the driver's budget cuts the steps."""
     try:
-        await asyncio.wait([task, timer], return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for t in (task, timer):
-            t.cancel()
-        await asyncio.gather(task, timer, return_exceptions=True)
-    if task.cancelled():
+        await within(max(seconds, 0.0), work, clock.sleep)
+    except TimeoutError:
         return False
-    task.result()
     return True
 
 

@@ -3,9 +3,11 @@ stand-in process, cluster configs, and the scans of /proc that show what a test 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
+import types
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -144,3 +146,17 @@ def cluster_configs(n: int, swim: SwimConfig | None = None) -> list[NodeConfig]:
     for c in configs:
         c.allowed = allowed
     return configs
+
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+def load_bench(name: str) -> types.ModuleType:
+    """``bench/<name>.py``, imported by its path (bench/ is no package): a test of a benchmark's
+    own logic runs the very module the benchmark runs."""
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(name, module)
+    spec.loader.exec_module(module)
+    return module

@@ -4,29 +4,17 @@ a ``detect`` run judged against SWIM's bound, and parts merged, summed and refus
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
+from .helpers import load_bench
+
 pytestmark = pytest.mark.local
 
-PATH = Path(__file__).resolve().parent.parent / "bench" / "false_failures.py"
 
-
-def load_bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("false_failures", PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("false_failures", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-ff = load_bench()
+ff = load_bench("false_failures")
 
 LOST = (
     "converge: pp-stage-1 on instance 12400002 (ppsmoke-20261204T044403-b471b0-stage1) (endpoint 48212fe3de) "

@@ -6,12 +6,8 @@ fails at its boot window. Virtual time only."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -19,21 +15,12 @@ import pytest
 from pytest_ppsmoke.cloud.rental import Rental
 from pytest_ppsmoke.cloud.replace import SPEC, ReplacePolicy
 
+from .helpers import load_bench
+
 pytestmark = pytest.mark.local
 
-PATH = Path(__file__).resolve().parent.parent / "bench" / "replacement_sim.py"
 
-
-def load_bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("replacement_sim", PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("replacement_sim", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-sim = load_bench()
+sim = load_bench("replacement_sim")
 
 DEFAULT = sim.Policy("default", ReplacePolicy())  # the harness's default policy
 NONE = sim.Policy("none", SPEC)
