@@ -47,9 +47,9 @@ from pytest_ppsmoke.stage.pipe import (
     RunReference,
     Shutdown,
     Tokenize,
-    decode_ready,
     decode_reply,
     encode_request,
+    read_ready,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,7 +61,7 @@ def one(env: dict[str, str]) -> dict[str, Any]:
     started = time.perf_counter()
     proc = subprocess.Popen([sys.executable, str(WORKER)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert proc.stdin is not None and proc.stdout is not None
-    ready = decode_ready(json.loads(proc.stdout.readline()))
+    ready = read_ready(proc.stdout.readline)
     rid = itertools.count(1)
 
     def ask(request: Request[R]) -> R:

@@ -421,7 +421,8 @@ class NodeStatus(Message):
     """Where a stage node is: ``loading`` (its worker is starting), ``ready`` (names registered;
     the worker's hidden size, its blocks ``[first_block, end_block)`` and its context are set),
     or ``failed`` (``detail`` says why, e.g. the worker's exit status and stderr). ``load``: the
-    worker's load figures, as fields (``LoadFigures.describe`` is their line for people)."""
+    worker's load figures, as fields (``LoadFigures.describe`` is their line for people); ``step``
+    to ``programs``: how far its load has come."""
 
     stage: U32
     state: str
@@ -432,6 +433,13 @@ class NodeStatus(Message):
     end_block: U32 = 0  # exclusive
     max_context: U32 = 0
     load: LoadFigures | None = None  # once ready: how the worker loaded
+    # the worker's load as it goes (its progress lines): the step begun (of protocol.LOAD_STEPS;
+    # 0: the process is starting), its blocks realized of its part's (0 of 0: not said yet), and
+    # the programs it has read or generated so far
+    step: U8 = 0
+    blocks_loaded: U32 = 0
+    blocks: U32 = 0
+    programs: U32 = 0
 
 
 @message(47)

@@ -216,3 +216,10 @@ def layer_range(total: int, stage: int, num_stages: int) -> tuple[int, int]:
         raise ValueError(f"{num_stages} stages need at least as many blocks; the model has {total}")
     k = total // num_stages
     return stage * k, (stage + 1) * k if stage < num_stages - 1 else total
+
+
+# A stage worker's load, said before its ready line in progress lines (``stage/pipe.py``):
+# ``step`` (the step of LOAD_STEPS it has begun, n of them), ``blocks`` (its blocks realized, of
+# its part's) and ``programs`` (tinygrad programs read from the program cache or generated so far;
+# their total is not known ahead: 0). The node's ``NodeStatus`` carries the latest of each.
+LOAD_STEPS = ("opening the device", "loading weights", "building the stage", "warming up")

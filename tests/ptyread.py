@@ -17,7 +17,8 @@ from pytest_ppsmoke.protocol import Phase
 
 # a drawing of the live line: the phase, its clock, then (after ": ") the count of its work done
 DRAWING = re.compile(rf"({'|'.join(p.value for p in Phase)}) \d+\.\d s(?:: (?P<count>[^;]*))?")
-COUNT = re.compile(r"(\d+) of (\d+)")  # "3 of 30 blocks": work done, of how much
+# "3 of 30 blocks": work done, of how much; "12 programs": work of no total known ahead
+COUNT = re.compile(r"(\d+) (?:of (\d+)|programs)")
 
 
 class Terminal:
@@ -65,7 +66,8 @@ def drawings(text: str) -> list[tuple[str, str]]:
 
 def counted(drawn: list[tuple[str, str]]) -> list[tuple[str, list[int]]]:
     """Each phase, in the order drawn, with the work done each of its drawings counts (the first
-    number of each "n of m": ``1 of 2 workers ready`` is 1). Every drawing must carry a count:
+    number of each "n of m", and each "n programs": ``1 of 2 workers ready`` is 1). Every drawing
+    must carry a count:
     a clock alone fails here, naming the drawing."""
     phases: list[tuple[str, list[int]]] = []
     for phase, count in drawn:

@@ -28,6 +28,7 @@ from pytest_ppsmoke.stage.pipe import (
     Framing,
     HiddenOut,
     Tokenize,
+    answers,
     decode_ready,
     decode_reply,
 )
@@ -119,7 +120,7 @@ def test_a_stream_that_cannot_be_framed_is_answered_and_the_worker_exits(
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
     out, err = proc.communicate(request_bytes, timeout=120)
-    ready, line = (json.loads(line) for line in out.splitlines())
+    ready, line = answers(out.splitlines())
     reply = decode_reply(HiddenOut, line)
     assert decode_ready(ready).stage == 1 and reply.request_id == 1 and message in reply.error, reply
     assert proc.returncode == 3 and message in err.decode()
@@ -146,7 +147,7 @@ def test_a_payload_the_request_cannot_take_is_an_error_and_the_stream_stays_fram
     line = json.dumps({**fields, "request_id": 1, "payload": payload}).encode() + b"\n"
     stream = line + data + b'{"op": "kv_info", "request_id": 2}\n'
     out, _ = proc.communicate(stream, timeout=120)
-    ready, refused, info = (json.loads(line) for line in out.splitlines())
+    ready, refused, info = answers(out.splitlines())
     assert decode_ready(ready).stage == 1 and proc.returncode == 0
     error = decode_reply(KvInfo, refused)
     assert isinstance(error, ErrorReply) and error.request_id == 1 and message in error.error, error

@@ -25,14 +25,15 @@ from pytest_ppsmoke.stage.pipe import (
     EmbedAndForward,
     ErrorReply,
     Framing,
+    PipeError,
     Ready,
     Request,
     RunReference,
     Shutdown,
-    decode_ready,
     decode_reply,
     encode_request,
     progress_of,
+    read_ready,
 )
 from pytest_ppsmoke.stage.synth import write
 
@@ -155,9 +156,10 @@ def _start(env: dict[str, str]) -> tuple[subprocess.Popen[str], Ready]:
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
     assert proc.stdout is not None
-    line = proc.stdout.readline()
-    assert line, proc.stderr.read() if proc.stderr else ""
-    return proc, decode_ready(json.loads(line))
+    try:
+        return proc, read_ready(proc.stdout.readline)
+    except PipeError as e:
+        raise AssertionError(proc.stderr.read() if proc.stderr else "") from e
 
 
 def _ask(proc: subprocess.Popen[str], req: Request[R]) -> R:

@@ -5,6 +5,7 @@ the cache line said once. The real run's lines: tests/test_cli.py."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 import threading
 from pathlib import Path
@@ -33,6 +34,7 @@ from pytest_ppsmoke.harness.progress import (
 )
 from pytest_ppsmoke.harness.session import LoopThread
 from pytest_ppsmoke.messages import LoadFigures, NodeStatus, ProgramCounts, WeightLoad
+from pytest_ppsmoke.protocol import LOAD_STEPS
 
 pytestmark = pytest.mark.local
 
@@ -68,7 +70,17 @@ def test_the_load_line_says_what_each_stage_does_and_for_how_long() -> None:
     assert line == "load 12.3 s: 1 of 2 workers ready; stage 0 ready 4.1 s, stage 1 loading 12 s"
     ready = NodeStatus(0, "ready", "", 0, 576, 0, 15)  # stage 0's worker holds blocks [0, 15)
     line = live_line("load", 12.34, 2, insts, {0: (ready, 6.1), 1: (loading(1, 11), 13.0)}, at=14.0)
-    assert line == "load 12.3 s: 1 of 2 workers ready, 15 blocks loaded; stage 0 ready 4.1 s, stage 1 loading 12 s"
+    assert line == (
+        "load 12.3 s: 1 of 2 workers ready, 15 of 15 blocks loaded; stage 0 ready 4.1 s, stage 1 loading 12 s"
+    )
+    # stage 1's worker said it is warming up, with 6 of its 15 blocks realized and 9 programs
+    going = NodeStatus(1, "loading", "", 11, step=len(LOAD_STEPS), blocks_loaded=6, blocks=15, programs=9)
+    ready = dataclasses.replace(ready, programs=20)
+    line = live_line("load", 12.34, 2, insts, {0: (ready, 6.1), 1: (going, 13.0)}, at=14.0)
+    assert line == (
+        "load 12.3 s: 1 of 2 workers ready, 21 of 30 blocks loaded, 29 programs; "
+        "stage 0 ready 4.1 s, stage 1 loading 12 s (warming up)"
+    )
 
 
 def test_each_waiting_phase_names_its_step_or_the_wait() -> None:
@@ -199,6 +211,12 @@ def test_the_nodes_phases_count_from_their_notes() -> None:
     assert nodes_work("decode", 2, Noted(8, notes={"tokens": (1, 8)})) == "1 of 8 tokens"
     assert nodes_work("decode", 2, Noted(8)) == "0 of 8 tokens"
     assert nodes_work("load", 2, Noted(8)) == ""  # the orchestrator's own count: work_done's
+    # a cold stage compiles as the prompt passes: each stage's programs counted apart, summed
+    made = {"blocks": (15, 30), "programs 0": (20, 0), "programs 1": (7, 0)}
+    assert nodes_work("prefill", 2, Noted(blocks=30, notes=made)) == "15 of 30 blocks, 27 programs"
+    made = {"reference loading": (0, 8), "reference blocks": (4, 30), "reference programs": (12, 0)}
+    said = "0 of 1 model loaded, 4 of 30 blocks, 0 of 8 tokens, 12 programs"
+    assert nodes_work("reference", 2, Noted(8, notes=made)) == said
 
 
 def status(stage: int, weights: WeightLoad | None, misses: int) -> NodeStatus:

@@ -18,6 +18,7 @@ import pytest
 
 from pytest_ppsmoke.messages import Hidden, Span, WireDtype, digest
 from pytest_ppsmoke.nodeenv import NodeEnv
+from pytest_ppsmoke.protocol import LOAD_STEPS
 from pytest_ppsmoke.stage.pipe import (
     Bye,
     DecodeStep,
@@ -33,6 +34,7 @@ from pytest_ppsmoke.stage.pipe import (
     RunReference,
     Shutdown,
     Tokenize,
+    answers,
     decode_ready,
     decode_reply,
     encode_request,
@@ -66,7 +68,11 @@ class Worker:
         return json.loads(out)
 
     def ready(self) -> Ready:
-        return decode_ready(self.line())
+        """The ready line; the load's progress lines before it (``protocol.LOAD_STEPS``) in ``said``."""
+        self.said: list[tuple[str, int, int]] = []
+        while (counted := progress_of(obj := self.line())) is not None:
+            self.said.append(counted)
+        return decode_ready(obj)
 
     def _send(self, line: str) -> Any:
         """The reply to ``line``: the first line after it that is not a progress line (a call's
@@ -115,7 +121,15 @@ def last_stage(workers: dict[int, Worker]) -> tuple[Worker, Ready]:
 
 
 def test_ready_line_comes_first_and_describes_the_stage(last_stage: tuple[Worker, Ready]) -> None:
-    _, ready = last_stage
+    worker, ready = last_stage
+    # before it, only the load's own counts: its steps in order, its blocks, its programs
+    said = worker.said
+    assert [d for w, d, t in said if w == "step"] == list(range(1, len(LOAD_STEPS) + 1)), said
+    blocks = [(d, t) for w, d, t in said if w == "blocks"]
+    assert blocks and blocks[-1] == (BLOCKS - HALF, BLOCKS - HALF) and blocks == sorted(blocks), said
+    programs = [d for w, d, _ in said if w == "programs"]
+    assert programs == list(range(1, len(programs) + 1)), said  # one line a program, counted from 1
+    assert ready.programs is None or len(programs) == ready.programs.hits + ready.programs.misses
     assert ready.pid > 0 and ready.role == "stage" and ready.framing == (Framing.json, Framing.payload)
     assert (ready.stage, ready.num_stages, ready.range, ready.num_blocks) == (1, 2, Span(HALF, BLOCKS), BLOCKS)
     assert (ready.dim, ready.wire_dtype, ready.jit) == (DIM, WireDtype.bf16, True)
@@ -408,7 +422,7 @@ def test_on_the_cpu_a_worker_keeps_the_ggufs_dtype_unless_half_is_chosen(
     finally:
         proc.kill()
     assert out, err[-2000:]
-    ready = decode_ready(json.loads(out.splitlines()[0]))
+    ready = decode_ready(answers(out.splitlines())[0])
     assert ready.weights is not None and ready.weights.half == expected, ready.weights
 
 

@@ -5,7 +5,7 @@ or a GGUF path), the wire dtype (bf16, f16, f32: the dtype of the hidden states)
 and whether decode is compiled (the default; off: the spec's uncompiled path).
 
 The protocol's records, their JSON lines and the payload framing are ``stage/pipe.py``'s, shared
-with the node's bridge. The first line on stdout is ``Ready``; then one reply per request line::
+with the node's bridge. After the load's progress lines (below), ``Ready``; then one reply per request line::
 
     {"op": "embed_and_forward", "request_id": 1, "tokens": [...], "position": 0, "prefill": true}  stage 0
     {"op": "decode_step", "request_id": 2, "token_id": 42, "position": 11}              stage 0
@@ -17,6 +17,8 @@ with the node's bridge. The first line on stdout is ``Ready``; then one reply pe
     {"op": "reference", "request_id": 8, "prompt": "Say hello", "max_tokens": 64}        any stage
     {"op": "shutdown", "request_id": 9}
 
+While it loads, the worker says how far it is in progress lines (``protocol.LOAD_STEPS``: the step
+it has begun, its blocks realized, the programs it has read or generated), which answer no call.
 Before its ready line the worker has realized its part (from the weight cache when it holds it:
 ``weights``), and captured its compiled decode step (``warm_up_s``), so that a request's decode is
 compiled from its first token; ``programs`` counts the programs it read from the program cache and
@@ -66,6 +68,7 @@ import numpy as np
 from pytest_ppsmoke import failpoints
 from pytest_ppsmoke.messages import Hidden, Span, WireDtype, digest
 from pytest_ppsmoke.nodeenv import NodeEnv
+from pytest_ppsmoke.protocol import LOAD_STEPS
 from pytest_ppsmoke.stage.cache import SCHEDULES, ProgramStats, ScheduleStats, WeightCache, install_program_cache
 from pytest_ppsmoke.stage.model import StageModel, Tokenizer, native_weights_on_the_cpu, open_device, realized_model
 from pytest_ppsmoke.stage.pipe import (
@@ -111,16 +114,21 @@ class Worker:
         self.fault = failpoints.parse(env.failpoints).on("node.compute_fault")
         started = time.monotonic()
         self.programs = install_program_cache() if env.program_cache else None
+        self.said = said = ProgramsSaid(self.programs)
+        said.step(0)
         self.device_s = open_device()
         self.cache = WeightCache.from_setting(env.weight_cache)
+        said.step(1)
         model, kv, self.weights = realized_model(
-            self.model_name, env.max_context, self.stage, self.num_stages, self.cache
+            self.model_name, env.max_context, self.stage, self.num_stages, self.cache, said.blocks
         )
         self.tokenizer = Tokenizer(kv)
         self.vocab = len(kv["tokenizer.ggml.tokens"])
+        said.step(2)
         built = time.monotonic()
         self.model = StageModel(model, kv, self.stage, self.num_stages, jit=env.jit)
         self.build_s = time.monotonic() - built
+        said.step(3)
         self.warm_up_s = self.model.warm_up()  # decode runs compiled from a request's first token
         self.load_s = time.monotonic() - started
 
@@ -195,7 +203,7 @@ class Worker:
         if isinstance(req, RunReference):
             return run_reference(
                 self.model_name, req.prompt, req.max_tokens, self.wire, self.num_stages, m.max_context, self.cache,
-                self.stage, say_tokens,
+                self.stage, say_tokens, self.said.blocks,
             )  # fmt: skip
         if isinstance(req, Shutdown):  # with the programs this process generated and read, over its life
             return Bye(_counts(self.programs), _counts(SCHEDULES if self.programs else None))
@@ -217,6 +225,7 @@ class ReferenceWorker:
         self.wire = WireDtype.parse(env.wire_dtype)
         started = time.monotonic()
         self.programs = install_program_cache() if env.program_cache else None
+        self.said = ProgramsSaid(self.programs)
         cache = WeightCache.from_setting(env.weight_cache)
         self.model = ReferenceModel(self.model_name, self.wire, env.num_stages, env.max_context, cache, self.stage)
         self.load_s = time.monotonic() - started
@@ -284,6 +293,7 @@ def main() -> None:
         framing = Framing.payload if payload is not None else Framing.json
         try:
             started = time.perf_counter()
+            worker.said.begin()
             req = decode_request(obj, payload)
             reply = worker.handle(req, payload is not None)
             # the seconds inside the worker, for the per-token breakdown
@@ -295,6 +305,33 @@ def main() -> None:
         else:
             if isinstance(req, Shutdown):
                 return
+
+
+class ProgramsSaid:
+    """The stage's load as it goes, in progress lines before the ready line (``protocol.LOAD_STEPS``):
+    the step begun, the blocks realized, and with the program cache on, each program read or
+    generated (counted from the load's start, then from each request's: ``begin``). The node
+    keeps the load's latest for its status, and passes a prefill's or a reference's on to the
+    orchestrator as notes, so that its live line counts work while tinygrad makes programs."""
+
+    def __init__(self, programs: ProgramStats | None) -> None:
+        self.counted = 0
+        if programs is not None:
+            programs.on_program = self._program
+
+    def begin(self) -> None:
+        """A request begins: its programs count from 1."""
+        self.counted = 0
+
+    def step(self, index: int) -> None:
+        _write(sys.stdout.buffer, encode_progress("step", index + 1, len(LOAD_STEPS)))
+
+    def blocks(self, done: int, total: int) -> None:
+        _write(sys.stdout.buffer, encode_progress("blocks", done, total))
+
+    def _program(self) -> None:
+        self.counted += 1
+        _write(sys.stdout.buffer, encode_progress("programs", self.counted, 0))
 
 
 def say_tokens(done: int, total: int) -> None:

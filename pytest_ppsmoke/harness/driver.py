@@ -327,7 +327,10 @@ class SmokeRun(Resource):
         # a failure names each stage it involves with its instance: the nodes know stages only by name
         result = await run_inference(
             dep.seed, s.num_stages, s.prompt, s.max_tokens, max(1.0, self.remaining()), prefilled, dep.places(),
-            lambda note: self._note(note.what, note.done, note.total),
+            # each stage's programs apart: a stage counts its own from 1 while another's are made
+            lambda note: self._note(
+                f"programs {note.stage}" if note.what == "programs" else note.what, note.done, note.total
+            ),
         )  # fmt: skip
         self.result = result
         self.spans.update(result.spans)

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from ..protocol import Phase, stage_names
+from ..protocol import LOAD_STEPS, Phase, stage_names
 
 if TYPE_CHECKING:
     from ..cloud.rental import RentedInstance
@@ -89,7 +89,8 @@ def stage_doing(
         # the node's whole seconds in its state, and the time since it said so: counted in whole
         # seconds too, the sum never runs back when the next status comes
         st, came = status
-        return f"stage {stage} {st.state} {int(st.seconds + max(0.0, at - came))} s"
+        doing = f" ({LOAD_STEPS[st.step - 1]})" if st.state == "loading" and 0 < st.step <= len(LOAD_STEPS) else ""
+        return f"stage {stage} {st.state} {int(st.seconds + max(0.0, at - came))} s{doing}"
     return f"stage {stage} {word} {max(0.0, seconds):.1f} s"
 
 
@@ -118,28 +119,35 @@ def nodes_work(phase: str, num_stages: int, noted: Noted) -> str:
     blocks (or stages) the prompt has passed in the prefill (``3 of 30 blocks``); the tokens
     sampled in the decode (``12 of 64 tokens``: the first with the prefill's end) and in the
     reference, whose model first loads (``0 of 1 model loaded, 0 of 64 tokens``; a model loaded
-    beside the stages is loaded at once). "": none."""
+    beside the stages is loaded at once); in the prefill and the reference also the programs
+    the stages' workers read or generated (``, 12 programs``: a cold worker compiles). "": none."""
     notes = noted.notes
     if phase == "preflight":
         return f"{noted.checks[0]} of {noted.checks[1]} checks passed" if noted.checks else ""
     if phase == "resolve":
         return f"{noted.names} of {num_stages + 2} names resolved"
     if phase == "prefill":
+        made = sum(done for what, (done, _) in notes.items() if what.startswith("programs "))
+        programs = f", {made} programs" if made else ""  # a cold stage compiles as the prompt passes
         if "blocks" in notes or ("stages" not in notes and noted.blocks):
             done, total = notes.get("blocks", (0, noted.blocks))
-            return f"{done} of {total} blocks"
+            return f"{done} of {total} blocks{programs}"
         done, total = notes.get("stages", (0, num_stages))
-        return f"{done} of {total} stages"
+        return f"{done} of {total} stages{programs}"
     if phase == "decode":
         done, total = notes.get("tokens", (0, noted.max_tokens))
         return f"{done} of {total} tokens"
     if phase == "reference":
+        made = notes.get("reference programs", (0, 0))[0]
+        programs = f", {made} programs" if made else ""  # its load and generate compile
         if "reference tokens" in notes:
             done, total = notes["reference tokens"]
-            return f"1 of 1 model loaded, {done} of {total} tokens"
+            return f"1 of 1 model loaded, {done} of {total} tokens{programs}"
         if "reference loading" in notes:
-            return f"0 of 1 model loaded, 0 of {noted.max_tokens} tokens"
-        return f"0 of {noted.max_tokens} tokens"
+            done, total = notes.get("reference blocks", (0, 0))
+            blocks = f", {done} of {total} blocks" if total else ""  # its load, as it goes
+            return f"0 of 1 model loaded{blocks}, 0 of {noted.max_tokens} tokens{programs}"
+        return f"0 of {noted.max_tokens} tokens{programs}"
     return ""
 
 
@@ -167,9 +175,10 @@ def work_done(
     noted: Noted | None = None,
 ) -> str:
     """The count of work the phase has done, as the orchestrator sees it: the instances that
-    reached the step a waiting phase waits for (``1 of 2 running``), in the load also the workers
-    ready and the blocks they hold, in the teardown the instances destroyed; in the phases that
-    run in the nodes (resolve, prefill, decode, the reference), ``noted``'s count
+    reached the step a waiting phase waits for (``1 of 2 running``), in the load also the blocks
+    the workers have realized and the programs they have read or made (:func:`load_counts`), in
+    the teardown the instances destroyed; in the phases that run in the nodes (resolve, prefill,
+    decode, the reference), ``noted``'s count
     (:func:`nodes_work`). "": the phase has no count."""
     if noted is not None and (count := nodes_work(phase, num_stages, noted)):
         return count
@@ -179,13 +188,25 @@ def work_done(
         reached = sum(1 for i in current.values() if step in i.timeline)
         if phase != "load":
             return f"{reached} of {num_stages} {done}"
-        ready = [st for st, _ in (statuses or {}).values() if st.state == "ready"]
-        blocks = f", {sum(st.end_block - st.first_block for st in ready)} blocks loaded" if ready else ""
-        return f"{reached} of {num_stages} workers ready{blocks}"
+        return f"{reached} of {num_stages} workers ready" + load_counts([st for st, _ in (statuses or {}).values()])
     if phase == "teardown" and instances:
         gone = sum(1 for i in instances if i.state == "destroyed")
         return f"{gone} of {len(instances)} destroyed"
     return ""
+
+
+def load_counts(statuses: Iterable[NodeStatus]) -> str:
+    """The load's work in the stages' last statuses: the blocks realized, of those the workers
+    said they hold (a ready worker's part whole), and the programs their loads read or generated
+    (``, 17 of 30 blocks loaded, 12 programs``); "" before any worker has said either."""
+    loaded = total = programs = 0
+    for st in statuses:
+        if st.state == "ready":
+            loaded, total = loaded + st.end_block - st.first_block, total + st.end_block - st.first_block
+        else:
+            loaded, total = loaded + st.blocks_loaded, total + st.blocks
+        programs += st.programs
+    return (f", {loaded} of {total} blocks loaded" if total else "") + (f", {programs} programs" if programs else "")
 
 
 def live_line(

@@ -27,6 +27,14 @@ class StatusActor:
         self.worker = (0, 0, 0, 0)  # dim, first block, end block, max context: once ready
         self.load: LoadFigures | None = None  # how the worker loaded: once ready
         self.since = time.monotonic()
+        self.loading = {"step": 0, "blocks": 0, "total_blocks": 0, "programs": 0}
+
+    def load_said(self, what: str, done: int, total: int) -> None:
+        """A progress line of the worker's load (``protocol.LOAD_STEPS``): kept until the next."""
+        if what == "blocks":
+            self.loading["blocks"], self.loading["total_blocks"] = done, total
+        elif what in ("step", "programs"):
+            self.loading[what] = done
 
     def set(self, state: str, detail: str = "") -> None:
         self.state, self.detail, self.since = state, detail, time.monotonic()
@@ -41,7 +49,19 @@ class StatusActor:
 
     def on_node_status_query(self, msg: NodeStatusQuery, ctx: Context) -> NodeStatus:
         seconds = int(time.monotonic() - self.since)
-        return NodeStatus(self.stage, self.state, self.detail, seconds, *self.worker, load=self.load)
+        said = self.loading
+        return NodeStatus(
+            self.stage,
+            self.state,
+            self.detail,
+            seconds,
+            *self.worker,
+            load=self.load,
+            step=said["step"],
+            blocks_loaded=said["blocks"],
+            blocks=said["total_blocks"],
+            programs=said["programs"],
+        )
 
     def on_log_tail_query(self, msg: LogTailQuery, ctx: Context) -> LogTail:
         """The newest of the node's log lines within the query's ``lines`` and ``max_bytes``, how

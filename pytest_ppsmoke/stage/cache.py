@@ -301,6 +301,8 @@ class ProgramStats:
     misses: int = 0
     seconds: float = 0.0  # spent generating (misses) and reading (hits)
     errors: list[str] = field(default_factory=list)
+    # told after each program (read or generated): the worker's load counts them as they come
+    on_program: Callable[[], None] | None = field(default=None, repr=False, compare=False)
 
     def describe(self) -> str:
         return f"{self.hits} programs from the program cache, {self.misses} generated"
@@ -339,6 +341,8 @@ def install_program_cache() -> ProgramStats:
         PROGRAMS.misses += made
         PROGRAMS.hits += not made
         PROGRAMS.seconds += time.perf_counter() - started
+        if PROGRAMS.on_program is not None:
+            PROGRAMS.on_program()
         return prg
 
     get_program.__ppsmoke_cache__ = True  # type: ignore[attr-defined]

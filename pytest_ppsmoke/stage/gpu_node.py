@@ -284,12 +284,19 @@ class StageActor:
         self.busy, self.reply_to, self.max_tokens, self.tokens = request_id, reply_to, max_tokens, []
         self._progress_at = time.monotonic()
         self.notes.reset()
+        self.bridge.on_progress = self._programs_made
         self._addr_cache.clear()
         frames, code = self.node.frame_counts(), began_with.type_code
         if ctx.sender.node != self.node.id and code in frames:
             sent, received = frames[code]
             frames[code] = (sent, received - 1)
         self.stats = Figures(self.stage, request_id, frames_at_start=frames)
+
+    def _programs_made(self, what: str, done: int, total: int) -> None:
+        """The worker's count of the programs a call has read or generated (a cold prefill makes
+        them): a note to the orchestrator, at most one a second."""
+        if what == "programs" and self.busy is not None:
+            self.notes.send(self.reply_to, self.busy, what, done, total)
 
     async def _compute(self, request: Request[R]) -> R:
         started = time.time()
@@ -547,7 +554,8 @@ class StageActor:
             left = max(0.001, deadline - time.monotonic())
 
             def counted(what: str, done: int, total: int) -> None:  # the worker's progress lines
-                self.notes.send(ctx.sender, 0, what, done, total, always=done == 0)
+                # the first and the last of a count always go: a burst of blocks ends on its total
+                self.notes.send(ctx.sender, 0, what, done, total, always=done == 0 or done == total)
 
             worker.on_progress = counted
             ref = await worker.call(RunReference(msg.prompt, msg.max_tokens), left)
@@ -622,7 +630,9 @@ async def run(settings: Settings, ring: LogRing) -> None:
             ref_env = {**inherited(), **worker_env.replace(worker_role="reference").to_env()}
             ref_bridge = WorkerBridge(argv, ref_env, f"{stage_name(0)}'s reference")
             beside = ReferenceBeside(ref_bridge, settings.ready_timeout)
+        bridge.on_progress = status.load_said  # the load's steps, blocks and programs, as they come
         starting = await _unless_stopped(bridge.start(settings.ready_timeout), stop)
+        bridge.on_progress = None
         if starting is None:
             return
         try:

@@ -139,13 +139,20 @@ def model_file(name: str) -> Path:
 
 
 def realized_model(
-    name: str, max_context: int, stage: int, num_stages: int, cache: WeightCache | None
+    name: str,
+    max_context: int,
+    stage: int,
+    num_stages: int,
+    cache: WeightCache | None,
+    on_blocks: Callable[[int, int], None] | None = None,
 ) -> tuple[Transformer, dict[str, Any], WeightLoad]:
     """The model with the tensors of one stage's part realized (``num_stages=1``: all of them),
     the others left lazy; from the weight cache when it holds this split of this model file,
     else from the GGUF, writing the cache for the next load (another process loading the same
     part meanwhile waits for this one, then reads it). A cache file that cannot be used is
-    ignored (and replaced); the reason is in the returned ``WeightLoad.note``."""
+    ignored (and replaced); the reason is in the returned ``WeightLoad.note``. ``on_blocks``
+    hears the blocks realized so far, of the part's: from the GGUF a block at a time (the part's
+    other tensors with its first), from the cache all at once."""
     started = time.monotonic()
     notes: list[str] = []
     usable: WeightCache | None = None  # the cache, once this file's key in it is known
@@ -168,11 +175,13 @@ def realized_model(
             model = _model_from_tensors(name, kv, max_context, part, tensors, stage, num_stages)
             nbytes = sum(t.nbytes for t in tensors.values() if not isinstance(t, str))
             source, written = "cache", str(at)
+            if on_blocks is not None:
+                on_blocks(part.hi - part.lo, part.hi - part.lo)
         else:
             model, kv = load_model(name, max_context)
             part = Part.of_stage(stage, num_stages, len(model.blk))
             owned = {k: v for k, v in nn.state.get_state_dict(model).items() if part.owns(k)}
-            Tensor.realize(*owned.values())
+            _realize_by_block(owned, part, on_blocks)
             nbytes = sum(t.nbytes() for t in owned.values())
             source, written = "gguf", ""
             if usable is not None:
@@ -185,6 +194,20 @@ def realized_model(
                     model = _model_from_tensors(name, kv, max_context, part, host, stage, num_stages)
     took = time.monotonic() - started
     return model, kv, WeightLoad(source, took, nbytes, written, "; ".join(notes), *_dtype(model, part.lo))
+
+
+def _realize_by_block(owned: dict[str, Tensor], part: Part, on_blocks: Callable[[int, int], None] | None) -> None:
+    """Realize the part's tensors a block at a time (the tensors of no block with the first),
+    telling ``on_blocks`` after each: the same values as one realize of them all."""
+    by_block: dict[int, list[Tensor]] = {}
+    for k, t in owned.items():
+        m = re.match(r"blk\.(\d+)\.", k)
+        by_block.setdefault(int(m.group(1)) if m else part.lo, []).append(t)
+    total = part.hi - part.lo
+    for done, block in enumerate(sorted(by_block), 1):
+        Tensor.realize(*by_block[block])
+        if on_blocks is not None:
+            on_blocks(min(done, total), total)
 
 
 _WEIGHT_DTYPES = {"half": "f16", "float": "f32", "bfloat16": "bf16"}

@@ -26,6 +26,7 @@ import json
 import math
 import types
 import typing
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeGuard, TypeVar, Union
 
@@ -463,8 +464,9 @@ def encode_error(request_id: Any, op: Any, error: str) -> bytes:
 
 def encode_progress(what: str, done: int, total: int) -> bytes:
     """A progress line, written by the worker while a call runs (the reference's tokens as they
-    are sampled): ``{"progress": what, "done": n, "total": m}``. It has no ``request_id``, so that
-    a bridge that does not read it passes it over as it does any line that answers no call."""
+    are sampled) or while it loads (``protocol.LOAD_STEPS``): ``{"progress": what, "done": n, "total":
+    m}``. It has no ``request_id``, so that a bridge that does not read it passes it over as it
+    does any line that answers no call."""
     return (json.dumps({"progress": what, "done": done, "total": total}) + "\n").encode()
 
 
@@ -476,6 +478,23 @@ def progress_of(obj: dict[str, Any]) -> tuple[str, int, int] | None:
     if not (_count(done) and _count(total)):
         return None
     return what, done, total
+
+
+def answers(lines: Iterable[str | bytes]) -> list[dict[str, Any]]:
+    """The JSON lines of a worker's stdout that are not progress lines: its ready line and its
+    replies, in order (a test's or a bench's view of a whole run of the worker)."""
+    return [obj for obj in (json.loads(line) for line in lines if line.strip()) if progress_of(obj) is None]
+
+
+def read_ready(readline: Callable[[], str | bytes]) -> Ready:
+    """The ready line, read past the load's progress lines before it (``protocol.LOAD_STEPS``)."""
+    while True:
+        line = readline()
+        if not line:
+            raise PipeError("the worker closed its stdout before its ready line")
+        obj = json.loads(line)
+        if progress_of(obj) is None:
+            return decode_ready(obj)
 
 
 def _count(n: Any) -> TypeGuard[int]:

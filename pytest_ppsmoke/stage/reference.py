@@ -64,11 +64,12 @@ class ReferenceModel:
         max_context: int,
         cache: WeightCache | None = None,
         stage: int = 0,
+        on_blocks: Callable[[int, int], None] | None = None,
     ) -> None:
         started = time.monotonic()
         self.stage, self.wire = stage, wire  # stage: the node whose worker runs it
         self.mem_before = GlobalCounters.mem_used
-        self.model, kv, self.weights = realized_model(name, max_context, 0, 1, cache)
+        self.model, kv, self.weights = realized_model(name, max_context, 0, 1, cache, on_blocks)
         self.tokenizer = Tokenizer(kv)
         if wire is not WireDtype.f32:
             total = len(self.model.blk)
@@ -126,13 +127,15 @@ def run_reference(
     cache: WeightCache | None = None,
     stage: int = 0,
     on_token: OnToken | None = None,
+    on_blocks: Callable[[int, int], None] | None = None,
 ) -> ReferenceResult:
     """The tokens a pipeline of ``num_stages`` stages with this wire must produce, by a
     :class:`ReferenceModel` loaded afresh here and dropped before returning (so its memory
-    returns: ``mem_after`` is read after the drop); ``load_s`` is this load's."""
+    returns: ``mem_after`` is read after the drop); ``load_s`` is this load's. ``on_blocks``
+    hears its blocks realized as they come, ``on_token`` its tokens."""
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
-    ref = ReferenceModel(name, wire, num_stages, max_context, cache, stage)
+    ref = ReferenceModel(name, wire, num_stages, max_context, cache, stage, on_blocks)
     try:
         result = ref.generate(prompt, max_tokens, on_token)
     finally:
