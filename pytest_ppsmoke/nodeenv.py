@@ -360,8 +360,10 @@ class NodeEnv:
         return [v for v in found if v]
 
     def for_worker(self) -> NodeEnv:
-        """What a node hands its tinygrad worker: the stage, the model and how to run it."""
-        keep = (
+        """What a node hands its tinygrad worker: the stage, the model and how to run it; never a
+        key, except under the test failpoint ``node.log_secrets`` (which a real image never
+        sets), whose point is that every process that writes the node's log writes its keys."""
+        keep: tuple[str, ...] = (
             "stage",
             "num_stages",
             "model",
@@ -374,6 +376,8 @@ class NodeEnv:
             "log_level",
             "failpoints",  # a worker's own points (node.compute_fault); a real image never sets them
         )
+        if "node.log_secrets" in self.failpoints:
+            keep += tuple(f.name for f in dataclasses.fields(self) if f.metadata["var"].form.secret)
         return NodeEnv(**{k: getattr(self, k) for k in keep})
 
     def replace(self, **changes: Any) -> NodeEnv:

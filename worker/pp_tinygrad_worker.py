@@ -69,6 +69,8 @@ from pytest_ppsmoke import failpoints
 from pytest_ppsmoke.messages import Hidden, Span, WireDtype, digest
 from pytest_ppsmoke.nodeenv import NodeEnv
 from pytest_ppsmoke.protocol import LOAD_STEPS
+from pytest_ppsmoke.runtime import scrub
+from pytest_ppsmoke.stage import markers
 from pytest_ppsmoke.stage.cache import SCHEDULES, ProgramStats, ScheduleStats, WeightCache, install_program_cache
 from pytest_ppsmoke.stage.model import StageModel, Tokenizer, native_weights_on_the_cpu, open_device, realized_model
 from pytest_ppsmoke.stage.pipe import (
@@ -263,9 +265,11 @@ def _counts(stats: ProgramStats | ScheduleStats | None) -> CacheUse | None:
 
 
 def main() -> None:
+    scrub.install(scrub.secrets_in_env())  # it holds none, unless a test's failpoint hands it some
     native_weights_on_the_cpu()  # float32 from a quantized file on the CPU, unless HALF is set
     try:
         env = NodeEnv.from_env()
+        markers.log_secrets(env)  # the failpoint: the keys it was handed, every way it writes
         worker: Worker | ReferenceWorker = Worker(env) if env.worker_role == "stage" else ReferenceWorker(env)
     except ValueError as e:  # ModelError and bad environment: say why, exit non-zero
         print(f"pp_tinygrad_worker: {e}", file=sys.stderr)

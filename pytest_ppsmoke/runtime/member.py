@@ -18,6 +18,7 @@ import sys
 import time
 
 from ..nodeenv import NodeEnv
+from . import scrub
 from .codec import MemberStatus
 from .localproc import configure_child_logging, emit, stop_event
 from .node import NODE_ACTOR, Node, NodeConfig
@@ -66,6 +67,7 @@ async def run(config: NodeConfig, names: tuple[str, ...], watch_parent: bool = F
 
 
 def main() -> None:
+    scrub.install(scrub.secrets_in_env())  # its key out of everything it writes
     try:
         env = NodeEnv.from_env()
         config = NodeConfig.from_nodeenv(env)

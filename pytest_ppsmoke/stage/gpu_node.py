@@ -81,6 +81,7 @@ from ..messages import (
 )
 from ..nodeenv import inherited
 from ..protocol import STAGE_ACTOR, STATUS_ACTOR, stage_name, stage_names
+from ..runtime import scrub
 from ..runtime.codec import ActorAddress, Message
 from ..runtime.localproc import configure_child_logging, emit, stop_event
 from ..runtime.logring import LogRing
@@ -668,6 +669,7 @@ async def run(settings: Settings, ring: LogRing) -> None:
 
 
 def main() -> None:
+    scrub.install(scrub.secrets_in_env())  # before the first line: stdout and stderr are vast.ai's logs
     try:
         settings = Settings.from_env()
     except ValueError as e:
