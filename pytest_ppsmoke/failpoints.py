@@ -323,7 +323,8 @@ POINTS: dict[str, Point] = {
             "vast.kill_after_tokens",
             COUNT,
             ROW_DROP,
-            "how many tokens vast.kill_stage, vast.lose_host and vast.freeze_stage wait for",
+            "how many tokens vast.kill_stage, vast.lose_host and vast.freeze_stage wait for (0: each waits for "
+            "its stage's prefill to begin)",
             1,
         ),
         Point(

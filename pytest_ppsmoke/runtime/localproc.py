@@ -37,7 +37,7 @@ class ChildError(RuntimeError):
 
 class EventKind(enum.StrEnum):
     """What a child's line says happened (its ``"event"``): a node's or a member's start
-    (``joined``, ``ready``, ``failed``), a node's progress and lifetime (``token``,
+    (``joined``, ``ready``, ``failed``), a node's progress and lifetime (``prefill``, ``token``,
     ``reference_ready``, ``reference``, ``orchestrator``, ``expired``), and a bare member's
     membership events (``runtime/member.py``: ``joined``, ``alive``, ``suspect``, ``dead``,
     ``updated``)."""
@@ -48,6 +48,7 @@ class EventKind(enum.StrEnum):
     TOKEN = "token"
     REFERENCE_READY = "reference_ready"
     REFERENCE = "reference"
+    PREFILL = "prefill"
     ORCHESTRATOR = "orchestrator"
     EXPIRED = "expired"
     ALIVE = "alive"

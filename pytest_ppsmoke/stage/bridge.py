@@ -119,6 +119,8 @@ class WorkerBridge:
         self.on_death: Callable[[WorkerDied], None] | None = None
         # the worker's progress lines while a call runs: what it counts, done, of total
         self.on_progress: Callable[[str, int, int], None] | None = None
+        # each line of the worker's stderr, redacted before it is kept or logged (the node's keys)
+        self.redact: Callable[[str], str] = str
         self._ids = itertools.count(1)
         # each call's future (its reply and the worker's seconds) and the request it answers
         self._pending: dict[int, tuple[asyncio.Future[tuple[Any, float | None]], Request[Any]]] = {}
@@ -307,7 +309,7 @@ class WorkerBridge:
         assert self.proc is not None and self.proc.stderr is not None
         budget = LogBudget(STDERR_BURST, STDERR_EVERY)
         async for line in self.proc.stderr:
-            text = line.decode(errors="replace").rstrip()
+            text = self.redact(line.decode(errors="replace").rstrip())
             self._stderr.append(text)
             if (held := budget.take()) is not None:
                 more = f" ({held} lines of its stderr not logged before this one)" if held else ""

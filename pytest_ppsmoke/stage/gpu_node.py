@@ -74,6 +74,7 @@ from ..messages import (
     ReferenceQuery,
     ReferenceResult,
     RelayProbe,
+    Span,
     StageActivation,
     StageStats,
     StageStatsQuery,
@@ -88,9 +89,10 @@ from ..runtime.logring import LogRing
 from ..runtime.node import Context, Node
 from ..runtime.stalls import LoopWatch
 from ..runtime.swim import MemberEvent
-from . import markers
+from . import lifecycle, markers
 from .account import StatusActor
 from .bridge import WorkerBridge, WorkerDied, WorkerError
+from .lifecycle import Lifecycle
 from .lifetime import Settings, container_env, give_up, guard_lifetime
 from .notes import Notes
 from .pipe import (
@@ -231,6 +233,7 @@ class StageActor:
         self._failed: set[int] = set()
         self._progress_at = time.monotonic()
         self.notes = Notes(node, stage)  # the counts the orchestrator's live line shows
+        self.life = Lifecycle(self.name)  # where it is, in its own log at any level
         span, blocks = bridge.ready.range, bridge.ready.num_blocks
         # what a stage's prefill note says: the blocks the prompt has passed, or the stages
         self.prefilled = ("blocks", span.end, blocks) if span and blocks else ("stages", stage + 1, num_stages)
@@ -401,10 +404,13 @@ class StageActor:
                     f"exceed the context of {self.max_context}"
                 )
             self.stats.prompt_token_ids = list(ids)
+            self.life.prefill(rid, len(ids))
+            emit({"event": "prefill", "request_id": rid, "stage": self.stage})
             reply = await self._compute(EmbedAndForward(ids, 0, prefill=True))
             act = StageActivation(rid, 0, len(ids), True, self._hidden(reply), self.reply_to, self.max_tokens)
             await self._send_activation(act, reply)
             self.notes.send(self.reply_to, rid, *self.prefilled, always=True)
+            self.life.prefilled(rid)
 
     async def on_next_token(self, msg: NextToken, ctx: Context) -> None:
         if msg.request_id != self.busy:
@@ -412,7 +418,9 @@ class StageActor:
             return
         self._progress_at = time.monotonic()
         self.tokens.append(msg.token_id)  # so that a failure report says how far decode got
+        self.life.decode(msg.request_id, len(self.tokens), self.max_tokens, last=msg.done)
         if msg.done:
+            self.life.done(msg.request_id, len(self.tokens))
             self.busy = None
             self.stats.finished_at = time.time()
             return
@@ -448,6 +456,9 @@ class StageActor:
                 raise ValueError(f"decode activation with seq_len {msg.seq_len}; decode carries one position")
             if not msg.is_prefill:
                 await _slow_decode()
+            else:
+                self.life.prefill(msg.request_id, msg.seq_len)
+                emit({"event": "prefill", "request_id": msg.request_id, "stage": self.stage})
             # the bytes as received: the worker digests and decodes them
             step = (h.data, msg.position, msg.seq_len, msg.is_prefill, self.wire)
             if not self.last:
@@ -467,11 +478,13 @@ class StageActor:
                 )
                 if msg.is_prefill:
                     self.notes.send(self.reply_to, msg.request_id, *self.prefilled, always=True)
+                    self.life.prefilled(msg.request_id)
                 return
             sampled = await self._compute(ForwardAndSample(*step))
             received(sampled.received_digest)  # before the next activation can arrive: the records stay in order
             token = sampled.token_id
             self.tokens.append(token)
+            self.life.decode(msg.request_id, len(self.tokens), self.max_tokens)
             position = msg.position + msg.seq_len  # where the new token goes
             done = token in self.end_ids or len(self.tokens) >= self.max_tokens or position >= self.max_context
             if not done:  # the next step first: stage 0 computes it while this stage reports the token
@@ -544,6 +557,7 @@ class StageActor:
                 await asyncio.sleep(0.05)
             self.reference_running = True
         emit({"event": "reference", "stage": self.stage})
+        self.life.reference(msg.max_tokens)
         self.notes.reset()  # its counts go to the asking actor (the orchestrator's), if it named one
         self.notes.send(ctx.sender, 0, "loading", 0, msg.max_tokens, always=True)
         worker: WorkerBridge | None = None
@@ -610,6 +624,7 @@ async def run(settings: Settings, ring: LogRing) -> None:
             f"import sys, time; print({said!r}, file=sys.stderr, flush=True); time.sleep(3600)",
         ]
     bridge = WorkerBridge(argv, {**inherited(), **worker_env.to_env()}, stage_name(stage))
+    bridge.redact = ring.redactor.text  # the node's keys, out of its worker's words before it keeps them
     beside: ReferenceBeside | None = None
     guard: asyncio.Task[None] | None = None
     try:
@@ -625,13 +640,16 @@ async def run(settings: Settings, ring: LogRing) -> None:
         joining.result()
         watch.on_stall.append(lambda stall: node.membership.loop_stalled(stall.seconds))  # local health
         emit({"event": "joined", "id": node.id, "stage": stage})
+        Lifecycle(stage_name(stage)).joined(node.id)
         markers.say("joined")
         markers.log_secrets(settings.env)
         if stage == 0 and settings.env.reference == "beside":
             ref_env = {**inherited(), **worker_env.replace(worker_role="reference").to_env()}
             ref_bridge = WorkerBridge(argv, ref_env, f"{stage_name(0)}'s reference")
+            ref_bridge.redact = ring.redactor.text
             beside = ReferenceBeside(ref_bridge, settings.ready_timeout)
         bridge.on_progress = status.load_said  # the load's steps, blocks and programs, as they come
+        Lifecycle(stage_name(stage)).loading()
         starting = await _unless_stopped(bridge.start(settings.ready_timeout), stop)
         bridge.on_progress = None
         if starting is None:
@@ -655,6 +673,8 @@ async def run(settings: Settings, ring: LogRing) -> None:
             for name in stage_names(stage, num_stages):
                 node.register(name, STAGE_ACTOR)
         status.ready(ready)
+        span = ready.range or Span(0, 0)
+        actor.life.ready(span.start, span.end, ready.load_s)
         emit({"event": "ready", "id": node.id, **ready_fields(ready), "worker_pid": ready.pid})
         await stop.wait()
     finally:
@@ -677,6 +697,7 @@ def main() -> None:
         give_up(e, container_env())
     ring = LogRing(settings.env.secrets())
     configure_child_logging("pp-gpu-node", settings.env.log_level, ring)
+    lifecycle.switch_on(settings.env.log_level)
     try:
         asyncio.run(run(settings, ring))
     except (ValueError, TimeoutError, WorkerDied, WorkerError) as e:

@@ -167,7 +167,9 @@ class HostLoss:
             await asyncio.sleep(0.02)
             events = [e for i in vast.instances.values() if i.proc for e in i.proc.events]
             sampled = max((e.get("n", 0) for e in events if e.kind is EventKind.TOKEN), default=0)
-            if sampled < after:
+            # after 0 tokens: once a target's own prefill has begun (in prefill, not before it)
+            began = {e.get("stage") for e in events if e.kind is EventKind.PREFILL}
+            if sampled < after or (after == 0 and not began & set(targets)):
                 continue
             if cuts or isolate:
                 await self._cut(cuts, isolate, sampled)
@@ -180,6 +182,8 @@ class HostLoss:
                 return
             for inst in list(vast.instances.values()):
                 stage = inst.stage
+                if after == 0 and stage not in began:
+                    continue
                 if stage in targets and stage not in hit and inst.proc is not None and inst.proc.proc is not None:
                     hit.add(stage)
                     self._lose(inst, targets[stage], sampled)

@@ -7,11 +7,10 @@ answers 200.
 The log is the instance's node's output when asked: its process's stderr tail (with its stdout
 lines that are not events), as :class:`~pytest_ppsmoke.runtime.localproc.ChildProcess` keeps it;
 empty for an instance whose node never started. ``filter`` keeps the lines a regular expression
-matches (vast.ai greps); ``tail`` (default 1000, vast.ai's) the last lines of those. Every secret
-the emulator knows the log could hold (the account's key, the instance's container key, the
-node's secret variables such as ``PP_NODE_KEY``), as written, in hex or in base64
-(:class:`~pytest_ppsmoke.redact.Redactor`), is replaced by :data:`REDACTED` first: whoever holds the
-URL reads the text, and a filter cannot find a secret either.
+matches (vast.ai greps); ``tail`` (default 1000, vast.ai's) the last lines of those. The text is
+served as the container wrote it, as vast.ai serves it: whoever holds the URL reads it, so what
+keeps a key out of it is the node, which redacts its own output before it writes
+(``runtime/scrub.py``); :func:`secrets_of` names what a test looks for there.
 
 The result URL is the emulator's own (:data:`RESULT_PATH`), on the address the call came to, and
 names an unguessable token (``secrets.token_urlsafe``) bound to that one snapshot; the last
@@ -34,7 +33,6 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from ...nodeenv import variables
-from ...redact import Redactor
 from .answers import EMULATOR, error_answer, json_answer
 
 if TYPE_CHECKING:
@@ -69,8 +67,8 @@ def secrets_of(vast: Emulator, inst: Instance) -> list[str]:
 
 
 def log_text(vast: Emulator, inst: Instance, tail: int, grep: re.Pattern[str] | None) -> str:
-    """The log as its result URL serves it: redacted, filtered, its last ``tail`` lines."""
-    out = Redactor(secrets_of(vast, inst)).text(inst.proc.stderr_tail()) if inst.proc is not None else ""
+    """The log as its result URL serves it: as written, filtered, its last ``tail`` lines."""
+    out = inst.proc.stderr_tail() if inst.proc is not None else ""
     lines = [ln for ln in out.splitlines() if grep is None or grep.search(ln)]
     return "\n".join(lines[-tail:] if tail else [])
 
