@@ -169,7 +169,7 @@ class HostLoss:
             sampled = max((e.get("n", 0) for e in events if e.kind is EventKind.TOKEN), default=0)
             # after 0 tokens: once a target's own prefill has begun (in prefill, not before it)
             began = {e.get("stage") for e in events if e.kind is EventKind.PREFILL}
-            if sampled < after or (after == 0 and not began & set(targets)):
+            if sampled < after or (after == 0 and targets and not began & set(targets)):
                 continue
             if cuts or isolate:
                 await self._cut(cuts, isolate, sampled)
