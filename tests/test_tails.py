@@ -1,9 +1,11 @@
 """Each node's own account of a failed run, end to end (``pp-smoke-run`` against the emulator):
-a node frozen mid-decode is named hung, its marker in the tail vast.ai's logs served (the
-emulator's record shows ``request_logs``, then the read of its result URL), the other's tail
-from the cluster; a node frozen for a few seconds and continued is named stalled, in its own
-words; the nodes' own keys, logged in text, hex and base64, appear nowhere. (A node killed is
-named dead: ``test_lifecycle.py``'s drop-out test.)"""
+a node frozen mid-decode is named hung, and the tail vast.ai's logs served (the emulator's record
+shows ``request_logs``, then the read of its result URL) says where it stopped, in its own
+lifecycle's words at the default log level; the other's tail comes from the cluster. A node
+frozen as its prefill begins says so, and the keys both nodes and a worker wrote in every
+encoding, every way a process writes, can be decoded from nothing anyone reads. A node frozen
+for a few seconds and continued is named stalled, in its own words. (A node killed is named
+dead: ``test_lifecycle.py``'s drop-out test.)"""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from pytest_ppsmoke.cloud.emulator import logs
 from pytest_ppsmoke.cloud.emulator.logs import RESULT_PATH
 from pytest_ppsmoke.cloud.emulator.server import FakeVast
 from pytest_ppsmoke.cloud.rental import RentedInstance
@@ -28,9 +31,10 @@ from pytest_ppsmoke.cloud.vastrecords import offer_from_json
 from pytest_ppsmoke.harness import accounts, driver
 from pytest_ppsmoke.harness.settings import Settings
 from pytest_ppsmoke.protocol import Phase, PhaseError
-from pytest_ppsmoke.redact import forms
+from pytest_ppsmoke.runtime.localproc import LINES_KEPT
 
 from .helpers import run_cli
+from .leakscan import recovered
 from .smoke import KEY, Smoke, assert_nothing_left
 
 pytestmark = pytest.mark.local
@@ -55,25 +59,26 @@ def every_secret(fake: FakeVast) -> list[str]:
     return found
 
 
-def leaks(text: str, keys: list[str]) -> list[str]:
-    """Each form of each key (as written, its bytes in hex either case, base64 at any offset)
-    found in ``text``."""
-    lowered = text.lower()
-    return [f for k in keys for f in forms(k) if (f.lower() in lowered if re.fullmatch(r"[0-9a-f]+", f) else f in text)]
+def last_said(tail: list[str]) -> str:
+    """The last lifecycle line of a node's tail (``stage/lifecycle.py``'s), without its prefix."""
+    said = [ln.split(" INFO ", 1)[1] for ln in tail if "pytest_ppsmoke.node.lifecycle INFO " in ln]
+    assert said, tail
+    return said[-1]
 
 
-async def test_a_node_frozen_mid_decode_is_hung_its_tail_from_vast_ais_logs_and_no_key_shows(
+async def test_a_node_frozen_mid_decode_is_hung_its_tail_from_vast_ais_logs_says_where_it_stopped(
     emulator: Callable[[str], Any], tmp_path: Path
 ) -> None:
-    word = f"frozen-{secrets.token_hex(4)}"
-    faults = f"vast.say=1:{word};vast.freeze_stage=1:0;vast.kill_after_tokens=3;vast.log_secrets=0,1"
-    fake, smoke, report = await failed(emulator, tmp_path, faults)
+    """No failpoint writes to any node's log, and the nodes log at their default level: each
+    tail is the node's own lifecycle, and the frozen one's last line names decode and its count."""
+    fake, smoke, report = await failed(emulator, tmp_path, "vast.freeze_stage=1:0;vast.kill_after_tokens=3")
     nodes = {i["stage"]: i for i in report["instances"]}
     frozen, other = nodes[1], nodes[0]
     assert frozen["node_state"] == "hung" and frozen["log_source"] == "vast.ai logs", frozen
-    assert any(f"marker: {word} (decode step)" in line for line in frozen["log_tail"]), frozen["log_tail"]
+    assert re.fullmatch(r"request \d+: decode, \d+ of 512 tokens", last_said(frozen["log_tail"])), frozen["log_tail"]
     assert 0 < len(frozen["log_tail"]) <= 50 and len("\n".join(frozen["log_tail"]).encode()) <= 8192
     assert other["node_state"] in ("answered", "stalled") and other["log_source"] == "cluster", other
+    assert other["log_tail"] and "request" in last_said(other["log_tail"]), other["log_tail"]
     assert "pp-stage-1 is hung, or cut off: no answer over the cluster" in report["error"], report["error"]
     assert "pp-stage-1 is dead" not in report["error"]
     line = next(ln for ln in smoke.stderr.splitlines() if ln.startswith("pp-smoke-run: failed at "))
@@ -88,14 +93,45 @@ async def test_a_node_frozen_mid_decode_is_hung_its_tail_from_vast_ais_logs_and_
     reads = calls[1:]  # the upload takes a while (vast.log_upload): 404s, then the text
     assert reads and all(m == "GET" and p.startswith(RESULT_PATH) for m, p, _ in reads), calls
     assert [s for _, _, s in reads] == [404] * (len(reads) - 1) + [200], calls
-    # both nodes logged their keys (the frozen one through vast.ai, the other through the cluster):
-    # the lines are there, the keys are not, in any form, anywhere
-    for node in (frozen, other):
-        assert any("node.log_secrets: node key in hex [redacted]" in ln for ln in node["log_tail"]), node["log_tail"]
-    keys = every_secret(fake)
-    for where, text in (("report", json.dumps(report)), ("stdout", smoke.stdout), ("stderr", smoke.stderr)):
-        assert not leaks(text, keys), f"a key in the {where}"
     await assert_nothing_left(fake, smoke, 2)
+
+
+async def test_a_node_frozen_in_prefill_says_so_and_its_keys_in_every_encoding_are_nowhere(
+    emulator: Callable[[str], Any], tmp_path: Path
+) -> None:
+    """Both nodes, and the frozen one's worker, write their keys in every encoding a log line
+    carries, every way a process writes (``node.log_secrets``); stage 1 is stopped as its prefill
+    begins. What each node wrote, read raw as its instance's output (before the orchestrator),
+    vast.ai's logs as served, the report, and pp-smoke-run's own output: no 8 bytes of any key
+    can be decoded from any of them (``leakscan``, which decodes with the standard library)."""
+    fake, smoke, report = await failed(
+        emulator, tmp_path, "vast.freeze_stage=1:0;vast.kill_after_tokens=0;vast.log_secrets=0,1"
+    )
+    nodes = {i["stage"]: i for i in report["instances"]}
+    frozen = nodes[1]
+    assert frozen["node_state"] == "hung" and frozen["log_source"] == "vast.ai logs", frozen
+    assert re.fullmatch(r"request \d+: prefill of \d+ positions begins", last_said(frozen["log_tail"])), frozen
+    assert "prefill" in report["error"], report["error"]
+    keys = every_secret(fake)
+    raw = {f"instance {i.id}'s output": i.proc.stderr_tail(LINES_KEPT) for i in fake.destroyed if i.proc}
+    assert all(sum("node.log_secrets:" in ln for ln in text.splitlines()) > 100 for text in raw.values()), raw
+    for text in raw.values():  # the worker's relayed words, and every way the node wrote
+        assert "worker: node.log_secrets:" in text and "Traceback" in text and "UserWarning" in text, text[-3000:]
+    served = {f"vast.ai's log {t}": text for t, (_, text, _) in logs_served(fake).items()}
+    assert served, "vast.ai's logs were never asked"
+    places = {**raw, **served, "report": json.dumps(report), "stdout": smoke.stdout, "stderr": smoke.stderr}
+    for where, text in places.items():
+        assert not recovered(text, keys), f"a key in {where}: {recovered(text, keys)[:3]}"
+    for token in logs_served(fake):  # a result URL opens its log to anyone: its token is a secret
+        assert token not in json.dumps(report) + smoke.stdout + smoke.stderr
+    for inst in fake.destroyed:  # no key on a command line
+        assert inst.proc is not None and not recovered(" ".join(inst.proc.argv), keys), inst.proc.argv
+    await assert_nothing_left(fake, smoke, 2)
+
+
+def logs_served(fake: FakeVast) -> dict[str, tuple[int, str, float]]:
+    """The logs the emulator's result URLs served, by token: (instance id, text, ready at)."""
+    return dict(logs._results.get(fake, {}))
 
 
 async def test_a_node_frozen_then_continued_is_named_stalled_in_its_own_words(
@@ -157,7 +193,7 @@ async def test_an_account_from_vast_ai_is_redacted_here_capped_and_named_by_vast
     assert found[1].words.startswith("pp-stage-1 is dead: vast.ai shows its instance exited")
     tail = found[0].lines
     assert len(tail) == 50 and tail[-3:] == ["key [redacted]", "hex [redacted]", tail[-1]] and "[redacted]" in tail[-1]
-    assert not leaks("\n".join(tail), [KEY, node_key.hex()]) and found[0].source == "vast.ai logs"
+    assert not recovered("\n".join(tail), [KEY, node_key.hex()]) and found[0].source == "vast.ai logs"
     assert rental.asked == [(s, 50) for s in range(5)]
     assert accounts.capped(["x" * 10] * 5, 50, 25) == ["x" * 10] * 2  # the byte cap keeps the newest
     assert accounts.capped(["abcdef"], 50, 4) == ["def"]  # a newest line over the cap: its end, with its newline

@@ -29,6 +29,7 @@ from .peeraddr import endpoint_id, new_secret_key
 
 log = logging.getLogger(__name__)
 GROUP_GONE = 5.0  # seconds a stopped child's process group gets to be gone after its SIGKILL
+LINES_KEPT = 5000  # a child's last lines of output kept (vast.ai's logs serve a tail of 1,000 by default)
 
 
 class ChildError(RuntimeError):
@@ -90,7 +91,7 @@ class ChildProcess:
         self.env = dict(env)
         self.proc: asyncio.subprocess.Process | None = None
         self.events: list[Event] = []
-        self._stderr: deque[str] = deque(maxlen=40)
+        self._stderr: deque[str] = deque(maxlen=LINES_KEPT)
         self._new = asyncio.Event()
         self._readers: list[asyncio.Task[None]] = []
 
@@ -136,8 +137,9 @@ class ChildProcess:
         async for line in _lines(stream):
             self._stderr.append(line.decode(errors="replace").rstrip())
 
-    def stderr_tail(self) -> str:
-        return "\n".join(self._stderr)
+    def stderr_tail(self, lines: int = 40) -> str:
+        """Its last ``lines`` lines of output (stderr, and stdout's lines that are no event)."""
+        return "\n".join(list(self._stderr)[-lines:]) if lines > 0 else ""
 
     def find(self, pred: Callable[[Event], bool]) -> Event | None:
         return next((e for e in self.events if pred(e)), None)

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from ...nodeenv import variables
+from ...runtime.localproc import LINES_KEPT
 from .answers import EMULATOR, error_answer, json_answer
 
 if TYPE_CHECKING:
@@ -68,7 +69,7 @@ def secrets_of(vast: Emulator, inst: Instance) -> list[str]:
 
 def log_text(vast: Emulator, inst: Instance, tail: int, grep: re.Pattern[str] | None) -> str:
     """The log as its result URL serves it: as written, filtered, its last ``tail`` lines."""
-    out = inst.proc.stderr_tail() if inst.proc is not None else ""
+    out = inst.proc.stderr_tail(LINES_KEPT) if inst.proc is not None else ""
     lines = [ln for ln in out.splitlines() if grep is None or grep.search(ln)]
     return "\n".join(lines[-tail:] if tail else [])
 
