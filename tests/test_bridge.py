@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import re
+import secrets
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -34,6 +35,7 @@ from pytest_ppsmoke.stage.pipe import (
 )
 
 from .helpers import SYNTH
+from .leakscan import recovered
 
 pytestmark = pytest.mark.local
 
@@ -275,3 +277,27 @@ async def test_a_reply_that_cannot_be_framed_stops_the_worker_and_fails_the_call
             await bridge.call(Forward(b"abc", 0, 1), 30)
     finally:
         await bridge.close()
+
+
+def test_a_worker_handed_keys_writes_none_of_them_raw(synth_model: str) -> None:
+    """A worker holds no key (``NodeEnv.for_worker``), except under the test failpoint
+    ``node.log_secrets``, which hands it the node's and makes it write them in every encoding,
+    every way it writes: its own stdout and stderr, read raw here, hold none that can be decoded
+    (``leakscan``), and it still loads and answers."""
+    node_key, api_key = secrets.token_bytes(32), secrets.token_hex(32)
+    env = {
+        **_env(synth_model, 1),
+        "PP_FAILPOINTS": "node.log_secrets",
+        "PP_NODE_KEY": node_key.hex(),
+        "CONTAINER_API_KEY": api_key,
+    }
+    proc = subprocess.run(
+        [sys.executable, str(WORKER)], env=env, input=b'{"op": "shutdown", "request_id": 1}\n',
+        capture_output=True, timeout=120,
+    )  # fmt: skip
+    out, err = proc.stdout.decode(errors="replace"), proc.stderr.decode(errors="replace")
+    assert proc.returncode == 0 and answers(out.splitlines())[-1]["status"] == "bye", err[-2000:]
+    assert sum("node.log_secrets:" in ln for ln in err.splitlines()) > 100, err[-2000:]
+    assert "Traceback" in err and "UserWarning" in err and "[redacted]" in err, err[-2000:]
+    for where, text in (("stdout", out), ("stderr", err)):
+        assert not recovered(text, [node_key, api_key]), (where, recovered(text, [node_key, api_key])[:3])

@@ -343,12 +343,12 @@ def test_a_host_lost_mid_decode_fails_the_session_naming_its_stage(
     assert f"marker: {word} (joined)" in lost_tail and "vast.ai logs" in lost_tail, lost_tail[-2000:]
     assert sum("node.log_secrets:" in ln for ln in lost_tail.splitlines()) >= 6, lost_tail[-3000:]
     assert sum("node.log_secrets:" in ln for ln in other_tail.splitlines()) >= 6, other_tail[-3000:]
-    # wherever a key was written (the XML, the report, the output), what is left of it is at most
-    # the three characters a base64 offset adds
+    # wherever a key was written (the XML, the report, the output), what is left of its encoding is
+    # at most the few characters a base64 offset adds (test_tails decodes every place with the keys)
     texts = [junit.read_text(), report.read_text(), *result.outlines, *result.errlines]
     for text in texts:
-        for ln in re.findall(r"node\.log_secrets: [^\n\\&\"]*", text):
-            assert re.fullmatch(r"node\.log_secrets: [a-z0-9' ]+ [\w=+/-]{0,3}\[redacted\][\w=+/-]{0,3}", ln), ln
+        for ln in re.findall(r"node\.log_secrets: [a-z0-9' ]+ (?:in|as|URL)[^:\n]*: [^\n\\&\"]+", text):
+            assert len(ln.split(": ", 2)[2].replace("[redacted]", "")) <= 6, ln
     figures = json.loads(report.read_text())
     lost = next(i for i in figures["instances"] if i["stage"] == 1)
     where = re.escape(f"pp-stage-1 on instance {lost['id']} ({lost['label']})")

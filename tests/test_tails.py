@@ -124,8 +124,13 @@ async def test_a_node_frozen_in_prefill_says_so_and_its_keys_in_every_encoding_a
         assert not recovered(text, keys), f"a key in {where}: {recovered(text, keys)[:3]}"
     for token in logs_served(fake):  # a result URL opens its log to anyone: its token is a secret
         assert token not in json.dumps(report) + smoke.stdout + smoke.stderr
-    for inst in fake.destroyed:  # no key on a command line
+    for inst in fake.destroyed:  # no key on a command line; the user's key in no create
         assert inst.proc is not None and not recovered(" ".join(inst.proc.argv), keys), inst.proc.argv
+        assert not recovered(json.dumps(inst.env), [KEY]), "the user's vast.ai key in a create's env"
+        others = [i.env["PP_NODE_KEY"] for i in fake.destroyed if i is not inst] + [
+            i.container_key for i in fake.destroyed if i is not inst
+        ]
+        assert not recovered(json.dumps(inst.env), others), "another node's key in this one's create"
     await assert_nothing_left(fake, smoke, 2)
 
 

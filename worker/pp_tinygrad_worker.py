@@ -269,7 +269,7 @@ def main() -> None:
     native_weights_on_the_cpu()  # float32 from a quantized file on the CPU, unless HALF is set
     try:
         env = NodeEnv.from_env()
-        markers.log_secrets(env)  # the failpoint: the keys it was handed, every way it writes
+        markers.log_secrets(env, stdout=False)  # the failpoint: the keys it was handed, every way it writes
         worker: Worker | ReferenceWorker = Worker(env) if env.worker_role == "stage" else ReferenceWorker(env)
     except ValueError as e:  # ModelError and bad environment: say why, exit non-zero
         print(f"pp_tinygrad_worker: {e}", file=sys.stderr)

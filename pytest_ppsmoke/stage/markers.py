@@ -27,12 +27,13 @@ def say(when: str) -> None:
         log.warning("marker: %s (%s)", failpoints.value("node.say"), when)
 
 
-def log_secrets(env: NodeEnv) -> None:
+def log_secrets(env: NodeEnv, stdout: bool = True) -> None:
     """The failpoint ``node.log_secrets``: each key the process holds (the node's key, as its hex
     text and as its bytes; the container key) in every encoding a log line may carry
     (:func:`encodings`), written every way a process writes: one log record of many lines, a
     traceback, a warning, and plain prints to stderr and stdout. Each line begins
-    ``node.log_secrets:`` so that a test can find what is left of it."""
+    ``node.log_secrets:`` so that a test can find what is left of it. ``stdout``: False in a
+    worker, whose stdout is its pipe to the node."""
     if not failpoints.on("node.log_secrets"):
         return
     keys: dict[str, str | bytes] = {"container key": env.container_api_key}
@@ -52,7 +53,8 @@ def log_secrets(env: NodeEnv) -> None:
         traceback.print_exc()  # and straight to stderr
     warnings.warn(f"node.log_secrets: a warning\n{record}", UserWarning, stacklevel=1)
     print(record, file=sys.stderr, flush=True)
-    print(record, flush=True)  # stdout is in vast.ai's logs too
+    if stdout:
+        print(record, flush=True)  # stdout is in vast.ai's logs too
 
 
 def encodings(key: str | bytes) -> list[tuple[str, str]]:
