@@ -37,7 +37,7 @@ from pytest_ppsmoke import failpoints
 from pytest_ppsmoke.cloud.emulator import catalogue, logs
 from pytest_ppsmoke.cloud.emulator.server import FakeVast
 from pytest_ppsmoke.cloud.vastrecords import OfferQuery, search_body
-from pytest_ppsmoke.redact import REDACTED, forms
+from pytest_ppsmoke.redact import REDACTED
 
 from .helpers import SLEEPER
 from .test_vast import KEY
@@ -306,7 +306,10 @@ async def until_logged(fake: FakeVast, iid: int, what: str, seconds: float = 60)
 
 
 @pytest.mark.parametrize("fake", [("vast.never_running=1", LEAKER)], indirect=True)
-async def test_vastcli_reads_an_instances_logs_with_its_secrets_redacted(fake: FakeVast) -> None:
+async def test_vastcli_reads_an_instances_logs_as_the_container_wrote_them(fake: FakeVast) -> None:
+    """vast.ai serves a container's output as written: what keeps a key out of it is the node,
+    which redacts at the source (``test_vastcli_reads_a_real_nodes_log_and_it_holds_no_secret``);
+    a stand-in node that writes keys raw has them served raw."""
     first, second = (await offers(fake))[:2]
     a = await create(fake, first, "ppsmoke-cli-logs")
     b = await create(fake, second, "ppsmoke-cli-never", {**ENV, "STAGE": "1"})  # stays loading: no node
@@ -321,17 +324,14 @@ async def test_vastcli_reads_an_instances_logs_with_its_secrets_redacted(fake: F
     text = await run(cli_instances.logs, cli(fake), iid)
     lines = text.splitlines()
     assert lines[:30] == [f"line {i}" for i in range(30)] and lines[-1] == "ready"
-    assert lines[30] == "keys " + " ".join([REDACTED] * 4)  # served unredacted: fails here
-    # the node key's bytes in base64, and the API key inside a URL-safe base64 blob at offset 4
-    assert lines[31].startswith(f"encoded {REDACTED} a2V5P") and lines[31].count(REDACTED) == 2
-    traces = {f.lower() for s in hidden for f in forms(s)}
-    assert not any(t in text.lower() for t in traces)
+    assert lines[30] == "keys " + " ".join(hidden)  # as written: an emulator that redacts fails here
+    assert lines[31].startswith("encoded ") and REDACTED not in text
     tail = await run(cli_instances.logs, cli(fake), iid, tail="4")
     assert tail.splitlines() == ["line 29", *lines[30:32], "ready"]  # the last lines only: a tail ignored fails here
     assert await run(cli_instances.logs, cli(fake), iid, tail="4", filter="line 1") == "\n".join(
         f"line {i}" for i in (16, 17, 18, 19)
     )
-    assert await run(cli_instances.logs, cli(fake), iid, filter="ab") == ""  # a filter finds no secret
+    assert await run(cli_instances.logs, cli(fake), iid, filter="^keys ") == lines[30]  # vast.ai greps
     # the instance's own container key may ask too; the other's may not, nor a wrong key
     assert await run(cli_instances.logs, cli(fake, key), iid, tail="1") == "ready"
     for refused in (b.instance_api_key, "not-" + KEY):
