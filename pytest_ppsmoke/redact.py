@@ -37,6 +37,7 @@ import base64
 import binascii
 import bisect
 import contextlib
+import functools
 import re
 from collections.abc import Iterable
 
@@ -96,6 +97,8 @@ class Redactor:
         everything = sorted(parts + hex_parts, key=len, reverse=True)
         self._pattern = re.compile("|".join(everything)) if everything else None
         self._hex = re.compile("|".join(hex_parts)) if hex_parts else None
+        # the hex of bytes is lower case: searched without a case-folding pattern
+        self._hex_lower = re.compile("|".join(re.escape(f.lower()) for f in sorted(hexes, key=len, reverse=True)))
         # a run of at least as many hex pairs as the shortest hex form has, with separators
         pairs = max(2, min((len(f) for f in hexes), default=MIN_LENGTH) // 2)
         self._pairs = re.compile(rf"(?<![0-9A-Fa-f])[0-9A-Fa-f]{{2}}(?:{_HEX_SEP}?[0-9A-Fa-f]{{2}}){{{pairs - 1},}}")
@@ -110,9 +113,9 @@ class Redactor:
         spans = [m.span() for m in self._pattern.finditer(s)]
         if "\\" in s or "%" in s or "\n" in s:
             spans += self._escaped(s, _ESCAPE)
-            if "%" in s and "\\" in s:  # a bytes repr or JSON string may hold a "%" of its own
+            if "%" in s and ("\\x" in s or "\\u" in s):  # a bytes repr or JSON string may hold a "%" of its own
                 spans += self._escaped(s, _BACKSLASH_ESCAPE)
-        if self._hex is not None:
+        if self._hex is not None and self._hex_lower.search(s.translate(_SEPARATORS).lower()):
             for m in self._pairs.finditer(s):
                 run = m.group()
                 if not run.isalnum():  # plain hex was matched as written
@@ -131,13 +134,20 @@ class Redactor:
 
     def _escaped(self, s: str, escape: re.Pattern[str]) -> list[tuple[int, int]]:
         """The spans of ``s`` whose escapes decode to a form: in the decoded text (line breaks
-        dropped), and in the hex of the bytes it stands for."""
-        text, hexed = _Canonical.of_escapes(s, escape)
+        dropped), and in the hex of the bytes it stands for. Both are searched first as plain
+        strings; the map back to the line is built only where a form is found."""
         assert self._pattern is not None
-        found = text.spans(self._pattern)
+        held = escape.sub(_bytes_of_match, s)
+        found = self._pattern.search(held.replace("\n", "").replace("\r", "")) is not None
+        if not found and self._hex is not None and ("\\x" in s or "\\u" in s or "%" in s):
+            found = self._hex_lower.search(held.encode("latin-1", "replace").hex()) is not None
+        if not found:
+            return []
+        text_map, hex_map = _Canonical.of_escapes(s, escape)
+        spans = text_map.spans(self._pattern)
         if self._hex is not None:
-            found += hexed.spans(self._hex)
-        return found
+            spans += hex_map.spans(self._hex)
+        return spans
 
 
 #: A byte's escape in a bytes repr (``\\x8f``), a character's in JSON (``\\u00e9``), a URL's
@@ -146,7 +156,28 @@ class Redactor:
 _ESCAPE = re.compile(r"\\u[0-9A-Fa-f]{4}|\\x[0-9A-Fa-f]{2}|%[0-9A-Fa-f]{2}|\\[\\/\"'bfnrt]|\r?\n[ \t]*")
 _BACKSLASH_ESCAPE = re.compile(r"\\u[0-9A-Fa-f]{4}|\\x[0-9A-Fa-f]{2}|\\[\\/\"'bfnrt]|\r?\n[ \t]*")
 _HEX_SEP = r"(?:[:. -]|\r?\n[ \t]*)"
+_SEPARATORS = str.maketrans("", "", ":. -\r\n\t")
 _SIMPLE = {"b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
+
+
+@functools.lru_cache(maxsize=4096)
+def _decoded(escape: str) -> tuple[str, str]:
+    """An escape's text (a line break, ``\\n`` and ``\\r`` as nothing) and the characters of the
+    bytes it stands for (those two as themselves; a line break as nothing)."""
+    if escape[0] in "\r\n":
+        return "", ""
+    if escape[0] == "%":
+        char = chr(int(escape[1:], 16))
+        return char, char
+    if escape[1] in "ux":
+        char = chr(int(escape[2:], 16))
+        return char, char
+    kept = _SIMPLE.get(escape[1], escape[1])
+    return ("" if escape[1] in "nr" else kept), kept
+
+
+def _bytes_of_match(m: re.Match[str]) -> str:
+    return _decoded(m.group())[1]
 
 
 class _Canonical:
@@ -180,16 +211,7 @@ class _Canonical:
                 plain = s[at:start]
                 text.add(plain, at, start, 1)
                 hexed.add(plain.encode("latin-1", "replace").hex(), at, start, 2)
-            e = m.group()
-            if e[0] in "\r\n":
-                char, kept = "", ""
-            elif e[0] == "%":
-                char = kept = chr(int(e[1:], 16))
-            elif e[1] in "ux":
-                char = kept = chr(int(e[2:], 16))
-            else:
-                kept = _SIMPLE.get(e[1], e[1])
-                char = "" if e[1] in "nr" else kept
+            char, kept = _decoded(m.group())
             text.add(char, start, end, 0)
             hexed.add(kept.encode("latin-1", "replace").hex(), start, end, 0)
             at = end
