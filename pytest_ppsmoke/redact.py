@@ -25,8 +25,9 @@ raw bytes becomes the hex of them); a run of hex pairs with separators is read a
 without them. A form found in a canonical text is replaced in the line over the span it came
 from: the escapes, separators and line breaks inside it go with it, the rest of the line stays.
 Each pass is a regular expression with no nested repetition to backtrack over, so a line costs
-time linear in its length; a line with no escape, separator or line break costs one search, as
-before.
+time linear in its length. The canonical texts are searched as plain strings first; the map
+back to the line is built only where a form is found, and a line with no escape, percent sign or
+line break costs two searches: as written, and without its separators for a hex form.
 
 Standard library only: every layer, the nodes and the emulator use it.
 """
