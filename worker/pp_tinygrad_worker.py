@@ -265,7 +265,8 @@ def _counts(stats: ProgramStats | ScheduleStats | None) -> CacheUse | None:
 
 
 def main() -> None:
-    scrub.install(scrub.secrets_in_env())  # it holds none, unless a test's failpoint hands it some
+    # it holds no key, unless a test's failpoint hands it some; its stdout is the node's pipe
+    scrub.install(scrub.secrets_in_env(), stdout=False)
     native_weights_on_the_cpu()  # float32 from a quantized file on the CPU, unless HALF is set
     try:
         env = NodeEnv.from_env()

@@ -93,17 +93,20 @@ def secrets_in_env(environ: Mapping[str, str] | None = None) -> list[str]:
     return [env[v.name] for v in variables() if v.form.secret and env.get(v.name)]
 
 
-def install(secrets: Iterable[str | bytes | None]) -> Redactor:
+def install(secrets: Iterable[str | bytes | None], stdout: bool = True) -> Redactor:
     """This process's stdout and stderr redacted of ``secrets`` from now on, and its uncaught
     exceptions printed whole; the redactor is returned for what the process redacts itself (a
-    worker's stderr it relays). Idempotent: a second call redacts the union of both calls'."""
+    worker's stderr it relays). ``stdout``: False leaves stdout as it is (a worker's is its
+    binary pipe to the node, never a log). Idempotent: a second call redacts the union of both
+    calls'."""
     held = [s for s in secrets if s]
-    for name in ("stdout", "stderr"):
+    names = ("stdout", "stderr") if stdout else ("stderr",)
+    for name in names:
         stream = getattr(sys, name)
         if isinstance(stream, RedactedStream):
             stream.flush()
             held += [s for s in stream.secrets if s not in held]
-    for name in ("stdout", "stderr"):
+    for name in names:
         stream = getattr(sys, name)
         setattr(sys, name, RedactedStream(stream.inner if isinstance(stream, RedactedStream) else stream, held))
     sys.excepthook = _print_whole
