@@ -340,15 +340,15 @@ def test_a_host_lost_mid_decode_fails_the_session_naming_its_stage(
     props = {p.get("name"): p.get("value", "") for p in case.iter("property")}
     lost_tail, other_tail = props["ppsmoke_log_tail_pp-stage-1"], props["ppsmoke_log_tail_pp-stage-0"]
     assert lost_tail.startswith("pp-stage-1 is dead: vast.ai shows its instance offline"), lost_tail[:300]
-    assert f"marker: {word} (joined)" in lost_tail and "vast.ai logs" in lost_tail, lost_tail[-2000:]
-    assert sum("node.log_secrets:" in ln for ln in lost_tail.splitlines()) >= 6, lost_tail[-3000:]
+    # its own words (the marker each decode step writes: the newest lines), as vast.ai served them
+    assert f"marker: {word} (decode step)" in lost_tail and "vast.ai logs" in lost_tail, lost_tail[-2000:]
     assert sum("node.log_secrets:" in ln for ln in other_tail.splitlines()) >= 6, other_tail[-3000:]
     # wherever a key was written (the XML, the report, the output), what is left of its encoding is
     # at most the few characters a base64 offset adds (test_tails decodes every place with the keys)
     texts = [junit.read_text(), report.read_text(), *result.outlines, *result.errlines]
     for text in texts:
         for ln in re.findall(r"node\.log_secrets: [a-z0-9' ]+ (?:in|as|URL)[^:\n]*: [^\n\\&\"]+", text):
-            assert len(ln.split(": ", 2)[2].replace("[redacted]", "")) <= 6, ln
+            assert len(ln.split(": ", 2)[2].replace("[redacted]", "")) <= 12, ln  # padding URL-quoted: %3D%3D
     figures = json.loads(report.read_text())
     lost = next(i for i in figures["instances"] if i["stage"] == 1)
     where = re.escape(f"pp-stage-1 on instance {lost['id']} ({lost['label']})")
