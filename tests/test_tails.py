@@ -112,6 +112,7 @@ async def test_a_node_frozen_in_prefill_says_so_and_its_keys_in_every_encoding_a
     assert frozen["node_state"] == "hung" and frozen["log_source"] == "vast.ai logs", frozen
     assert re.fullmatch(r"request \d+: prefill of \d+ positions begins", last_said(frozen["log_tail"])), frozen
     assert "prefill" in report["error"], report["error"]
+    assert all(i["log_tail"] for i in report["instances"]), report["instances"]
     keys = every_secret(fake)
     raw = {f"instance {i.id}'s output": i.proc.stderr_tail(LINES_KEPT) for i in fake.destroyed if i.proc}
     assert all(sum("node.log_secrets:" in ln for ln in text.splitlines()) > 100 for text in raw.values()), raw
