@@ -248,6 +248,47 @@ def test_the_program_key_follows_every_setting_that_changes_the_code(monkeypatch
     assert other.key != ast.key and cache_mod._program_key(other, renderer) != base  # another kernel
 
 
+def test_a_gpu_program_is_found_under_any_core_count_and_one_for_another_architecture_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A rented host's core count is nobody's choice: a GPU program's key holds the GPU's
+    architecture (its renderer's) and no core count, so a program stored under one CPU_COUNT is
+    found under another (a CPU program's thread split is in its renderer's key: it follows the
+    count). A stored program whose stamp names another architecture or tinygrad version is never
+    run: it is refused, counted, said, and made afresh. Rendered for named architectures, as an
+    image build would, with no GPU here."""
+    from tinygrad import Tensor
+    from tinygrad.helpers import Context
+    from tinygrad.renderer.cstyle import ClangRenderer, CUDARenderer
+
+    ast = [si for si in (Tensor.ones(4, 4).contiguous() @ Tensor.ones(4, 4)).schedule() if si.ast.op.name == "SINK"][
+        -1
+    ].ast
+    sm86, sm90 = CUDARenderer("sm_86"), CUDARenderer("sm_90")
+    with Context(CPU_COUNT=2):
+        two = cache_mod._program_key(ast, sm86)
+    with Context(CPU_COUNT=16):
+        assert cache_mod._program_key(ast, sm86) == two  # the core count is not in a GPU program's key
+    assert cache_mod._program_key(ast, sm90) != two  # the architecture is
+    cpu, wide = ClangRenderer(), ClangRenderer()
+    wide.global_max = (cpu.global_max[0] + 62, 0, 0)  # what another core count gives the CPU's renderer
+    assert cache_mod._program_key(ast, wide) != cache_mod._program_key(ast, cpu)
+    # a program stored for sm_86, read where sm_86 is asked: used; stamped for sm_90 or another
+    # tinygrad under the same key (a cache shipped from elsewhere), or with no stamp: refused
+    before = cache_mod.PROGRAMS.refused
+    program = object()
+    assert cache_mod._stamped((cache_mod.program_stamp(sm86), program), cache_mod.program_stamp(sm86)) is program
+    assert cache_mod._stamped((cache_mod.program_stamp(sm90), program), cache_mod.program_stamp(sm86)) is None
+    real = cache_mod.tinygrad_key()
+    monkeypatch.setattr(cache_mod, "tinygrad_key", lambda: {**real, "tinygrad": "0.13.0"})
+    newer = cache_mod.program_stamp(sm86)
+    monkeypatch.setattr(cache_mod, "tinygrad_key", lambda: real)
+    assert cache_mod._stamped((newer, program), cache_mod.program_stamp(sm86)) is None
+    assert cache_mod._stamped(program, cache_mod.program_stamp(sm86)) is None  # stored with no stamp
+    assert cache_mod.PROGRAMS.refused == before + 3
+    assert "made for" in cache_mod.PROGRAMS.errors[-1] and "sm_86" in cache_mod.PROGRAMS.errors[-1]
+
+
 TOGETHER = """
 import json, sys
 from tinygrad import Tensor

@@ -300,6 +300,7 @@ class ProgramStats:
     hits: int = 0
     misses: int = 0
     seconds: float = 0.0  # spent generating (misses) and reading (hits)
+    refused: int = 0  # stored programs stamped for another renderer or tinygrad version (not run)
     errors: list[str] = field(default_factory=list)
     # told after each program (read or generated): the worker's load counts them as they come
     on_program: Callable[[], None] | None = field(default=None, repr=False, compare=False)
@@ -310,6 +311,7 @@ class ProgramStats:
 
 PROGRAMS = ProgramStats()
 _TABLE = "ppsmoke_program"
+HOST_SETTINGS = frozenset({"CPU_COUNT"})  # tinygrad's settings read from the host, kept out of the keys
 LOCK_STRIPES = 64  # lock files: a program waits only for those that share its stripe
 LOCK_WAIT = 120.0  # seconds a process waits for another making the same program
 
@@ -330,14 +332,15 @@ def install_program_cache() -> ProgramStats:
         started = time.perf_counter()
         if opts is not None:  # a search's candidate: not worth keeping
             return generate(ast, renderer, opts)
-        key = _program_key(ast, renderer)
-        prg, made = _diskcache_get(key), False
+        key, stamp = _program_key(ast, renderer), program_stamp(renderer)
+        prg, made = _stamped(_diskcache_get(key), stamp), False
         if prg is None:
             with _generating(key):
-                prg = _diskcache_get(key)  # another process may have made it while this one waited
+                prg = _stamped(_diskcache_get(key), stamp)  # another process may have made it meanwhile
                 if prg is None:
                     prg, made = generate(ast, renderer, opts), True
-                    _diskcache_put(key, dataclasses.replace(prg, uops=None))  # the uops only feed DEBUG's estimates
+                    # the uops only feed DEBUG's estimates
+                    _diskcache_put(key, (stamp, dataclasses.replace(prg, uops=None)))
         PROGRAMS.misses += made
         PROGRAMS.hits += not made
         PROGRAMS.seconds += time.perf_counter() - started
@@ -448,12 +451,36 @@ def _held(path: Path, what: str, note: Callable[[str], None]) -> Iterator[None]:
 
 
 def _program_key(ast: Any, renderer: Any) -> str:
-    """The AST's own key, the renderer (its class and arguments), every tinygrad setting in
-    effect (its ``ContextVar``s, among them the CPU thread count, and the variables its code
-    generation reads with ``getenv``), and tinygrad's version."""
+    """The AST's own key, the renderer (:func:`program_stamp`: its class, its arguments such as
+    a GPU's architecture, its limits), every tinygrad setting in effect (its ``ContextVar``s and
+    the variables its code generation reads with ``getenv``) and tinygrad's version. Nothing of
+    the host but what the renderer holds: the CPU's thread count reaches a CPU program through
+    the renderer's ``global_max`` alone, and a GPU program not at all, so a program built on a
+    machine of one core count is found on another."""
+    return hashlib.sha256(program_stamp(renderer).encode() + ast.key + _settings()).hexdigest()
+
+
+def program_stamp(renderer: Any) -> str:
+    """What a stored program is stamped with, and checked against before it is used: tinygrad's
+    version and the renderer (its class, its arguments, its device and its limits)."""
     cls = type(renderer)
-    ident = repr((f"{cls.__module__}.{cls.__qualname__}", renderer.__reduce__()[1], renderer.device))
-    return hashlib.sha256(ident.encode() + ast.key + _settings()).hexdigest()
+    limits = tuple(getattr(renderer, k, None) for k in ("global_max", "local_max", "shared_max"))
+    return repr((tinygrad_key()["tinygrad"], f"{cls.__module__}.{cls.__qualname__}", renderer.__reduce__()[1],
+                 renderer.device, limits))  # fmt: skip
+
+
+def _stamped(found: Any, stamp: str) -> Any:
+    """A stored program, if its stamp is ``stamp``; None (and a note in the counters' errors)
+    if it was made for another architecture, renderer or tinygrad version, or stored without a
+    stamp: such a program is never run, it is generated afresh."""
+    if found is None:
+        return None
+    if isinstance(found, tuple) and len(found) == 2 and found[0] == stamp:
+        return found[1]
+    theirs = found[0] if isinstance(found, tuple) and len(found) == 2 and isinstance(found[0], str) else "no stamp"
+    PROGRAMS.refused += 1
+    PROGRAMS.errors.append(f"a cached program made for {theirs[:200]}, not {stamp[:200]}: generated afresh")
+    return None
 
 
 def _settings() -> bytes:
@@ -465,7 +492,8 @@ def _settings() -> bytes:
     other ``HALF``."""
     from tinygrad.helpers import ContextVar
 
-    settings = sorted((k, repr(v.value)) for k, v in ContextVar._cache.items())
+    # not the CPU's thread count: what it changes, a CPU program's split, the renderer's key holds
+    settings = sorted((k, repr(v.value)) for k, v in ContextVar._cache.items() if k not in HOST_SETTINGS)
     return repr((settings, _codegen_env(), tinygrad_key()["tinygrad"])).encode()
 
 
