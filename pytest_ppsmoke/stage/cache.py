@@ -479,7 +479,9 @@ def _stamped(found: Any, stamp: str) -> Any:
         return found[1]
     theirs = found[0] if isinstance(found, tuple) and len(found) == 2 and isinstance(found[0], str) else "no stamp"
     PROGRAMS.refused += 1
-    PROGRAMS.errors.append(f"a cached program made for {theirs[:200]}, not {stamp[:200]}: generated afresh")
+    said = f"a cached program made for {theirs[:200]}, not {stamp[:200]}: generated afresh"
+    if PROGRAMS.refused == 1 or said not in PROGRAMS.errors[-1:]:  # a cache of another build: said once, counted
+        PROGRAMS.errors.append(said)
     return None
 
 
