@@ -30,6 +30,7 @@ from pytest_ppsmoke.stage.pipe import (
     Request,
     RunReference,
     Shutdown,
+    Tokenize,
     decode_reply,
     encode_request,
     progress_of,
@@ -373,3 +374,26 @@ def test_the_body_digest_is_the_same_on_any_number_of_threads_and_sees_every_byt
     assert cache_mod.body_digest(memoryview(both[:1400]), memoryview(both[1400:])) != cache_mod.body_digest(
         memoryview(meta), memoryview(payload)
     )
+
+
+def test_programs_made_ahead_on_the_null_device_are_all_a_cold_worker_needs(synth_model: str, tmp_path: Path) -> None:
+    """``pp-prebuild`` runs each stage's worker and the reference on tinygrad's NULL device (no
+    computation) for a named target, here this machine's CPU: a worker of the same split and
+    prompt that then starts cold on that database (no weight cache) generates no program at all,
+    its load's, prefill's, decode's and the reference's alike: it reads every one. (A target's
+    programs are stored under the keys a worker on that device looks for: no device is in them.)"""
+    from pytest_ppsmoke.nodeenv import NodeEnv, process_env
+    from pytest_ppsmoke.stage import prebuild
+
+    env = {**os.environ, "CACHEDB": str(tmp_path / "tinygrad.db"), "HALF": "1"}
+    made = prebuild.prebuild("CPU", synth_model, 2, "Say hello", 4, env)
+    assert made[0]["generated"] > 0, made
+    ids: tuple[int, ...] = ()
+    for stage in range(2):
+        node = NodeEnv(stage=stage, num_stages=2, model=synth_model, weight_cache="off", program_cache=True)
+        first = [Tokenize("Say hello")] if stage == 0 else []
+        cold = prebuild._run({**process_env(node.for_worker()), **env}, stage, 2, first, ids, 4, "Say hello")
+        ids = cold.pop("ids", ids)
+        assert cold["generated"] == 0 and cold["read"] > 0, (stage, cold, made)
+    with pytest.raises(ValueError, match="expected CPU or CUDA:sm_XY"):
+        prebuild.prebuild("CUDA:ampere", synth_model, 2, "Say hello", 4, env)

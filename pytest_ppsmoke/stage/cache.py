@@ -312,6 +312,7 @@ class ProgramStats:
 PROGRAMS = ProgramStats()
 _TABLE = "ppsmoke_program"
 HOST_SETTINGS = frozenset({"CPU_COUNT"})  # tinygrad's settings read from the host, kept out of the keys
+_FIRST_SEEN: dict[str, str] = {}  # each tinygrad setting's value when this process first saw it
 LOCK_STRIPES = 64  # lock files: a program waits only for those that share its stripe
 LOCK_WAIT = 120.0  # seconds a process waits for another making the same program
 
@@ -324,12 +325,16 @@ def install_program_cache() -> ProgramStats:
 
     install_schedule_cache()
 
+    _settings()  # every setting's value now, before any Context: what "changed" is measured from
     if getattr(realize.get_program, "__ppsmoke_cache__", False):
         return PROGRAMS
     generate = realize.get_program
+    target = prebuild_renderer(os.environ.get(PREBUILD, ""))
 
     def get_program(ast: Any, renderer: Any, opts: Any = None) -> Any:
         started = time.perf_counter()
+        if target is not None and renderer.device == "NULL":  # made ahead: for the target, run on nothing
+            renderer = target
         if opts is not None:  # a search's candidate: not worth keeping
             return generate(ast, renderer, opts)
         key, stamp = _program_key(ast, renderer), program_stamp(renderer)
@@ -450,6 +455,26 @@ def _held(path: Path, what: str, note: Callable[[str], None]) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
+PREBUILD = "PP_PREBUILD"  # a worker on tinygrad's NULL device that makes the programs of this target
+
+
+def prebuild_renderer(target: str) -> Any:
+    """The renderer a worker makes its programs for when it runs on tinygrad's ``NULL`` device
+    (which computes nothing) with ``PP_PREBUILD`` set: ``CPU`` (this machine's CPU renderer) or
+    ``CUDA:sm_XY``; None with it unset. Its programs are stored for that renderer, under the keys
+    a worker on such a device will look for (a kernel's AST does not name its device)."""
+    if not target:
+        return None
+    from tinygrad.renderer.cstyle import ClangJITRenderer, CUDARenderer
+
+    if target == "CPU":
+        return ClangJITRenderer()  # the CPU device's own
+    kind, _, arch = target.partition(":")
+    if kind == "CUDA" and re.fullmatch(r"sm_\d{2,3}", arch):
+        return CUDARenderer(arch)
+    raise ValueError(f"{PREBUILD}={target!r}: expected CPU or CUDA:sm_XY (e.g. CUDA:sm_86)")
+
+
 def _program_key(ast: Any, renderer: Any) -> str:
     """The AST's own key, the renderer (:func:`program_stamp`: its class, its arguments such as
     a GPU's architecture, its limits), every tinygrad setting in effect (its ``ContextVar``s and
@@ -494,8 +519,17 @@ def _settings() -> bytes:
     other ``HALF``."""
     from tinygrad.helpers import ContextVar
 
-    # not the CPU's thread count: what it changes, a CPU program's split, the renderer's key holds
-    settings = sorted((k, repr(v.value)) for k, v in ContextVar._cache.items() if k not in HOST_SETTINGS)
+    # the settings chosen: those set in the environment, and those a Context has changed from the
+    # value they were first seen with. Not every ContextVar that exists: which exist depends on
+    # the modules a process has imported (a worker on the NULL device had not imported the AMD
+    # profiler's), not on what was chosen. Not the CPU's thread count: what it changes, a CPU
+    # program's split, the renderer's key holds
+    chosen = []
+    for k, v in ContextVar._cache.items():
+        first = _FIRST_SEEN.setdefault(k, repr(v.value))
+        if k not in HOST_SETTINGS and (k in os.environ or repr(v.value) != first):
+            chosen.append((k, repr(v.value)))
+    settings = sorted(chosen)
     return repr((settings, _codegen_env(), tinygrad_key()["tinygrad"])).encode()
 
 

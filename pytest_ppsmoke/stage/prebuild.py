@@ -1,0 +1,189 @@
+"""Programs made ahead, with no GPU: ``pp-prebuild`` runs each stage's worker, and the reference,
+on tinygrad's ``NULL`` device (which allocates nothing and computes nothing) with
+``PP_PREBUILD`` naming the target (``CUDA:sm_86``, or ``CPU``), so that every kernel a run of
+this model, split and prompt needs is generated for that target and stored in the program cache
+(tinygrad's database, ``CACHEDB``) under the key a worker on such a device looks for: a kernel's
+AST does not name its device, and the key holds the target's renderer and nothing of this host.
+
+    python -m pytest_ppsmoke.stage.prebuild --target CUDA:sm_86 --model M --stages 2
+
+Each worker loads its part (from the GGUF: the weight cache is off), warms up, and answers the
+requests a run makes: the prompt's prefill through every stage, decode steps, and the reference
+in one piece. The values are nothing (the device computes nothing), the programs are the ones a
+run generates: their shapes are the run's. The counts printed at the end are each worker's
+programs generated and read (a second prebuild on the same database generates none).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+from ..messages import WireDtype
+from ..nodeenv import NodeEnv, process_env
+from .cache import PREBUILD, prebuild_renderer
+from .lifetime import default_worker_path
+from .pipe import (
+    DecodeStep,
+    EmbedAndForward,
+    ErrorReply,
+    Forward,
+    ForwardAndSample,
+    Framing,
+    Ready,
+    Request,
+    RunReference,
+    Shutdown,
+    Tokenize,
+    answers,
+    decode_ready,
+    decode_reply,
+    encode_request,
+)
+
+# the variables that name tinygrad's device (one may be set: the NULL device is this tool's)
+DEVICES = frozenset({"DEV", "CPU", "CUDA", "NV", "AMD", "METAL", "CL", "GPU", "HIP", "QCOM", "WEBGPU", "PYTHON", "DSP"})
+DECODE_STEPS = 3  # the JIT runs two steps eagerly, then the captured one: every decode program
+
+
+def prebuild(
+    target: str, model: str, stages: int, prompt: str, max_tokens: int, env: dict[str, str]
+) -> list[dict[str, Any]]:
+    """Every stage's worker of a ``stages``-stage split, then the reference, each on the NULL
+    device for ``target``; each worker's programs (generated, read) as its shutdown reply says."""
+    prebuild_renderer(target)  # a bad target is named before any worker starts
+    counts = []
+    ids: tuple[int, ...] = ()
+    for stage in range(stages):
+        node = NodeEnv(stage=stage, num_stages=stages, model=model, weight_cache="off", program_cache=True)
+        worker_env = {k: v for k, v in {**process_env(node.for_worker()), **env}.items() if k not in DEVICES}
+        worker_env |= {PREBUILD: target, "NULL": "1"}  # tinygrad's NULL device, and no other named
+        requests: list[Request[Any]] = []
+        if stage == 0:
+            requests.append(Tokenize(prompt))
+        counts.append(_run(worker_env, stage, stages, requests, ids, max_tokens, prompt))
+        if stage == 0:
+            ids = counts[-1].pop("ids")
+    return counts
+
+
+def _run(
+    env: dict[str, str],
+    stage: int,
+    stages: int,
+    first: list[Request[Any]],
+    ids: tuple[int, ...],
+    max_tokens: int,
+    prompt: str,
+) -> dict[str, Any]:
+    with tempfile.TemporaryFile() as err:  # a file, not a pipe: a worker that says much never blocks
+        proc = subprocess.Popen(
+            [sys.executable, str(default_worker_path())],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
+        )
+        try:
+            return _drive(proc, stage, stages, first, ids, max_tokens, prompt)
+        except RuntimeError as e:
+            proc.kill()
+            proc.wait()
+            err.seek(0)
+            tail = err.read().decode(errors="replace").strip().splitlines()[-3:]
+            raise RuntimeError(f"stage {stage}: {e}: {' / '.join(tail)}") from None
+        finally:
+            proc.kill()
+            proc.wait()
+
+
+def _drive(
+    proc: subprocess.Popen[bytes],
+    stage: int,
+    stages: int,
+    first: list[Request[Any]],
+    ids: tuple[int, ...],
+    max_tokens: int,
+    prompt: str,
+) -> dict[str, Any]:
+    out: dict[str, Any] = {"stage": stage}
+    ready = _ready(proc)
+    wire = ready.wire_dtype
+    row = ready.dim * {WireDtype.f32: 4, WireDtype.f16: 2, WireDtype.bf16: 2}[wire]
+    asked = list(first)
+    for req in asked:
+        reply = _ask(proc, req)
+        out["ids"] = tuple(getattr(reply, "token_ids", ()))
+    ids = out.get("ids", ids) or (1, 2, 3)
+    n = len(ids)
+    last = stage == stages - 1
+    if stage == 0:
+        _ask(proc, EmbedAndForward(ids, 0, prefill=True))
+        for i in range(DECODE_STEPS):
+            _ask(proc, DecodeStep(ids[-1], n + i))
+    else:
+        kind = ForwardAndSample if last else Forward
+        _ask(proc, kind(bytes(row * n), 0, n, prefill=True))
+        for i in range(DECODE_STEPS):
+            _ask(proc, kind(bytes(row), n + i, 1))
+    if stage == 0:
+        _ask(proc, RunReference(prompt, max_tokens))
+    bye = _ask(proc, Shutdown())
+    programs = getattr(bye, "programs", None)
+    out["generated"], out["read"] = (programs.misses, programs.hits) if programs else (0, 0)
+    proc.wait(timeout=60)
+    return out
+
+
+def _ready(proc: subprocess.Popen[bytes]) -> Ready:
+    assert proc.stdout is not None
+    while True:
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the worker exited before its ready line (status {proc.wait()})")
+        found = answers([line])
+        if found:
+            return decode_ready(found[0])
+
+
+_ids = iter(range(1, 1 << 30))
+
+
+def _ask(proc: subprocess.Popen[bytes], req: Request[Any]) -> Any:
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(encode_request(next(_ids), req, Framing.json))
+    proc.stdin.flush()
+    while True:
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the worker exited during {req.op} (status {proc.wait()})")
+        found = answers([line])
+        if found:
+            reply = decode_reply(req.reply, found[0])
+            if isinstance(reply, ErrorReply):
+                raise RuntimeError(f"the worker refused {req.op}: {reply.error}")
+            return reply
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="pp-prebuild", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--target", required=True, help="CUDA:sm_XY, or CPU")
+    ap.add_argument("--model", required=True, help="a model name or a GGUF path")
+    ap.add_argument("--stages", type=int, default=2)
+    ap.add_argument("--prompt", default="Say hello")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    a = ap.parse_args(argv)
+    try:
+        counts = prebuild(a.target, a.model, a.stages, a.prompt, a.max_tokens, dict(os.environ))
+    except (ValueError, RuntimeError) as e:
+        sys.exit(f"pp-prebuild: {e}")
+    print(json.dumps({"target": a.target, "cache": os.environ.get("CACHEDB", ""), "workers": counts}))
+
+
+if __name__ == "__main__":
+    main()
