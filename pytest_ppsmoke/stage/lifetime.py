@@ -19,14 +19,13 @@ from ..runtime.codec import MemberStatus
 from ..runtime.localproc import emit
 from ..runtime.node import Node, NodeConfig
 from ..runtime.transport import PeerAddr
+from .pipe import worker_script
 
 log = logging.getLogger(__name__)
 
 
 def default_worker_path() -> Path:
-    here = Path(__file__).resolve().parent.parent  # the package: pytest_ppsmoke/stage/gpu_node.py
-    installed = here / "worker" / "pp_tinygrad_worker.py"  # a wheel install
-    return installed if installed.is_file() else here.parent / "worker" / "pp_tinygrad_worker.py"
+    return worker_script()
 
 
 @dataclass(frozen=True)

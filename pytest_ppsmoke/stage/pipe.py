@@ -28,6 +28,7 @@ import types
 import typing
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeGuard, TypeVar, Union
 
 from ..messages import (
@@ -545,3 +546,11 @@ def decode_ready(obj: Any) -> Ready:
     if not is_ready(obj):
         raise PipeError(f'a ready line has "status": "ready", got {str(obj)[:80]}')
     return _fields_from_json(Ready, obj)
+
+
+def worker_script() -> Path:
+    """The installed ``pp_tinygrad_worker.py``: inside the package in a wheel install, beside it
+    in a checkout."""
+    here = Path(__file__).resolve().parent.parent  # the package
+    installed = here / "worker" / "pp_tinygrad_worker.py"  # a wheel install
+    return installed if installed.is_file() else here.parent / "worker" / "pp_tinygrad_worker.py"

@@ -27,7 +27,6 @@ from typing import Any
 from ..messages import WireDtype
 from ..nodeenv import NodeEnv, process_env
 from .cache import PREBUILD, prebuild_renderer
-from .lifetime import default_worker_path
 from .pipe import (
     DecodeStep,
     EmbedAndForward,
@@ -44,6 +43,7 @@ from .pipe import (
     decode_ready,
     decode_reply,
     encode_request,
+    worker_script,
 )
 
 # the variables that name tinygrad's device (one may be set: the NULL device is this tool's)
@@ -83,7 +83,7 @@ def _run(
 ) -> dict[str, Any]:
     with tempfile.TemporaryFile() as err:  # a file, not a pipe: a worker that says much never blocks
         proc = subprocess.Popen(
-            [sys.executable, str(default_worker_path())],
+            [sys.executable, str(worker_script())],
             env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -131,8 +131,8 @@ def _drive(
         _ask(proc, kind(bytes(row * n), 0, n, prefill=True))
         for i in range(DECODE_STEPS):
             _ask(proc, kind(bytes(row), n + i, 1))
-    if stage == 0:
-        _ask(proc, RunReference(prompt, max_tokens))
+    if stage == 0:  # the reference's tokens: on a real device, what a run of these programs answers
+        out["reference_tokens"] = list(_ask(proc, RunReference(prompt, max_tokens)).token_ids)
     bye = _ask(proc, Shutdown())
     programs = getattr(bye, "programs", None)
     out["generated"], out["read"] = (programs.misses, programs.hits) if programs else (0, 0)
