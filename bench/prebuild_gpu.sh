@@ -21,13 +21,12 @@ cold() {  # NAME DB
 import json, os, sys, time
 from pytest_ppsmoke.nodeenv import NodeEnv, process_env
 from pytest_ppsmoke.stage import prebuild as P
-from pytest_ppsmoke.stage.pipe import Tokenize
 model, name = sys.argv[1], sys.argv[2]
 ids, workers = (), []
 for stage in range(2):
     node = NodeEnv(stage=stage, num_stages=2, model=model, weight_cache="off", program_cache=True)
     started = time.monotonic()
-    got = P._run({**process_env(node.for_worker()), **os.environ}, stage, 2, [Tokenize("Say hello")] if stage == 0 else [], ids, 64, "Say hello")
+    got = P._run({**process_env(node.for_worker()), **os.environ}, stage, 2, ids, 64, "Say hello")
     ids = got.pop("ids", ids)
     workers.append({**got, "seconds": round(time.monotonic() - started, 2)})
 print(json.dumps({"run": name, "workers": workers}))

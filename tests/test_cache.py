@@ -30,7 +30,6 @@ from pytest_ppsmoke.stage.pipe import (
     Request,
     RunReference,
     Shutdown,
-    Tokenize,
     decode_reply,
     encode_request,
     progress_of,
@@ -391,8 +390,7 @@ def test_programs_made_ahead_on_the_null_device_are_all_a_cold_worker_needs(synt
     ids: tuple[int, ...] = ()
     for stage in range(2):
         node = NodeEnv(stage=stage, num_stages=2, model=synth_model, weight_cache="off", program_cache=True)
-        first = [Tokenize("Say hello")] if stage == 0 else []
-        cold = prebuild._run({**process_env(node.for_worker()), **env}, stage, 2, first, ids, 4, "Say hello")
+        cold = prebuild._run({**process_env(node.for_worker()), **env}, stage, 2, ids, 4, "Say hello")
         ids = cold.pop("ids", ids)
         assert cold["generated"] == 0 and cold["read"] > 0, (stage, cold, made)
     with pytest.raises(ValueError, match="expected CPU or CUDA:sm_XY"):

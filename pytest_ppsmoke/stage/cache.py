@@ -505,7 +505,7 @@ def _stamped(found: Any, stamp: str) -> Any:
     theirs = found[0] if isinstance(found, tuple) and len(found) == 2 and isinstance(found[0], str) else "no stamp"
     PROGRAMS.refused += 1
     said = f"a cached program made for {theirs[:200]}, not {stamp[:200]}: generated afresh"
-    if PROGRAMS.refused == 1 or said not in PROGRAMS.errors[-1:]:  # a cache of another build: said once, counted
+    if said not in PROGRAMS.errors:  # a cache of another build: said once, counted each time
         PROGRAMS.errors.append(said)
     return None
 

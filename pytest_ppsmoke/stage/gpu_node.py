@@ -599,7 +599,8 @@ async def run(settings: Settings, ring: LogRing) -> None:
         joining.result()
         watch.on_stall.append(lambda stall: node.membership.loop_stalled(stall.seconds))  # local health
         emit({"event": "joined", "id": node.id, "stage": stage})
-        Lifecycle(stage_name(stage)).joined(node.id)
+        life = Lifecycle(stage_name(stage))  # the node's own account of where it is (the actor's too)
+        life.joined(node.id)
         markers.say("joined")
         markers.log_secrets(settings.env)
         if stage == 0 and settings.env.reference == "beside":
@@ -608,7 +609,7 @@ async def run(settings: Settings, ring: LogRing) -> None:
             ref_bridge.redact = ring.redactor.text
             beside = ReferenceBeside(ref_bridge, settings.ready_timeout)
         bridge.on_progress = status.load_said  # the load's steps, blocks and programs, as they come
-        Lifecycle(stage_name(stage)).loading()
+        life.loading()
         starting = await _unless_stopped(bridge.start(settings.ready_timeout), stop)
         bridge.on_progress = None
         if starting is None:
@@ -633,7 +634,7 @@ async def run(settings: Settings, ring: LogRing) -> None:
                 node.register(name, STAGE_ACTOR)
         status.ready(ready)
         span = ready.range or Span(0, 0)
-        actor.life.ready(span.start, span.end, ready.load_s)
+        life.ready(span.start, span.end, ready.load_s)
         emit({"event": "ready", "id": node.id, **ready_fields(ready), "worker_pid": ready.pid})
         await stop.wait()
     finally:

@@ -24,7 +24,6 @@ import sys
 import tempfile
 from typing import Any
 
-from ..messages import WireDtype
 from ..nodeenv import NodeEnv, process_env
 from .cache import PREBUILD, prebuild_renderer
 from .pipe import (
@@ -34,15 +33,15 @@ from .pipe import (
     Forward,
     ForwardAndSample,
     Framing,
-    Ready,
+    PipeError,
     Request,
     RunReference,
     Shutdown,
     Tokenize,
     answers,
-    decode_ready,
     decode_reply,
     encode_request,
+    read_ready,
     worker_script,
 )
 
@@ -63,24 +62,16 @@ def prebuild(
         node = NodeEnv(stage=stage, num_stages=stages, model=model, weight_cache="off", program_cache=True)
         worker_env = {k: v for k, v in {**process_env(node.for_worker()), **env}.items() if k not in DEVICES}
         worker_env |= {PREBUILD: target, "NULL": "1"}  # tinygrad's NULL device, and no other named
-        requests: list[Request[Any]] = []
-        if stage == 0:
-            requests.append(Tokenize(prompt))
-        counts.append(_run(worker_env, stage, stages, requests, ids, max_tokens, prompt))
-        if stage == 0:
-            ids = counts[-1].pop("ids")
+        counts.append(_run(worker_env, stage, stages, ids, max_tokens, prompt))
+        ids = counts[-1].pop("ids", ids)
     return counts
 
 
 def _run(
-    env: dict[str, str],
-    stage: int,
-    stages: int,
-    first: list[Request[Any]],
-    ids: tuple[int, ...],
-    max_tokens: int,
-    prompt: str,
+    env: dict[str, str], stage: int, stages: int, ids: tuple[int, ...], max_tokens: int, prompt: str
 ) -> dict[str, Any]:
+    """One stage's worker through a run's requests (stage 0 tokenizes ``prompt``, its ``ids``
+    are returned; a later stage takes ``ids`` for its shapes): its programs generated and read."""
     with tempfile.TemporaryFile() as err:  # a file, not a pipe: a worker that says much never blocks
         proc = subprocess.Popen(
             [sys.executable, str(worker_script())],
@@ -90,10 +81,8 @@ def _run(
             stderr=err,
         )
         try:
-            return _drive(proc, stage, stages, first, ids, max_tokens, prompt)
-        except RuntimeError as e:
-            proc.kill()
-            proc.wait()
+            return _drive(proc, stage, stages, ids, max_tokens, prompt)
+        except (RuntimeError, PipeError) as e:
             err.seek(0)
             tail = err.read().decode(errors="replace").strip().splitlines()[-3:]
             raise RuntimeError(f"stage {stage}: {e}: {' / '.join(tail)}") from None
@@ -103,52 +92,31 @@ def _run(
 
 
 def _drive(
-    proc: subprocess.Popen[bytes],
-    stage: int,
-    stages: int,
-    first: list[Request[Any]],
-    ids: tuple[int, ...],
-    max_tokens: int,
-    prompt: str,
+    proc: subprocess.Popen[bytes], stage: int, stages: int, ids: tuple[int, ...], max_tokens: int, prompt: str
 ) -> dict[str, Any]:
+    assert proc.stdout is not None
     out: dict[str, Any] = {"stage": stage}
-    ready = _ready(proc)
-    wire = ready.wire_dtype
-    row = ready.dim * {WireDtype.f32: 4, WireDtype.f16: 2, WireDtype.bf16: 2}[wire]
-    asked = list(first)
-    for req in asked:
-        reply = _ask(proc, req)
-        out["ids"] = tuple(getattr(reply, "token_ids", ()))
-    ids = out.get("ids", ids) or (1, 2, 3)
+    ready = read_ready(proc.stdout.readline)
+    row = ready.dim * ready.wire_dtype.itemsize
+    if stage == 0:
+        out["ids"] = ids = tuple(_ask(proc, Tokenize(prompt)).token_ids)
     n = len(ids)
-    last = stage == stages - 1
     if stage == 0:
         _ask(proc, EmbedAndForward(ids, 0, prefill=True))
         for i in range(DECODE_STEPS):
             _ask(proc, DecodeStep(ids[-1], n + i))
+        # the reference's tokens: on a real device, what a run of these programs answers
+        out["reference_tokens"] = list(_ask(proc, RunReference(prompt, max_tokens)).token_ids)
     else:
-        kind = ForwardAndSample if last else Forward
+        kind = ForwardAndSample if stage == stages - 1 else Forward
         _ask(proc, kind(bytes(row * n), 0, n, prefill=True))
         for i in range(DECODE_STEPS):
             _ask(proc, kind(bytes(row), n + i, 1))
-    if stage == 0:  # the reference's tokens: on a real device, what a run of these programs answers
-        out["reference_tokens"] = list(_ask(proc, RunReference(prompt, max_tokens)).token_ids)
     bye = _ask(proc, Shutdown())
-    programs = getattr(bye, "programs", None)
+    programs = bye.programs
     out["generated"], out["read"] = (programs.misses, programs.hits) if programs else (0, 0)
     proc.wait(timeout=60)
     return out
-
-
-def _ready(proc: subprocess.Popen[bytes]) -> Ready:
-    assert proc.stdout is not None
-    while True:
-        line = proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the worker exited before its ready line (status {proc.wait()})")
-        found = answers([line])
-        if found:
-            return decode_ready(found[0])
 
 
 _ids = iter(range(1, 1 << 30))
