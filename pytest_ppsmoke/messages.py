@@ -198,6 +198,18 @@ class Accepted(Message):
 # --- stage introspection (what the harness checks) ---------------------------------------------
 
 
+@wire_struct
+@dataclass(frozen=True)
+class ProgramCounts:
+    """tinygrad programs a worker read from the program cache (``hits``) and generated (``misses``),
+    and those whose binary it compiled (``compiled``: the cache held none its device loads; a
+    prebuilt image's programs carry theirs, so a cold node on it compiles none)."""
+
+    hits: U32
+    misses: U32
+    compiled: U32 = 0
+
+
 @message(40)
 @dataclass(frozen=True)
 class KvInfoQuery(Message):
@@ -247,6 +259,7 @@ class KvInfo(Message):
     prefill_len: U32
     writes: tuple[Span, ...]
     blocks: tuple[BlockCache, ...]
+    programs: ProgramCounts | None = None  # the worker's, over its life so far (None: the cache off)
 
 
 @message(42)
@@ -353,15 +366,6 @@ class WeightLoad:
     half: U8 = 1  # tinygrad's HALF as the load saw it
 
 
-@wire_struct
-@dataclass(frozen=True)
-class ProgramCounts:
-    """tinygrad programs a worker read from the program cache (``hits``) and generated (``misses``)."""
-
-    hits: U32
-    misses: U32
-
-
 PART_FIELDS = ("wall_s", "imports_s", "device_s", "build_s", "warm_up_s")
 
 
@@ -411,7 +415,7 @@ class LoadFigures:
                 + (f" ({w.note})" if w.note else "")
             )
         if (p := self.programs) is not None:
-            parts.append(f"programs: {p.hits} cached, {p.misses} generated")
+            parts.append(f"programs: {p.hits} cached, {p.misses} generated, {p.compiled} compiled")
         return "; ".join(parts)
 
 
@@ -525,6 +529,7 @@ class ReferenceResult(Message):
     mem_after: U64 = 0
     weights: WeightLoad | None = None  # how the reference's own weights were realized
     loaded: str = "after"
+    programs: ProgramCounts | None = None  # its worker's, over its life (None: the cache off)
 
 
 # --- a node's own account: its last log lines and its loop's stalls ---------------------------------

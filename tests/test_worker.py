@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import itertools
 import json
 import os
@@ -391,7 +392,8 @@ def test_the_reference_op_leaves_the_stage_as_it_was(synth: dict[str, Worker]) -
     assert ref.device and ref.load_s > 0 and ref.generate_s > 0
     assert ref.mem_after <= ref.mem_before, "the reference model's memory was not returned"
     after = w.ask(ReadKvInfo())
-    assert after == kv  # every block's cache, its spans and digests
+    # every block's cache, its spans and digests (the programs counted: the reference's were made since)
+    assert dataclasses.replace(after, programs=None) == dataclasses.replace(kv, programs=None)
     again = w.ask(DecodeStep(7, len(ids)))
     assert again.hidden == first.hidden
     for req, message in [

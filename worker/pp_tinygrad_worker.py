@@ -66,7 +66,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from pytest_ppsmoke import failpoints
-from pytest_ppsmoke.messages import Hidden, Span, WireDtype, digest
+from pytest_ppsmoke.messages import Hidden, ProgramCounts, Span, WireDtype, digest
 from pytest_ppsmoke.nodeenv import NodeEnv
 from pytest_ppsmoke.protocol import LOAD_STEPS
 from pytest_ppsmoke.runtime import scrub
@@ -200,13 +200,14 @@ class Worker:
             return TokenIds(tuple(self.tokenizer.chat(req.prompt)))
         if isinstance(req, Detokenize):
             return Text(self.tokenizer.decode(self._tokens(req.token_ids)))
-        if isinstance(req, ReadKvInfo):
-            return m.kv_info()
+        if isinstance(req, ReadKvInfo):  # with the programs this process read, generated and compiled so far
+            return dataclasses.replace(m.kv_info(), programs=_program_counts(self.programs))
         if isinstance(req, RunReference):
-            return run_reference(
+            ref = run_reference(
                 self.model_name, req.prompt, req.max_tokens, self.wire, self.num_stages, m.max_context, self.cache,
                 self.stage, say_tokens, self.said.blocks,
             )  # fmt: skip
+            return dataclasses.replace(ref, programs=_program_counts(self.programs))
         if isinstance(req, Shutdown):  # with the programs this process generated and read, over its life
             return Bye(_counts(self.programs), _counts(SCHEDULES if self.programs else None))
         raise PipeError(f"{req.op} has no handler in a stage worker")
@@ -252,15 +253,19 @@ class ReferenceWorker:
     def handle(self, req: Request[Any], framed: bool = False) -> Reply:
         if isinstance(req, RunReference):
             ref = self.model.generate(req.prompt, req.max_tokens, say_tokens)
-            return dataclasses.replace(ref, loaded="beside")
+            return dataclasses.replace(ref, loaded="beside", programs=_program_counts(self.programs))
         if isinstance(req, Shutdown):
             return Bye(_counts(self.programs), _counts(SCHEDULES if self.programs else None))
         raise PipeError(f"unknown op {req.op!r} for a reference worker; expected reference or shutdown")
 
 
+def _program_counts(stats: ProgramStats | None) -> ProgramCounts | None:
+    return ProgramCounts(stats.hits, stats.misses, stats.compiled) if stats is not None else None
+
+
 def _counts(stats: ProgramStats | ScheduleStats | None) -> CacheUse | None:
     if isinstance(stats, ProgramStats):
-        return CacheUse(stats.hits, stats.misses, round(stats.seconds, 3), tuple(stats.errors))
+        return CacheUse(stats.hits, stats.misses, round(stats.seconds, 3), tuple(stats.errors), stats.compiled)
     return CacheUse(stats.hits, stats.misses) if stats is not None else None
 
 

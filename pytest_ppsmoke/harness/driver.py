@@ -61,7 +61,7 @@ from .figures import (
     SwimFigures,
     WireDtype,
 )
-from .pipeline import InferenceResult, request_reference, run_inference
+from .pipeline import InferenceResult, program_figures, request_reference, run_inference
 from .report import Report, parse
 from .settings import STEPS, Settings, face_names
 from .setup import Place, open_place
@@ -403,6 +403,7 @@ class SmokeRun(Resource):
                 mem_before=ref.mem_before,
                 mem_after=ref.mem_after,
                 loaded=ReferenceLoad(ref.loaded) if ref.loaded else None,
+                programs=program_figures(ref.programs),
             )
         ended = time.monotonic()
         seconds = round(ended - started, 4)

@@ -59,6 +59,17 @@ class LossKind(enum.StrEnum):
 
 
 @dataclass
+class ProgramFigures:
+    """A worker's tinygrad programs over its life: ``read`` from the program cache, ``generated``
+    by tinygrad (a cold node's work, which a prebuilt image's programs spare it), and ``compiled``
+    (their binaries made on the node: NVRTC on a GPU; 0 where the cache carried each binary)."""
+
+    read: int
+    generated: int
+    compiled: int
+
+
+@dataclass
 class ReferenceFigures:
     """The token-exact reference: the model run in one piece on a stage's node after the request
     (the ``reference`` step). ``state``: ``not run`` (no step asked for it), ``off`` (the setting),
@@ -83,6 +94,7 @@ class ReferenceFigures:
     seconds: float | None = None  # the step as the orchestrator saw it
     mem_before: int | None = None  # the worker's device bytes in use before the load and after the generate
     mem_after: int | None = None  # (after: the model dropped first; beside: the model kept)
+    programs: ProgramFigures | None = None  # its worker's (None: the program cache off)
 
     def line(self) -> str:
         """One line for the terminal summary and the command's output."""
@@ -167,6 +179,7 @@ class KvFigures:
     prefill_digest_kept: list[tuple[int, int]]
     prefill_digest_changed: list[tuple[int, int]]
     writes: list[tuple[int, int]]
+    programs: ProgramFigures | None = None  # its worker's, load to the end of decode (None: the cache off)
 
 
 @dataclass

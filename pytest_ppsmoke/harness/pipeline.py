@@ -42,6 +42,7 @@ from ..messages import (
     InferenceResponse,
     KvInfo,
     KvInfoQuery,
+    ProgramCounts,
     Progress,
     ReferenceQuery,
     ReferenceResult,
@@ -54,7 +55,7 @@ from ..runtime.codec import MESSAGE_TYPES
 from ..runtime.errors import RemoteError
 from ..runtime.node import Context, Node
 from ..runtime.swim import MemberEvent
-from .figures import Frames, FrameWindow, HopFigures, HopPhases, KvFigures, KvFill, OrchestratorFrames
+from .figures import Frames, FrameWindow, HopFigures, HopPhases, KvFigures, KvFill, OrchestratorFrames, ProgramFigures
 
 log = logging.getLogger(__name__)
 
@@ -108,9 +109,15 @@ class InferenceResult:
                     b.block for b in k.blocks if b.prefill_digest and b.digest != b.prefill_digest
                 ),
                 writes=_spans(k.writes),
+                programs=program_figures(k.programs),
             )
             for k in self.kv
         ]
+
+
+def program_figures(counts: ProgramCounts | None) -> ProgramFigures | None:
+    """A worker's program counts as the report gives them."""
+    return ProgramFigures(counts.hits, counts.misses, counts.compiled) if counts is not None else None
 
 
 def _ranges(indices: Iterable[int]) -> list[tuple[int, int]]:

@@ -220,7 +220,9 @@ def load_totals(ready: list[NodeStatus]) -> str:
     cached = sum(load.weights is not None and load.weights.source == "cache" for load in loads)
     programs = [load.programs for load in loads if load.programs is not None]
     hits, misses = sum(p.hits for p in programs), sum(p.misses for p in programs)
+    compiled = sum(p.compiled for p in programs)
     line = f"; weights from the cache on {cached} of {len(ready)}; programs {hits} cached, {misses} generated"
+    line += f", {compiled} compiled"
     slowest = max(ready, key=lambda st: st.load.wall_s if st.load is not None else 0.0)
     if slowest.load is not None and slowest.load.wall_s:
         line += f"; the slowest, {stage_name(slowest.stage)}, {slowest.load.parts()}"

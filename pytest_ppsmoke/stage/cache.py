@@ -301,12 +301,15 @@ class ProgramStats:
     misses: int = 0
     seconds: float = 0.0  # spent generating (misses) and reading (hits)
     refused: int = 0  # stored programs stamped for another renderer or tinygrad version (not run)
+    # programs whose binary this process compiled (or found in tinygrad's compile cache by their
+    # source) because the program cache held none this device can load: 0 on a prebuilt image
+    compiled: int = 0
     errors: list[str] = field(default_factory=list)
     # told after each program (read or generated): the worker's load counts them as they come
     on_program: Callable[[], None] | None = field(default=None, repr=False, compare=False)
 
     def describe(self) -> str:
-        return f"{self.hits} programs from the program cache, {self.misses} generated"
+        return f"{self.hits} programs from the program cache, {self.misses} generated, {self.compiled} compiled"
 
 
 PROGRAMS = ProgramStats()
@@ -338,14 +341,17 @@ def install_program_cache() -> ProgramStats:
         if opts is not None:  # a search's candidate: not worth keeping
             return generate(ast, renderer, opts)
         key, stamp = _program_key(ast, renderer), program_stamp(renderer)
-        prg, made = _stamped(_diskcache_get(key), stamp), False
+        prg, made = _stamped(_diskcache_get(key), stamp, target is None), False
         if prg is None:
             with _generating(key):
-                prg = _stamped(_diskcache_get(key), stamp)  # another process may have made it meanwhile
+                prg = _stamped(_diskcache_get(key), stamp, target is None)  # another process may have made it
                 if prg is None:
                     prg, made = generate(ast, renderer, opts), True
+                    prg, binary = _with_binary(prg, target)
                     # the uops only feed DEBUG's estimates
-                    _diskcache_put(key, (stamp, dataclasses.replace(prg, uops=None)))
+                    _diskcache_put(key, (stamp, dataclasses.replace(prg, uops=None), binary))
+        if prg.lib is None and target is None:  # stored without a binary, or one this device refuses
+            prg, _ = _with_binary(prg, None)
         PROGRAMS.misses += made
         PROGRAMS.hits += not made
         PROGRAMS.seconds += time.perf_counter() - started
@@ -494,20 +500,135 @@ def program_stamp(renderer: Any) -> str:
                  renderer.device, limits))  # fmt: skip
 
 
-def _stamped(found: Any, stamp: str) -> Any:
+def _stamped(found: Any, stamp: str, here: bool = True) -> Any:
     """A stored program, if its stamp is ``stamp``; None (and a note in the counters' errors)
     if it was made for another architecture, renderer or tinygrad version, or stored without a
-    stamp: such a program is never run, it is generated afresh."""
+    stamp: such a program is never run, it is generated afresh. Its binary (``lib``) comes with
+    it only where this device can load it (:func:`binary_refusal`; ``here``: a device that
+    runs it, not a prebuild); otherwise the program comes without, and is compiled from its
+    source as tinygrad would."""
     if found is None:
         return None
-    if isinstance(found, tuple) and len(found) == 2 and found[0] == stamp:
-        return found[1]
-    theirs = found[0] if isinstance(found, tuple) and len(found) == 2 and isinstance(found[0], str) else "no stamp"
+    if isinstance(found, tuple) and len(found) in (2, 3) and found[0] == stamp:
+        prg, binary = found[1], found[2] if len(found) == 3 else None
+        if prg.lib is not None and here and (why := binary_refusal(binary)):
+            if binary is not None:  # (stored before binaries were recorded: compiled again, unsaid)
+                _say(f"a cached program's binary not loaded: {why}")
+            return dataclasses.replace(prg, lib=None)
+        return prg
+    stamped = isinstance(found, tuple) and len(found) in (2, 3) and isinstance(found[0], str)
+    theirs = found[0] if stamped else "no stamp"
     PROGRAMS.refused += 1
-    said = f"a cached program made for {theirs[:200]}, not {stamp[:200]}: generated afresh"
+    _say(f"a cached program made for {theirs[:200]}, not {stamp[:200]}: generated afresh")
+    return None
+
+
+def _say(said: str) -> None:
     if said not in PROGRAMS.errors:  # a cache of another build: said once, counted each time
         PROGRAMS.errors.append(said)
-    return None
+
+
+# --- a program's binary ------------------------------------------------------------------------
+#
+# A stored program carries its binary (``ProgramSpec.lib``), with what made it: ``{"kind":
+# "cubin" | "ptx" | "native", "nvrtc": "12.4", "arch": "sm_86"}``. A prebuild for a GPU stores
+# NVRTC's cubin for the target's architecture (no GPU needed to make it; the driver loads it with
+# no JIT); a worker stores what its device's compiler made (PTX on CUDA, which the driver compiles
+# at load, or the CPU's machine code).
+
+
+def _with_binary(prg: Any, target: Any) -> tuple[Any, dict[str, str] | None]:
+    """``prg`` with its binary, and what made it. ``target``: a prebuild's renderer (its
+    binary made here for that GPU), or None (this process's device compiles it, as tinygrad's
+    runner would, reading tinygrad's compile cache first)."""
+    if target is not None:
+        arch = getattr(target, "arch", "")
+        if prg.lib is not None or not arch.startswith("sm_"):
+            return prg, ({"kind": "native"} if prg.lib is not None else None)
+        lib = cubin(prg.src, arch)
+        return dataclasses.replace(prg, lib=lib), {"kind": "cubin", "nvrtc": nvrtc_version(), "arch": arch}
+    PROGRAMS.compiled += 1
+    if prg.lib is not None:  # the renderer's own compiler made it (tinygrad's CPU device)
+        return prg, {"kind": "native"}
+    from tinygrad.device import Device
+
+    compiler = Device[prg.device].compiler
+    lib = compiler.compile_cached(prg.src)  # tinygrad's compile cache first, as its runner does
+    name = type(compiler).__name__
+    if name in ("CUDACompiler", "PTXCompiler", "NVCCCompiler"):
+        return dataclasses.replace(prg, lib=lib), {"kind": "ptx", "nvrtc": nvrtc_version(), "arch": compiler.arch}
+    return dataclasses.replace(prg, lib=lib), {"kind": "native"}
+
+
+def cubin(src: str, arch: str) -> bytes:
+    """NVRTC's cubin of a CUDA program's source for ``arch`` (``sm_86``), with the options
+    tinygrad's CUDA compiler uses; checked to be an ELF for that architecture."""
+    from tinygrad.runtime.support.compiler_cuda import NVCompiler
+
+    lib = bytes(NVCompiler(arch).compile(src))
+    made = cubin_arch(lib)
+    if made != arch:
+        raise RuntimeError(f"NVRTC made a binary for {made}, not {arch}")
+    return lib
+
+
+def cubin_arch(lib: bytes) -> str:
+    """The architecture a cubin was made for, from its ELF header (``sm_90``), or what it is
+    instead: ``not an ELF`` (PTX is text), ``not a CUDA ELF``. A cubin is an ELF of the CUDA
+    machine (190) whose flags hold the SM version in their low byte."""
+    if lib[:4] != b"\x7fELF":
+        return "not an ELF"
+    machine = int.from_bytes(lib[18:20], "little")
+    if machine != 190:
+        return f"not a CUDA ELF (machine {machine})"
+    return f"sm_{int.from_bytes(lib[48:52], 'little') & 0xFF}"
+
+
+@functools.cache
+def nvrtc_version() -> str:
+    """NVRTC's version as ``major.minor`` (``12.4``)."""
+    import ctypes
+
+    from tinygrad.runtime.autogen import nvrtc
+
+    major, minor = ctypes.c_int(), ctypes.c_int()
+    nvrtc.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor))
+    return f"{major.value}.{minor.value}"
+
+
+@functools.cache
+def cuda_driver_version() -> tuple[int, int]:
+    """The CUDA version the host's driver supports (``(12, 4)``), from ``cuDriverGetVersion``."""
+    import ctypes
+
+    from tinygrad.runtime.autogen import cuda
+
+    v = ctypes.c_int()
+    cuda.cuDriverGetVersion(ctypes.byref(v))
+    return v.value // 1000, v.value % 1000 // 10
+
+
+def binary_refusal(binary: dict[str, str] | None) -> str:
+    """Why this device must not load a stored binary ("" where it may). A cubin loads on a driver
+    of its NVRTC's major version or later (CUDA's minor version compatibility); PTX needs a
+    driver of its NVRTC's version or later (its ISA is that toolkit's). The architecture is the
+    program's stamp's, checked before. A binary with no record of what made it is not loaded."""
+    if binary is None:
+        return "no record of what made it"
+    kind = binary.get("kind")
+    if kind == "native":
+        return ""
+    if kind not in ("cubin", "ptx"):
+        return f"unknown kind {kind!r}"
+    try:
+        made = tuple(int(x) for x in binary["nvrtc"].split("."))
+        driver = cuda_driver_version()
+    except Exception as e:  # no driver to ask, or a record without a version
+        return f"the driver's version is unknown ({type(e).__name__}: {e})"
+    need = made[:1] if kind == "cubin" else made[:2]
+    if driver[: len(need)] < need:
+        return f"{kind} of NVRTC {binary['nvrtc']}, the driver supports CUDA {driver[0]}.{driver[1]}"
+    return ""
 
 
 def _settings() -> bytes:

@@ -120,9 +120,10 @@ class CacheUse:
     misses: int
     seconds: float = 0.0
     errors: tuple[str, ...] = ()
+    compiled: int = 0  # programs whose binary it compiled (the program cache held none it could load)
 
     def counts(self) -> ProgramCounts:
-        return ProgramCounts(self.hits, self.misses)
+        return ProgramCounts(self.hits, self.misses, self.compiled)
 
 
 @dataclass(frozen=True)

@@ -115,6 +115,7 @@ def _drive(
     bye = _ask(proc, Shutdown())
     programs = bye.programs
     out["generated"], out["read"] = (programs.misses, programs.hits) if programs else (0, 0)
+    out["compiled"] = programs.compiled if programs else 0
     proc.wait(timeout=60)
     return out
 
