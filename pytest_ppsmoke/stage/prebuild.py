@@ -19,13 +19,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pickle
+import sqlite3
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from ..nodeenv import NodeEnv, process_env
-from .cache import PREBUILD, prebuild_renderer
+from .cache import PREBUILD, cubin_arch, prebuild_renderer, program_stamp
 from .pipe import (
     DecodeStep,
     EmbedAndForward,
@@ -116,6 +121,7 @@ def _drive(
     programs = bye.programs
     out["generated"], out["read"] = (programs.misses, programs.hits) if programs else (0, 0)
     out["compiled"] = programs.compiled if programs else 0
+    out["errors"] = list(programs.errors) if programs else []
     proc.wait(timeout=60)
     return out
 
@@ -139,19 +145,87 @@ def _ask(proc: subprocess.Popen[bytes], req: Request[Any]) -> Any:
             return reply
 
 
+def check(db: str, arches: Sequence[str]) -> dict[str, Any]:
+    """What a database's stored GPU programs are, per architecture: how many, how many carry a
+    cubin whose ELF header names that architecture (:func:`cache.cubin_arch`), how many are
+    stamped for this tinygrad's renderer of it (the stamp a worker on such a GPU checks), and
+    the NVRTC versions that made them. ``ok``: every architecture of ``arches`` has programs,
+    and every one of them passes both checks."""
+    from tinygrad.helpers import VERSION
+    from tinygrad.renderer.cstyle import CUDARenderer
+
+    if not os.path.exists(db):
+        raise ValueError(f"no program database at {db}")
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        rows = con.execute(f"SELECT val FROM 'ppsmoke_program_{VERSION}'").fetchall()
+    except sqlite3.OperationalError as e:
+        raise ValueError(f"{db} holds no stored programs ({e})") from None
+    finally:
+        con.close()
+    found: dict[str, dict[str, Any]] = {}
+    for (val,) in rows:
+        entry = pickle.loads(val)
+        binary = entry[2] if isinstance(entry, tuple) and len(entry) == 3 else None
+        if not binary or binary.get("kind") != "cubin":
+            continue
+        arch = binary["arch"]
+        seen = found.setdefault(arch, {"programs": 0, "elf_arch_ok": 0, "stamp_ok": 0, "nvrtc": set(), "elf": set()})
+        seen["programs"] += 1
+        elf = cubin_arch(entry[1].lib or b"")
+        seen["elf"].add(elf)
+        seen["elf_arch_ok"] += elf == arch
+        seen["stamp_ok"] += entry[0] == program_stamp(CUDARenderer(arch))
+        seen["nvrtc"].add(binary.get("nvrtc"))
+    out = {a: {k: sorted(v) if isinstance(v, set) else v for k, v in f.items()} for a, f in sorted(found.items())}
+    ok = all(a in out and out[a]["programs"] == out[a]["elf_arch_ok"] == out[a]["stamp_ok"] > 0 for a in arches)
+    return {"cache": db, "ok": ok, "missing": [a for a in arches if a not in out], "arches": out}
+
+
+def stand_in(model: str, directory: str) -> str:
+    """A synthetic GGUF with the shape and types of the catalogue's ``model`` (``pp-synth-gguf
+    --like``), written into ``directory``: its programs are the real file's."""
+    from .synth import LIKE, write
+
+    like = LIKE.get(model)
+    if like is None:
+        raise ValueError(f"no synthetic stand-in for {model!r}: one of {', '.join(sorted(LIKE))}, or a GGUF path")
+    path = os.path.join(directory, "stand-in.gguf")
+    write(Path(path), like.shape, 0, like.quant, like.tied, like.rope_scaling)
+    return path
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="pp-prebuild", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--target", required=True, help="CUDA:sm_XY, or CPU")
-    ap.add_argument("--model", required=True, help="a model name or a GGUF path")
+    ap.add_argument("--target", help="CUDA:sm_XY or CPU; several separated by commas or spaces")
+    ap.add_argument("--model", help="a model name or a GGUF path")
+    ap.add_argument("--stand-in", action="store_true", help="make the programs with a synthetic model like --model")
     ap.add_argument("--stages", type=int, default=2)
     ap.add_argument("--prompt", default="Say hello")
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--check", metavar="ARCHES", help="check the database's cubins for these (sm_86 ...), and exit")
     a = ap.parse_args(argv)
+    from tinygrad.helpers import CACHEDB
+
     try:
-        counts = prebuild(a.target, a.model, a.stages, a.prompt, a.max_tokens, dict(os.environ))
+        if a.check is not None:
+            checked = check(os.environ.get("CACHEDB") or str(CACHEDB), a.check.replace(",", " ").split())
+            print(json.dumps(checked))
+            sys.exit(0 if checked["ok"] else 1)
+        if not a.target or not a.model:
+            ap.error("--target and --model are needed to make programs")
+        targets = a.target.replace(",", " ").split()
+        for target in targets:
+            prebuild_renderer(target)  # every target named before any work
+        with tempfile.TemporaryDirectory(prefix="pp-prebuild.") as tmp:
+            model = stand_in(a.model, tmp) if a.stand_in else a.model
+            for target in targets:
+                started = time.monotonic()
+                counts = prebuild(target, model, a.stages, a.prompt, a.max_tokens, dict(os.environ))
+                took = round(time.monotonic() - started, 1)
+                print(json.dumps({"target": target, "model": a.model, "seconds": took, "workers": counts}), flush=True)
     except (ValueError, RuntimeError) as e:
         sys.exit(f"pp-prebuild: {e}")
-    print(json.dumps({"target": a.target, "cache": os.environ.get("CACHEDB", ""), "workers": counts}))
 
 
 if __name__ == "__main__":
