@@ -76,7 +76,7 @@ def test_the_dockerfile_follows_its_rules() -> None:
                 assert (ROOT / src).exists(), src
                 assert f"!{src}" in ignore or f"!{src}/" in ignore, f"{src} is excluded from the build context"
     runs = " ".join(a for w, a in ins if w == "RUN")
-    assert 'pip install -c /src/constraints.txt "/src[cuda]"' in runs and "rm -rf /var/lib/apt/lists/*" in runs
+    assert 'pip install -c /src/constraints.txt "/src[cuda,prebuild]"' in runs and "rm -rf /var/lib/apt/lists/*" in runs
 
 
 def test_the_local_base_is_the_registry_base_plus_clang() -> None:
@@ -239,6 +239,28 @@ def published(built_image: str) -> Iterator[test_registry.LocalRegistry]:
     with test_registry.LocalRegistry(test_registry.NODE_REGISTRY) as reg:
         reg.pushed = reg.push(built_image, test_registry.NODE_REPOSITORY)
         yield reg
+
+
+def test_the_image_carries_each_programs_cubin_for_every_admitted_architecture(built_image: str) -> None:
+    """The programs made ahead when the image was built (docs/image.md, "Programs in the image"):
+    for every architecture the offers admit, the same programs, each stored with a cubin whose ELF
+    header names that architecture, stamped for this tinygrad's renderer of it (what a worker on
+    such a GPU checks before it loads one), made by the image's own NVRTC. Read inside the image,
+    from the database its nodes open."""
+    done = run_in(built_image, ["python", "-m", "pytest_ppsmoke.stage.prebuild", "--check", " ".join(ARCHES)])
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
+    assert lines, (done.stdout, done.stderr)
+    checked = json.loads(lines[-1])
+    assert done.returncode == 0 and checked["ok"] and not checked["missing"], checked
+    assert checked["cache"] == "/opt/cache/tinygrad/cache.db", checked  # where a node's tinygrad looks
+    assert sorted(checked["arches"]) == sorted(ARCHES), checked
+    nvrtc = re.search(r"nvidia-cuda-nvrtc-cu12==(\d+\.\d+)", (ROOT / "pyproject.toml").read_text())
+    assert nvrtc is not None
+    for arch, found in checked["arches"].items():
+        assert found["elf"] == [arch] and found["nvrtc"] == [nvrtc.group(1)], (arch, found)
+        assert found["programs"] == found["elf_arch_ok"] == found["stamp_ok"], (arch, found)
+    # a kernel's program is keyed by its AST, which names no device: every architecture has them all
+    assert len({found["programs"] for found in checked["arches"].values()}) == 1, checked
 
 
 @pytest.mark.image
