@@ -177,8 +177,8 @@ def check(db: str, arches: Sequence[str]) -> dict[str, Any]:
         seen["elf_arch_ok"] += elf == arch
         seen["stamp_ok"] += entry[0] == program_stamp(CUDARenderer(arch))
         seen["nvrtc"].add(binary.get("nvrtc"))
+    ok = all(a in found and found[a]["programs"] == found[a]["elf_arch_ok"] == found[a]["stamp_ok"] > 0 for a in arches)
     out = {a: {k: sorted(v) if isinstance(v, set) else v for k, v in f.items()} for a, f in sorted(found.items())}
-    ok = all(a in out and out[a]["programs"] == out[a]["elf_arch_ok"] == out[a]["stamp_ok"] > 0 for a in arches)
     return {"cache": db, "ok": ok, "missing": [a for a in arches if a not in out], "arches": out}
 
 
