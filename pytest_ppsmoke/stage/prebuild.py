@@ -182,6 +182,18 @@ def check(db: str, arches: Sequence[str]) -> dict[str, Any]:
     return {"cache": db, "ok": ok, "missing": [a for a in arches if a not in out], "arches": out}
 
 
+def settle(db: str) -> None:
+    """Write tinygrad's database whole into its file: its write-ahead log checkpointed and
+    removed, so that an image's layer holds one file (``-wal`` and ``-shm`` beside it would be
+    replayed by the first node to open it)."""
+    con = sqlite3.connect(db)
+    try:
+        con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        con.execute("PRAGMA journal_mode=DELETE")  # the log's files go with the last connection
+    finally:
+        con.close()
+
+
 def stand_in(model: str, directory: str) -> str:
     """A synthetic GGUF with the shape and types of the catalogue's ``model`` (``pp-synth-gguf
     --like``), written into ``directory``: its programs are the real file's."""
@@ -226,6 +238,7 @@ def main(argv: list[str] | None = None) -> None:
                     c.pop("reference_tokens", None)
                 took = round(time.monotonic() - started, 1)
                 print(json.dumps({"target": target, "model": a.model, "seconds": took, "workers": counts}), flush=True)
+        settle(os.environ.get("CACHEDB") or str(CACHEDB))
     except (ValueError, RuntimeError) as e:
         sys.exit(f"pp-prebuild: {e}")
 
