@@ -23,7 +23,7 @@ mkdir -p "$out"
 root=$(mktemp -d /tmp/pp-image-root.XXXXXX)
 t0=$(date +%s.%N)
 case $rootfs_tar in
-  *.zst) zstd -dc -T0 "$rootfs_tar" | tar -C "$root" --numeric-owner -xf - ;;
+  *.zst) zstd -dc -T0 --long=27 "$rootfs_tar" | tar -C "$root" --numeric-owner -xf - ;;
   *) tar -C "$root" --numeric-owner -xf "$rootfs_tar" ;;
 esac
 t1=$(date +%s.%N)
@@ -86,6 +86,7 @@ site=$(echo "$root"/opt/venv/lib/python3*/site-packages)
 passes() {  # PREFIX CACHE: cold then warm, from CACHE's files as /opt/cache and an empty HOME
   find "$root/opt/cache" -mindepth 1 -delete
   cp -a "$2/." "$root/opt/cache/"
+  chown 1000:1000 "$root/opt/cache" && chmod 0755 "$root/opt/cache"  # as the image makes it (cp -a copies CACHE's own)
   rm -rf "$root/home/node" && mkdir -p "$root/home/node" && chown 1000:1000 "$root/home/node"
   for pass in cold warm; do
     name=$1$pass
