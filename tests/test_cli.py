@@ -49,7 +49,7 @@ def test_local_run_says_hello_reports_everything_and_leaves_nothing(tmp_path: Pa
     ]
     for st in report["split"]:  # each worker said where its weights came from and what it generated
         note = r" \(HALF=0\)" if os.environ.get("HALF") == "0" else ""  # the suite's HALF=0 (conftest.py) keeps f16
-        load = rf"weights from the GGUF in [\d.]+ s, f16{note}; programs: \d+ cached, \d+ generated"
+        load = rf"weights from the GGUF in [\d.]+ s, f16{note}; programs: \d+ cached, \d+ generated, \d+ compiled"
         assert re.fullmatch(load, st["load"]), st
     assert len(list((tmp_path / "weights").glob("*.weights"))) == 2  # --weight-cache reached both workers
     assert set(report["timings"]) >= {

@@ -513,11 +513,11 @@ def test_the_load_line_sums_the_nodes_load_figures_as_fields() -> None:
     stages whose weights came from the cache, and the programs cached and generated."""
     cache, gguf = WeightLoad("cache", 1.0, 10, dtype="f16"), WeightLoad("gguf", 2.0, 10, dtype="f16")
     ready = [
-        NodeStatus(0, "ready", "", 1, load=LoadFigures(cache, ProgramCounts(40, 1))),
-        NodeStatus(1, "ready", "", 1, load=LoadFigures(gguf, ProgramCounts(2, 30))),
+        NodeStatus(0, "ready", "", 1, load=LoadFigures(cache, ProgramCounts(40, 1, 1))),
+        NodeStatus(1, "ready", "", 1, load=LoadFigures(gguf, ProgramCounts(2, 30, 32))),
         NodeStatus(2, "ready", "", 1, load=LoadFigures(cache, None)),
     ]
-    assert load_totals(ready) == "; weights from the cache on 2 of 3; programs 42 cached, 31 generated"
+    assert load_totals(ready) == "; weights from the cache on 2 of 3; programs 42 cached, 31 generated, 33 compiled"
     # with the parts of each worker's start: the slowest stage's, and what the named parts leave
     timed = [
         NodeStatus(0, "ready", "", 1, load=LoadFigures(cache, None, wall_s=3.0, imports_s=0.5, warm_up_s=1.0)),

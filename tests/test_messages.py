@@ -96,7 +96,10 @@ def test_a_workers_load_figures_come_from_its_ready_line_and_make_one_line_for_p
     load = pipe.decode_ready({**base, "weights": weights, "programs": programs}).load_figures()
     assert load.weights == messages.WeightLoad("cache", 0.984, 9, "/c/x.weights", "", "f16", 1)
     assert load.programs == messages.ProgramCounts(41, 0)
-    assert load.describe() == "weights from the cache in 0.98 s, f16; programs: 41 cached, 0 generated"
+    assert load.describe() == "weights from the cache in 0.98 s, f16; programs: 41 cached, 0 generated, 0 compiled"
+    # a worker that compiled binaries the program cache lacked says how many
+    compiled = pipe.decode_ready({**base, "programs": {**programs, "compiled": 3}}).load_figures()
+    assert compiled.programs == messages.ProgramCounts(41, 0, 3) and compiled.describe().endswith("3 compiled")
     native = messages.LoadFigures(
         messages.WeightLoad("gguf", 2.0, 9, note="weight cache not used", dtype="f32", half=0)
     )
