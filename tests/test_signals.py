@@ -57,9 +57,10 @@ async def _reference_running(smoke: Smoke) -> None:
 
 
 async def _destroy_in_flight(smoke: Smoke) -> None:
-    """A destroy call has reached the emulator (and waits there: vast.slow_destroy)."""
+    """A destroy call has reached the emulator for every instance (and waits there: vast.slow_destroy)."""
     deadline = time.monotonic() + 120
-    while not any(i.destroy_attempts for i in smoke.fake.instances.values()):
+    # every instance's: pp-smoke-run destroys the stages the reference does not need while it runs
+    while not (held := list(smoke.fake.instances.values())) or not all(i.destroy_attempts for i in held):
         # where the run was: its phase lines and its log (a cold suite on loaded cores once spent
         # the whole deadline before the teardown, with nothing on stderr to say where)
         assert smoke.proc.returncode is None and time.monotonic() < deadline, smoke.stdout + smoke.stderr[-2000:]

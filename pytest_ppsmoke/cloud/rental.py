@@ -75,6 +75,7 @@ class Rental(Renewing):
         self.preflight: Preflight | None = None  # what the pre-flight found, once it ran
         self.teardown_timeout = 120.0
         self.teardown_errors: list[str] = []
+        self.released: set[int] = set()  # instances destroyed before the teardown, once no step needs them
         self._tried: set[int] = set()
         self.offers: list[Offer] = []  # the matching offers, cheapest first: a replacement takes the next
         self.began = clock()  # when the run began (the deployment sets it at the rent)
@@ -302,6 +303,8 @@ class Rental(Renewing):
             for inst in self.instances:
                 if inst.id is None or "running" not in inst.timeline or inst.state in ("destroyed", "destroying"):
                     continue
+                if inst.id in self.released:  # destroyed on purpose: gone is what it should be
+                    continue
                 record = listed.get(inst.id)
                 if record is None:
                     missing[inst.id] = missing.get(inst.id, 0) + 1
@@ -347,6 +350,15 @@ class Rental(Renewing):
 
     async def _destroy(self, inst: RentedInstance) -> None:
         await Teardown(self).destroy(inst)
+
+    async def release(self, inst: RentedInstance) -> None:
+        """Destroy ``inst`` before the teardown, as the teardown would (checked afterwards, sent
+        again while still shown running): no step of the run needs it any more, and every second
+        it stays rented bills. The watch no longer counts it lost. A destroy that fails is left
+        in ``destroy_error`` for the teardown, which sends it again."""
+        if inst.id is not None:
+            self.released.add(inst.id)
+            await Teardown(self).destroy(inst)
 
     async def _within(self, seconds: float, work: Awaitable[None]) -> None:
         await within(seconds, work, self.sleep)

@@ -194,6 +194,7 @@ async def execute(run: SmokeRun, progress: Progress | None = None) -> None:
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         loop.add_signal_handler(sig, stop, sig)
+    run.release_early = True  # every step, then the teardown: nothing asks a stage after the request but stage 0
     async with progress.live() if progress is not None else contextlib.nullcontext():
         try:
             await run.start()

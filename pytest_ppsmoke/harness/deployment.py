@@ -419,6 +419,14 @@ class Deployment(Resource):
         await self._every(Phase.LOAD)
         self._done(Phase.LOAD, t, "workers ready" + reach.load_totals(list(self.ready.values())))
 
+    async def release(self, keep: int) -> None:
+        """Destroy every current instance but stage ``keep``'s (:meth:`Rental.release`), one by
+        one as vast.ai's destroy limit spaces them: after the request, the reference runs on
+        stage ``keep``'s node alone, and the teardown then has that one left to destroy."""
+        for inst in sorted(self.current, key=lambda i: i.stage):
+            if inst.stage != keep:
+                await self.rental.release(inst)
+
     async def resolve(self) -> None:
         t = self._begin(Phase.RESOLVE)
         assert self.seed is not None

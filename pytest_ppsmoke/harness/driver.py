@@ -147,6 +147,10 @@ class SmokeRun(Resource):
         self.vast: Provider | None = None
         self.deployment: Deployment | None = None
         self.result: InferenceResult | None = None
+        self.releasing: asyncio.Future[None] | None = None  # the stages the reference does not need, going
+        # whether the reference step lets the other stages go (run(): nothing after it asks them; the
+        # plugin's tests ask any node in any order, until the session's teardown)
+        self.release_early = False
         self.stage_paths: dict[str, PathFigures] = {}  # how each stage reached its peers (the request's StageStats)
         self.spans: dict[str, tuple[float, float]] = {}  # prefill, decode, reference: start, end
         # the work the nodes noted (``Progress``), the furthest of each kind: "blocks" (or "stages")
@@ -224,6 +228,7 @@ class SmokeRun(Resource):
 
     async def run(self) -> Report:
         """Every step, then teardown: what ``pp-smoke-run`` does."""
+        self.release_early = True
         try:
             await self.step(STEPS[-1])
         except PhaseError:
@@ -374,6 +379,10 @@ class SmokeRun(Resource):
             return
         dep.phase = Phase.REFERENCE
         started = time.monotonic()
+        # the reference runs on stage 0's node alone: the other stages' instances are destroyed
+        # while it runs (their destroys spaced as vast.ai's limit asks), not after it
+        if self.release_early:
+            self.releasing = asyncio.ensure_future(dep.release(keep=0))
         try:
             ref = await request_reference(
                 dep.seed,
@@ -433,7 +442,11 @@ class SmokeRun(Resource):
         r.instances = [
             parse(
                 InstanceFigures,
-                {**i.summary(), **(a.summary() if (a := self._account(i)) else accounts.NO_ACCOUNT)},
+                {
+                    **i.summary(),
+                    "released": i.id in dep.rental.released,
+                    **(a.summary() if (a := self._account(i)) else accounts.NO_ACCOUNT),
+                },
             )
             for i in dep.instances
         ]
@@ -446,7 +459,12 @@ class SmokeRun(Resource):
         if not r.split and dep.current:
             r.split = [StageSplit(stage=i.stage, instance=i.id) for i in sorted(dep.current, key=lambda x: x.stage)]
         if dep.seed is not None and "converge" in dep.timings:
+            before = r.paths.links if r.paths is not None else {}
             r.paths = parse(Paths, dep.paths())
+            for i in dep.current:  # a released stage's link as last seen: its connection ended with it
+                name = stage_name(i.stage)
+                if i.id in dep.rental.released and r.paths.links.get(name) is None and before.get(name) is not None:
+                    r.paths.links[name] = before[name]
             r.paths.stages = dict(self.stage_paths)
         if dep.swim_timing and dep.seed is not None:  # the orchestrator's failure detector's counts so far
             stats = dataclasses.asdict(dep.seed.membership.stats())
@@ -481,8 +499,13 @@ class SmokeRun(Resource):
         if self.vast is not None:
             self.vast.deadline = deadline  # the teardown's own retries may wait until its deadline
         try:
+            if self.releasing is not None:  # destroys already under way: finished (or given up) first
+                await asyncio.wait([self.releasing], timeout=max(0.0, deadline - time.monotonic()))
+                self.releasing.cancel()
+                with contextlib.suppress(BaseException):
+                    await self.releasing
             if self.deployment is not None:
-                self.deployment.teardown_timeout = seconds  # the destroys and the sweep
+                self.deployment.teardown_timeout = max(0.0, deadline - time.monotonic())  # the destroys and the sweep
                 try:
                     await self.deployment.close()
                 except PhaseError as e:

@@ -315,6 +315,9 @@ class InstanceFigures:
     replaces: int | None  # the id of the instance it replaced
     replaced: str | None  # why it was replaced (and destroyed): it never ran, or its node never joined
     replaced_at: float | None  # when, in seconds since the run began
+    # destroyed before the teardown, once no step needed it (pp-smoke-run: the stages the
+    # reference does not run on, while it runs)
+    released: bool = False
     node_state: NodeState | None = None
     node_words: str = ""
     log_source: LogSource | None = None
