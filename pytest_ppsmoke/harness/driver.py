@@ -105,6 +105,43 @@ def stage_paths(result: InferenceResult, dep: Deployment) -> dict[str, PathFigur
     return dict(sorted(out.items()))
 
 
+def paths_figures(dep: Deployment, before: Paths | None, stages: dict[str, PathFigures]) -> Paths:
+    """How the orchestrator reaches each stage now, and how each stage reached its peers during
+    the request; a released stage's link as last seen (its connection ended with it)."""
+    seen = before.links if before is not None else {}
+    paths = parse(Paths, dep.paths())
+    for i in dep.current:
+        name = stage_name(i.stage)
+        if i.id in dep.rental.released and paths.links.get(name) is None and seen.get(name) is not None:
+            paths.links[name] = seen[name]
+    paths.stages = dict(stages)
+    return paths
+
+
+def run_timeline(
+    dep: Deployment, spans: dict[str, tuple[float, float]], started: float | None, s: Settings
+) -> RunTimeline:
+    """The phases so far, in seconds since the rent began (the instances' timelines' origin),
+    and the budget on the same clock."""
+    began = dep.began
+    phases = [
+        PhaseSpan(str(phase), round(a - began, 4), round(b - began, 4))
+        for phase, (a, b) in sorted({**dep.spans, **spans}.items(), key=lambda kv: kv[1])
+    ]
+    at = round((started if started is not None else began) - began, 4)
+    return RunTimeline(phases, at, s.budget, round(at + s.phases_budget, 4), round(at + s.budget, 4))
+
+
+async def _settled(task: asyncio.Future[None] | None, deadline: float) -> None:
+    """``task`` finished, or cancelled at ``deadline`` (monotonic); what it raised is its own."""
+    if task is None:
+        return
+    await asyncio.wait([task], timeout=max(0.0, deadline - time.monotonic()))
+    task.cancel()
+    with contextlib.suppress(BaseException):
+        await task
+
+
 async def _unless_lost(step: Awaitable[None], dep: Deployment) -> None:
     """Run the step, unless a stage's host is lost first (``Deployment.lost``, from boot on):
     then the step is cancelled and the loss is its failure."""
@@ -436,7 +473,7 @@ class SmokeRun(Resource):
         if dep is None:
             return
         r.timings.update(dep.timings)
-        r.timeline = self._timeline(dep)
+        r.timeline = run_timeline(dep, self.spans, self.started, self.settings)
         # the lower layers' records (their summaries) as the report's parts, every key and type checked
         r.preflight = parse(PreflightFigures, dep.preflight.summary()) if dep.preflight is not None else None
         r.instances = [
@@ -459,30 +496,12 @@ class SmokeRun(Resource):
         if not r.split and dep.current:
             r.split = [StageSplit(stage=i.stage, instance=i.id) for i in sorted(dep.current, key=lambda x: x.stage)]
         if dep.seed is not None and "converge" in dep.timings:
-            before = r.paths.links if r.paths is not None else {}
-            r.paths = parse(Paths, dep.paths())
-            for i in dep.current:  # a released stage's link as last seen: its connection ended with it
-                name = stage_name(i.stage)
-                if i.id in dep.rental.released and r.paths.links.get(name) is None and before.get(name) is not None:
-                    r.paths.links[name] = before[name]
-            r.paths.stages = dict(self.stage_paths)
+            r.paths = paths_figures(dep, r.paths, self.stage_paths)
         if dep.swim_timing and dep.seed is not None:  # the orchestrator's failure detector's counts so far
             stats = dataclasses.asdict(dep.seed.membership.stats())
             stalls = dep.watch.summary() if dep.watch is not None else None
             swim = {**dep.swim_timing, "stats": stats, "deaths": dep.swim_deaths, "orchestrator_stalls": stalls}
             r.swim = parse(SwimFigures, swim)
-
-    def _timeline(self, dep: Deployment) -> RunTimeline:
-        """The phases so far, in seconds since the rent began (the instances' timelines' origin),
-        and the budget on the same clock."""
-        s, began = self.settings, dep.began
-        spans = {**dep.spans, **self.spans}
-        phases = [
-            PhaseSpan(str(phase), round(a - began, 4), round(b - began, 4))
-            for phase, (a, b) in sorted(spans.items(), key=lambda kv: kv[1])
-        ]
-        started = round((self.started if self.started is not None else began) - began, 4)
-        return RunTimeline(phases, started, s.budget, round(started + s.phases_budget, 4), round(started + s.budget, 4))
 
     # --- teardown --------------------------------------------------------------------------
 
@@ -499,11 +518,7 @@ class SmokeRun(Resource):
         if self.vast is not None:
             self.vast.deadline = deadline  # the teardown's own retries may wait until its deadline
         try:
-            if self.releasing is not None:  # destroys already under way: finished (or given up) first
-                await asyncio.wait([self.releasing], timeout=max(0.0, deadline - time.monotonic()))
-                self.releasing.cancel()
-                with contextlib.suppress(BaseException):
-                    await self.releasing
+            await _settled(self.releasing, deadline)  # destroys already under way: finished (or given up) first
             if self.deployment is not None:
                 self.deployment.teardown_timeout = max(0.0, deadline - time.monotonic())  # the destroys and the sweep
                 try:
