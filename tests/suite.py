@@ -147,6 +147,15 @@ def _tinygrad_devices() -> list[str]:
     return [p.stem.removeprefix("ops_").upper() for p in runtime.glob("ops_*.py")]
 
 
+def _llvm_library() -> str:
+    """The file of the libLLVM tinygrad's CPU device loads ("" if it found none)."""
+    try:
+        from tinygrad.runtime.autogen import llvm
+    except Exception:  # a tinygrad without it, or none: its processes look for themselves
+        return ""
+    return str(llvm.dll._name) if getattr(llvm.dll, "loaded", False) else ""
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _tinygrad_on_the_cpu(request: pytest.FixtureRequest) -> Iterator[None]:
     """Without a device in the environment, every process that starts tinygrad probes all its
@@ -155,20 +164,35 @@ def _tinygrad_on_the_cpu(request: pytest.FixtureRequest) -> Iterator[None]:
     ``HALF=0`` (unless the environment says otherwise) keeps each GGUF's own dtype: SmolLM2's
     quantized weights dequantize to float32, on this CPU 2.6-4x faster than float16, and the claims
     hold in either. The synthetic model is float16 in its file, so the orchestration tests still
-    run float16, as do the node image's containers (tests/test_image.py)."""
+    run float16, as do the node image's containers (tests/test_image.py).
+
+    ``UPAT_COMPILE=0`` (unless the environment says otherwise): tinygrad compiles each of its
+    rewrite rules into a Python function as it is imported, some 0.3 s of CPU in every process
+    that imports it (a worker's start, warm: 0.78 CPU-seconds against 1.14), and the suite starts
+    a hundred workers and more, most of which make no program at all. The same rules, matched by
+    tinygrad's interpreter instead: the same programs, kernels and values (a warm SmolLM2
+    reference generates in the same CPU time). tinygrad's ``getenv`` reads it, so the program
+    cache keys it apart: the suite's programs are its own, made once per machine.
+
+    ``LLVM_PATH`` (unless set): the libLLVM that tinygrad's CPU device loads, found once here.
+    Without it every process that opens the device looks for the library file by file through
+    /lib and /usr/lib (some 0.1 CPU-seconds of a worker's 0.9); with it tinygrad loads that
+    file at once. The same library either way, and no program's key reads it."""
     chosen = os.environ.get("DEV") or any(os.environ.get(d) == "1" for d in _tinygrad_devices())
     if chosen or any(item.get_closest_marker("gpu") for item in request.session.items):
         yield
         return
     os.environ["CPU"] = "1"
-    ours = "HALF" not in os.environ
-    os.environ.setdefault("HALF", "0")
+    settings = {"HALF": "0", "UPAT_COMPILE": "0", "LLVM_PATH": _llvm_library()}
+    ours = [name for name, value in settings.items() if name not in os.environ and value]
+    for name in ours:
+        os.environ[name] = settings[name]
     try:
         yield
     finally:
         os.environ.pop("CPU", None)
-        if ours:
-            os.environ.pop("HALF", None)
+        for name in ours:
+            os.environ.pop(name, None)
 
 
 def _reap(prefix: str, grace: float) -> str:

@@ -14,7 +14,9 @@ from typing import Any
 
 import aiohttp
 import pytest
+import yaml
 
+from pytest_ppsmoke.cloud import vastdoc
 from pytest_ppsmoke.cloud.emulator import apidoc
 from pytest_ppsmoke.cloud.emulator.server import FakeVast
 from pytest_ppsmoke.cloud.vast import VastClient
@@ -46,6 +48,11 @@ def test_the_vendored_files_are_upstreams_byte_for_byte() -> None:
              ("GET", "/api/v0/users/current")]  # fmt: skip
     for method, path in calls:
         assert apidoc.find(method, path) is not None, (method, path)
+    # the emulator and the client read them with libyaml where PyYAML has it: the same documents
+    # as its pure-Python parser gives
+    assert vastdoc.YAML_LOADER is apidoc.YAML_LOADER
+    for p in apidoc.DOCS.glob("*.yaml"):
+        assert yaml.load(p.read_text(), Loader=apidoc.YAML_LOADER) == yaml.safe_load(p.read_text()), p.name
 
 
 def _git(repo: Path, *args: str) -> str:

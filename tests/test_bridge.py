@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import pytest_asyncio
 
 from pytest_ppsmoke.messages import Hidden, KvInfo, digest
 from pytest_ppsmoke.stage.bridge import STDERR_BURST, WorkerBridge, WorkerDied, WorkerError
@@ -47,8 +48,11 @@ def _env(model: str, stage: int) -> dict[str, str]:
     return {**os.environ, "MODEL": model, "STAGE": str(stage), "NUM_STAGES": "2", "PP_WIRE_DTYPE": "bf16"}
 
 
-@pytest.fixture
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def stages(synth_model: str) -> AsyncIterator[tuple[WorkerBridge, WorkerBridge]]:
+    """Both stages' real workers, started once for the module's two tests that call them: each
+    writes the KV history it reads from position 0 (a prefill, then each step's own position),
+    so neither depends on what the other asked first."""
     bridges = [WorkerBridge([sys.executable, str(WORKER)], _env(synth_model, i), f"s{i}") for i in (0, 1)]
     try:
         await asyncio.gather(*(b.start(120) for b in bridges))
@@ -58,6 +62,7 @@ async def stages(synth_model: str) -> AsyncIterator[tuple[WorkerBridge, WorkerBr
             await b.close()
 
 
+@pytest.mark.asyncio(loop_scope="module")  # the loop of the module's workers (``stages``)
 async def test_the_framings_carry_the_same_bytes_digests_and_tokens(stages: tuple[WorkerBridge, WorkerBridge]) -> None:
     """The worker offers the payload framing and the bridge takes it; a prefill and decode steps
     sent in one framing and then again in the other (the framing is per request) give the same
@@ -83,6 +88,7 @@ async def test_the_framings_carry_the_same_bytes_digests_and_tokens(stages: tupl
     assert seen[Framing.payload] == seen[Framing.json]
 
 
+@pytest.mark.asyncio(loop_scope="module")  # the loop of the module's workers (``stages``)
 async def test_bad_payloads_are_errors_that_name_the_value_and_the_worker_goes_on(
     stages: tuple[WorkerBridge, WorkerBridge],
 ) -> None:

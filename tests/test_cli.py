@@ -125,14 +125,35 @@ def test_local_run_says_hello_reports_everything_and_leaves_nothing(tmp_path: Pa
         (["--local", "--vastai"], "argument --vastai: not allowed with argument --local"),
     ],
 )
-def test_bad_arguments_say_what_was_expected(args: list[str], message: str) -> None:
-    """One line that says what was wrong and a pointer to --help: no usage block first."""
-    out = run(*args, timeout=60)
-    assert out.returncode == 2
-    lines = out.stderr.splitlines()
-    assert message in lines[0], out.stderr
-    assert len(lines) == 2 and "usage:" not in out.stderr, out.stderr
+def test_bad_arguments_say_what_was_expected(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One line that says what was wrong and a pointer to --help: no usage block first. The
+    command's own entry point, in this process with the environment ``run`` gives the command
+    (no vast.ai key): each refusal is made before anything else; that the command itself says
+    no more than these two lines is the next test's."""
+    from pytest_ppsmoke.harness import cli
+
+    monkeypatch.delenv("VAST_API_KEY", raising=False)
+    with pytest.raises(SystemExit) as exited:
+        cli.main(args)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert message in lines[0], err
+    assert len(lines) == 2 and "usage:" not in err, err
     assert lines[-1] == "pp-smoke-run --help lists the options"
+
+
+def test_the_command_says_a_bad_argument_in_those_two_lines_and_nothing_else() -> None:
+    """``pp-smoke-run`` itself, a process: the same two lines on its stderr and nothing before
+    them (no warning of an import, no log line), exit status 2, nothing on its stdout."""
+    out = run("--local", "--num-stages", "1", timeout=60)
+    assert out.returncode == 2 and out.stdout == "", out.stdout
+    assert out.stderr.splitlines() == [
+        "pp-smoke-run: error: --num-stages must be an integer of at least 2, got '1'",
+        "pp-smoke-run --help lists the options",
+    ], out.stderr
 
 
 def test_version_prints_the_packages_version(capsys: pytest.CaptureFixture[str]) -> None:

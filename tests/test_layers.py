@@ -6,6 +6,7 @@ plugin imports only the standard library, pytest and the settings table."""
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -36,6 +37,13 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 def modules() -> dict[str, Path]:
     """Every module of the package, by dotted name below the package ("" for its __init__)."""
+    return dict(_modules())
+
+
+@functools.cache
+def _modules() -> dict[str, Path]:
+    """:func:`modules`, found once: the package does not change while the suite runs, and the
+    chains of imports name a file for every arrow (:func:`where`)."""
     out = {}
     for path in sorted(PACKAGE.rglob("*.py")):
         parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
@@ -89,7 +97,13 @@ def imports(module: str, path: Path, known: dict[str, Path]) -> list[tuple[int, 
 
 def graph() -> dict[str, list[tuple[int, str]]]:
     """Every module's imports, those under ``if TYPE_CHECKING:`` included: a type named is a
-    dependency as much as a function called."""
+    dependency as much as a function called. A copy of the graph parsed once (:func:`_graph`),
+    which a test may change (a deliberate break) without changing another's."""
+    return {m: list(targets) for m, targets in _graph().items()}
+
+
+@functools.cache
+def _graph() -> dict[str, list[tuple[int, str]]]:
     known = modules()
     return {m: imports(m, p, known) for m, p in known.items()}
 

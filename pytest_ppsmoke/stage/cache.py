@@ -101,11 +101,19 @@ class Part:
 
 def tinygrad_key() -> dict[str, Any]:
     """What, besides the model file and the part, decides the bytes a realized tensor holds."""
-    import importlib.metadata
-
     from tinygrad.helpers import getenv
 
-    return {"tinygrad": importlib.metadata.version("tinygrad"), "half": int(getenv("HALF", 1))}
+    return {"tinygrad": _tinygrad_version(), "half": int(getenv("HALF", 1))}
+
+
+@functools.cache
+def _tinygrad_version() -> str:
+    """tinygrad's installed version, read once: each program and schedule looked up asks for it
+    (its key and its stamp), and importlib.metadata reads the installed distributions each time
+    (0.4 ms: some 70 reads in a worker's start)."""
+    import importlib.metadata
+
+    return importlib.metadata.version("tinygrad")
 
 
 DIGEST_CHUNK = 32 << 20  # bytes hashed as one piece
