@@ -383,6 +383,37 @@ def test_processes_that_start_together_make_each_program_once(tmp_path: Path) ->
     assert a["misses"] + b["misses"] == needed, (a, b)  # none made twice
 
 
+def test_a_program_stored_without_its_binary_is_compiled_once_then_read_with_it(tmp_path: Path) -> None:
+    """A database from before programs carried their binaries (each entry a stamp and a program):
+    the next process compiles each binary once and stores it with the program, the one after
+    compiles none."""
+    import pickle
+    import sqlite3
+
+    env = {**os.environ, "CACHEDB": str(tmp_path / "tinygrad.db")}
+    script = TOGETHER.replace("sys.stdin.readline()  # the other process is ready too", "").replace(
+        '"errors": stats.errors}', '"errors": stats.errors, "compiled": stats.compiled}'
+    )
+
+    def one() -> dict:
+        done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return json.loads(done.stdout.splitlines()[-1])
+
+    first = one()
+    assert first["misses"] > 0 and first["compiled"] == first["misses"], first
+    with sqlite3.connect(env["CACHEDB"]) as con:  # every entry as an older build stored it
+        (table,) = [t for (t,) in con.execute("SELECT name FROM sqlite_master") if t.startswith("ppsmoke_program")]
+        rows = con.execute(f"SELECT key, val FROM '{table}'").fetchall()
+        for key, val in rows:
+            stamp, prg, _ = pickle.loads(val)
+            old = pickle.dumps((stamp, dataclasses.replace(prg, lib=None)))
+            con.execute(f"UPDATE '{table}' SET val = ? WHERE key = ?", (old, key))
+    second, third = one(), one()
+    assert second["misses"] == 0 and second["compiled"] == len(rows), second
+    assert third["misses"] == 0 and third["compiled"] == 0 and third["hits"] == second["hits"], third
+
+
 LOAD_TOGETHER = """
 import json, sys
 from pytest_ppsmoke.stage.cache import WeightCache

@@ -358,8 +358,9 @@ def install_program_cache() -> ProgramStats:
                     prg, binary = _with_binary(prg, target)
                     # the uops only feed DEBUG's estimates
                     _diskcache_put(key, (stamp, dataclasses.replace(prg, uops=None), binary))
-        if prg.lib is None and target is None:  # stored without a binary, or one this device refuses
-            prg, _ = _with_binary(prg, None)
+        if prg.lib is None and target is None:  # stored without a binary, or one this device refuses:
+            prg, binary = _with_binary(prg, None)  # compiled here, and stored with it for the next process
+            _diskcache_put(key, (stamp, dataclasses.replace(prg, uops=None), binary))
         PROGRAMS.misses += made
         PROGRAMS.hits += not made
         PROGRAMS.seconds += time.perf_counter() - started
