@@ -11,7 +11,7 @@ import asyncio
 import heapq
 import itertools
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,7 +83,8 @@ class MemProvider:
     order, whose image pull fails), ``taken`` (offers someone else rents first), ``lost_answers``
     (creates, by order, whose instance is rented but whose answer is lost), ``lost_destroys``
     (accepted destroys the provider forgets, in all), ``linger_s`` (how long a destroyed instance
-    stays listed, on its way out), ``hang_destroys`` (a destroy that never answers). ``pace``: the
+    stays listed, on its way out), ``hang_destroys`` (a destroy that never answers), ``bulk_refused``
+    (a destroy of a list refused: each is destroyed alone). ``pace``: the
     documented limits its calls go through (name -> (calls, seconds), the shared ``Pacer``, as a
     provider's transport takes its turns); ``times``: when each call was made, by name."""
 
@@ -96,6 +97,7 @@ class MemProvider:
     lost_destroys: int = 0
     linger_s: float = 0.0
     hang_destroys: bool = False
+    bulk_refused: bool = False
     credit_usd: float | None = 50.0
     deadline: float | None = None
     instances: dict[int, MemInstance] = field(default_factory=dict)
@@ -197,6 +199,22 @@ class MemProvider:
         if inst.destroyed is None:
             inst.destroyed = self.clock()
         return True
+
+    async def destroy_instances(self, instance_ids: Sequence[int]) -> None:
+        await self._call("destroy_many")
+        if self.bulk_refused:
+            raise ProviderError("destroy of a list refused (bulk_refused)")
+        if self.hang_destroys:
+            await self.clock.sleep(10_000)
+        for instance_id in instance_ids:
+            inst = self.instances.get(instance_id)
+            if inst is None or self.record(inst) is None:
+                continue
+            if self.lost_destroys > 0:
+                self.lost_destroys -= 1
+                continue  # accepted, and forgotten: it still intends to run
+            if inst.destroyed is None:
+                inst.destroyed = self.clock()
 
     async def request_logs(self, instance_id: int, tail: int) -> str:
         await self._call("logs")

@@ -190,8 +190,20 @@ async def test_destroys_that_linger_count_as_gone_and_a_lost_one_is_sent_again()
     await rent_all(r)
     await r.close()
     assert [i.state for i in r.instances] == ["destroying", "destroying"]  # listed, on their way out
-    assert provider.calls["destroy"] == 3 and not provider.live()  # one forgotten, sent again
+    # both in one call; the forgotten one, still intended running on the list after it, sent again alone
+    assert provider.calls["destroy_many"] == 1 and provider.calls["destroy"] == 1 and not provider.live()
     assert r.close_line() == "2 of 2 destroyed"
+
+
+async def test_a_provider_that_refuses_a_destroy_of_a_list_has_each_destroyed_alone() -> None:
+    clock = VirtualClock()
+    provider = MemProvider(clock, bulk_refused=True)
+    r = rental(provider, clock)
+    await rent_all(r)
+    await r.close()
+    assert provider.calls["destroy_many"] == 1 and provider.calls["destroy"] == 2 and not provider.live()
+    assert [i.state for i in r.instances] == ["destroyed", "destroyed"] and r.close_line() == "2 of 2 destroyed"
+    assert r.listed_after == []  # the sweep's list, read after both: what the run reports as left
 
 
 async def test_a_destroy_never_taken_is_reported_with_the_reap_then_reaped() -> None:

@@ -348,6 +348,26 @@ async def test_a_raced_away_offer_is_offer_gone_and_other_rejections_are_not() -
         assert vast.stats.of("create").calls == 2  # neither is retried
 
 
+async def test_a_list_of_instances_is_destroyed_in_one_call_and_a_refusal_fails_it() -> None:
+    """vast-cli's SDK destroys a list with one ``DELETE /api/v0/instances/``: the client sends it,
+    the emulator takes it (one already gone is no failure); an answer that says it failed fails
+    it (the teardown then destroys each alone)."""
+    async with emulator("") as fake, VastClient(KEY, fake.url) as vast:
+        a, b = [await vast.create_instance(o, image="i", env={}, label=f"l{o}") for o in OFFERS[:2]]
+        await vast.destroy_instances([a, 424242])
+        assert [i.id for i in fake.live()] == [b] and vast.stats.of("destroy_many").calls == 1
+        await vast.destroy_instances([b])
+        assert fake.live() == [] and vast.stats.of("destroy").calls == 0
+
+    async def refusing(request: web.Request) -> web.Response:
+        assert request.method == "DELETE" and await request.json() == {"instance_ids": [1, 2]}
+        return web.json_response({"success": False, "error": "invalid_args", "msg": "no such instances"})
+
+    async with stub(refusing) as url, VastClient(KEY, url) as vast:
+        with pytest.raises(VastError, match=r"DELETE /api/v0/instances/.*invalid_args: no such instances"):
+            await vast.destroy_instances([1, 2])
+
+
 async def test_destroy_of_an_instance_already_gone_is_false() -> None:
     async with emulator("") as fake, VastClient(KEY, fake.url) as vast:
         assert await vast.destroy_instance(424242) is False

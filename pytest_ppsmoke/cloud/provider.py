@@ -20,7 +20,7 @@ defaults.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -267,6 +267,11 @@ class Provider(Protocol):
     async def destroy_instance(self, instance_id: int) -> bool:
         """Destroy it; False if it was already gone. An accepted destroy may stay listed for a
         while (:func:`going_away`)."""
+        ...
+
+    async def destroy_instances(self, instance_ids: Sequence[int]) -> None:
+        """Destroy them all in one call; ProviderError unless every one was accepted (then
+        :meth:`destroy_instance` each). What each became is for the caller to read."""
         ...
 
     async def request_logs(self, instance_id: int, tail: int) -> str:

@@ -75,6 +75,7 @@ class Rental(Renewing):
         self.preflight: Preflight | None = None  # what the pre-flight found, once it ran
         self.teardown_timeout = 120.0
         self.teardown_errors: list[str] = []
+        self.listed_after: list[Instance] | None = None  # the teardown's last list, read after every destroy
         self.released: set[int] = set()  # instances destroyed before the teardown, once no step needs them
         self._tried: set[int] = set()
         self.offers: list[Offer] = []  # the matching offers, cheapest first: a replacement takes the next

@@ -532,8 +532,11 @@ class SmokeRun(Resource):
                     self._take_figures()
                 if self.vast is not None and self.deployment.creates_sent:  # vast.ai's own word on what is left
                     try:
-                        async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
-                            left = await self.vast.list_instances(self.deployment.label_prefix)
+                        # the teardown's own last list, read after every destroy, or a list now
+                        left = self.deployment.rental.listed_after
+                        if left is None:
+                            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                                left = await self.vast.list_instances(self.deployment.label_prefix)
                         # only what names them: a record also holds the instance's own key; one still
                         # listed but on its way out (its state fields say so) is gone, and shown apart
                         r.left_after_teardown = [parse(ListedInstance, i.names()) for i in left if not going_away(i)]
