@@ -4,6 +4,7 @@ shows once, as one line."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import itertools
 import json
@@ -22,6 +23,7 @@ import pytest
 from pytest_ppsmoke import failpoints, protocol
 from pytest_ppsmoke.cloud.rental import STEPS
 from pytest_ppsmoke.harness import claims, cli, driver
+from pytest_ppsmoke.harness import reference as reference_step
 from pytest_ppsmoke.harness.figures import ApiFigures, Mode, ReferenceFigures, ReferenceState, WireDtype
 from pytest_ppsmoke.harness.report import SCHEMA_VERSION, Report, schema
 from pytest_ppsmoke.harness.settings import OPTIONS, WIRE_DTYPES, Settings
@@ -399,13 +401,13 @@ async def test_the_reference_step_records_a_mismatch_a_failure_and_a_lack_of_bud
     async def reference(
         seed: object, prompt: str, max_tokens: int, timeout: float, on_progress: Any
     ) -> ReferenceResult:
-        assert timeout <= run.remaining() - driver.REFERENCE_MARGIN + 0.1
+        assert timeout <= run.remaining() - reference_step.REFERENCE_MARGIN + 0.1
         answer = answers.pop(0)
         if isinstance(answer, BaseException):
             raise answer
         return answer  # type: ignore[no-any-return]
 
-    monkeypatch.setattr(driver, "request_reference", reference)
+    monkeypatch.setattr(reference_step, "request_reference", reference)
     run = driver.SmokeRun(Settings.resolve({"mode": "local", "budget": 100}))
     run.deployment = SimpleNamespace(seed=object(), phase="decode")  # type: ignore[assignment]
     run.result = SimpleNamespace(token_ids=[7, 8, 9])  # type: ignore[assignment]
@@ -433,3 +435,65 @@ async def test_the_reference_step_records_a_mismatch_a_failure_and_a_lack_of_bud
     run.settings = Settings.resolve({"mode": "local", "reference": False})
     await run._reference()
     assert run.report.reference.state == "off" and answers == [] and run.failure is None
+
+
+async def test_a_reference_loaded_beside_is_asked_as_stage_0_is_ready_and_its_step_takes_the_answer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Beside the stages (its own worker), stage 0 is asked as soon as its node is ready, before
+    any request; the step takes that answer, and lets no stage go early (the teardown destroys
+    them all at once). Loaded after the request, it is asked at the step. A reference never
+    answered is cancelled when the run closes."""
+    asked: list[str] = []
+    hold = asyncio.Event()
+
+    async def reference(
+        seed: object, prompt: str, max_tokens: int, timeout: float, on_progress: Any
+    ) -> ReferenceResult:
+        asked.append("request in" if run.result is not None else "before the request")
+        await hold.wait()
+        return ReferenceResult(0, "unsplit, boundaries rounded to bf16", "CUDA", (1,), (7, 8, 9), 0.5, 1.5)
+
+    monkeypatch.setattr(reference_step, "request_reference", reference)
+    released: list[int] = []
+
+    async def release(keep: int) -> None:
+        released.append(keep)
+
+    for load in ("beside", "after"):
+        run = driver.SmokeRun(Settings.resolve({"mode": "local", "budget": 100}))
+        run.deployment = SimpleNamespace(  # type: ignore[assignment]
+            seed=object(), phase="load", config=SimpleNamespace(reference_load=load), release=release
+        )
+        run.started, run.release_early = time.monotonic(), True
+        run._stage_ready(1)  # not the entry stage: nothing asked
+        run._stage_ready(0)
+        assert (run.asker.early is not None) == (load == "beside")
+        await asyncio.sleep(0)
+        assert asked == (["before the request"] if load == "beside" else [])
+        run._stage_ready(0)  # once only
+        hold.set()
+        if run.asker.early is not None:
+            await asyncio.wait([run.asker.early])  # answered while the other stages load
+        run.result = SimpleNamespace(token_ids=[7, 8, 9])  # type: ignore[assignment]
+        await run._reference()
+        ref = run.report.reference
+        assert (ref.state, ref.match) == ("done", True)
+        assert (ref.early_s is not None) == (load == "beside") and ("asked as it was ready" in ref.line()) == (
+            load == "beside"
+        )
+        # answered before the step: nothing to release; asked at the step: the others go meanwhile
+        if run.releasing is not None:
+            await run.releasing
+        assert released == ([] if load == "beside" else [0]), load
+        asked.clear()
+        hold.clear()
+    run = driver.SmokeRun(Settings.resolve({"mode": "local", "budget": 100}))
+    run.deployment = SimpleNamespace(seed=object(), config=SimpleNamespace(reference_load="beside"))  # type: ignore[assignment]
+    run.started = time.monotonic()
+    run._stage_ready(0)
+    await asyncio.sleep(0)
+    early = run.asker.early
+    assert early is not None and not early.done()
+    await run.asker.close()
+    assert early.cancelled()

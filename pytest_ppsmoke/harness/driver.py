@@ -35,7 +35,6 @@ from typing import Any
 from ..cloud.provider import Provider, going_away
 from ..cloud.rental import RentedInstance
 from ..protocol import Phase, PhaseError, stage_name
-from ..runtime.errors import RemoteError
 from ..runtime.resource import Resource
 from . import accounts, claims
 from .check import refusal
@@ -52,24 +51,20 @@ from .figures import (
     Paths,
     PhaseSpan,
     PreflightFigures,
-    ReferenceFigures,
-    ReferenceLoad,
-    ReferenceState,
     RunTimeline,
     SkippedOffer,
     StageSplit,
     SwimFigures,
     WireDtype,
 )
-from .pipeline import InferenceResult, program_figures, request_reference, run_inference
+from .pipeline import InferenceResult, run_inference
+from .reference import Asker
 from .report import Report, parse
 from .settings import STEPS, Settings, face_names
 from .setup import Place, open_place
 
 log = logging.getLogger(__name__)
 
-REFERENCE_LEAST = 10.0  # seconds of budget the reference step needs left to start at all
-REFERENCE_MARGIN = 2.0  # seconds of budget the reference step leaves for itself to record its outcome
 
 OnPhase = Callable[[str, float, str], None]
 
@@ -185,6 +180,7 @@ class SmokeRun(Resource):
         self.deployment: Deployment | None = None
         self.result: InferenceResult | None = None
         self.releasing: asyncio.Future[None] | None = None  # the stages the reference does not need, going
+        self.asker = Asker()  # the reference: asked as stage 0's node is ready (loaded beside), or at its step
         # whether the reference step lets the other stages go (run(): nothing after it asks them; the
         # plugin's tests ask any node in any order, until the session's teardown)
         self.release_early = False
@@ -250,6 +246,7 @@ class SmokeRun(Resource):
         self.deployment = place.deployment(on_phase=self.on_phase)
         self.deployment.rental.deadline = self.started + s.phases_budget  # a replacement must fit before it
         self.deployment.on_start = self.on_start
+        self.deployment.on_ready = self._stage_ready
         self.report.run_id = self.deployment.run_id
 
     # --- the steps -------------------------------------------------------------------------
@@ -361,7 +358,7 @@ class SmokeRun(Resource):
         assert dep is not None and dep.seed is not None
 
         def prefilled(seconds: float) -> None:
-            self._note("tokens", 1, s.max_tokens)  # the first token, sampled at the prefill's end
+            self.note("tokens", 1, s.max_tokens)  # the first token, sampled at the prefill's end
             if self.on_phase is not None:
                 self.on_phase(Phase.PREFILL, seconds, "first token sampled")
             dep.phase = Phase.DECODE
@@ -370,7 +367,7 @@ class SmokeRun(Resource):
         result = await run_inference(
             dep.seed, s.num_stages, s.prompt, s.max_tokens, max(1.0, self.remaining()), prefilled, dep.places(),
             # each stage's programs apart: a stage counts its own from 1 while another's are made
-            lambda note: self._note(
+            lambda note: self.note(
                 f"programs {note.stage}" if note.what == "programs" else note.what, note.done, note.total
             ),
         )  # fmt: skip
@@ -400,65 +397,13 @@ class SmokeRun(Resource):
         r.timings.update(result.timings)
         self.stage_paths = stage_paths(result, dep)
 
-    async def _reference(self) -> None:
-        """The token-exact reference on stage 0's node, within what is left of the budget. Its
-        outcome goes into the report; a mismatch, a failure or a lack of time is not the run's
-        failure (the spec's token-exact test fails on it), so this step never raises."""
-        dep, s, r = self.deployment, self.settings, self.report
-        assert dep is not None and dep.seed is not None and self.result is not None
-        if not s.reference:
-            r.reference = ReferenceFigures(ReferenceState.OFF, "the reference setting is off")
-            return
-        left = self.remaining() - REFERENCE_MARGIN
-        if left < REFERENCE_LEAST:
-            budget = f"{max(0.0, left):.0f} s of the budget of {s.budget:.0f} s"
-            r.reference = ReferenceFigures(ReferenceState.SKIPPED, f"only {budget} were left; raise the budget")
-            return
-        dep.phase = Phase.REFERENCE
-        started = time.monotonic()
-        # the reference runs on stage 0's node alone: the other stages' instances are destroyed
-        # while it runs (their destroys spaced as vast.ai's limit asks), not after it
-        if self.release_early:
-            self.releasing = asyncio.ensure_future(dep.release(keep=0))
-        try:
-            ref = await request_reference(
-                dep.seed,
-                s.prompt,
-                s.max_tokens,
-                left,
-                lambda note: self._note(f"reference {note.what}", note.done, note.total),
-            )
-        except (RemoteError, TimeoutError, ConnectionError, LookupError) as e:
-            r.reference = ReferenceFigures(ReferenceState.FAILED, str(e))
-        else:
-            got, want = self.result.token_ids, list(ref.token_ids)
-            differ = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
-            if differ is None and len(got) != len(want):
-                differ = min(len(got), len(want))
-            r.reference = ReferenceFigures(
-                ReferenceState.DONE,
-                stage=ref.stage,
-                device=ref.device,
-                method=ref.method,
-                prompt_token_ids=list(ref.prompt_token_ids),
-                token_ids=want,
-                match=differ is None,
-                first_difference=differ,
-                load_s=ref.load_s,
-                generate_s=ref.generate_s,
-                mem_before=ref.mem_before,
-                mem_after=ref.mem_after,
-                loaded=ReferenceLoad(ref.loaded) if ref.loaded else None,
-                programs=program_figures(ref.programs),
-            )
-        ended = time.monotonic()
-        seconds = round(ended - started, 4)
-        self.spans["reference"] = (started, ended)
-        r.reference.seconds = r.timings["reference"] = seconds
-        if self.on_phase is not None:
-            self.on_phase("reference", seconds, r.reference.line())
+    def _stage_ready(self, stage: int) -> None:
+        self.asker.ready(self, stage)
 
-    def _note(self, what: str, done: int, total: int) -> None:
+    async def _reference(self) -> None:
+        await self.asker.step(self)
+
+    def note(self, what: str, done: int, total: int) -> None:
         """A count of work done in the nodes (a stage's ``Progress``): the furthest of its kind."""
         if done >= self.noted.get(what, (0, 0))[0]:
             self.noted[what] = (done, total)
@@ -517,6 +462,7 @@ class SmokeRun(Resource):
         deadline = time.monotonic() + seconds
         if self.vast is not None:
             self.vast.deadline = deadline  # the teardown's own retries may wait until its deadline
+        await self.asker.close()  # a reference asked early and never waited for: cancelled
         try:
             await _settled(self.releasing, deadline)  # destroys already under way: finished (or given up) first
             if self.deployment is not None:

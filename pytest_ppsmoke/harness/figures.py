@@ -91,7 +91,11 @@ class ReferenceFigures:
     loaded: ReferenceLoad | None = (
         None  # beside: a reference worker loaded it with the stages; after: the stage's, afresh
     )
-    seconds: float | None = None  # the step as the orchestrator saw it
+    seconds: float | None = None  # the step as the orchestrator saw it (asked early: the wait for its answer)
+    # asked as stage 0's node was ready (its reference loaded beside), while the other stages still
+    # loaded: its seconds from the query to the answer, before or beside the request's (None: asked
+    # at the step, after the request)
+    early_s: float | None = None
     mem_before: int | None = None  # the worker's device bytes in use before the load and after the generate
     mem_after: int | None = None  # (after: the model dropped first; beside: the model kept)
     programs: ProgramFigures | None = None  # its worker's (None: the program cache off)
@@ -101,6 +105,8 @@ class ReferenceFigures:
         if self.state != "done":
             return f"reference {self.state}" + (f": {self.detail}" if self.detail else "")
         how = "loaded beside the stages" if self.loaded == "beside" else "loaded after the request"
+        if self.early_s is not None:
+            how += f", asked as it was ready: {self.early_s:.3g} s"
         where = f"{stage_name(self.stage)} ({self.device}, {self.method}, {how})"
         if self.match:
             return f"reference on {where}: the {len(self.token_ids)} tokens match"

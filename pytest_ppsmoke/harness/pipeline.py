@@ -203,6 +203,7 @@ class _Orchestrator:
         self.first_token_at: float | None = None  # this process's clock: no skew between machines
         self.first_token_callback = on_first_token
         self.progress_callback = on_progress
+        self.reference_notes: OnProgress | None = None  # a reference's (request id 0), asked before this request
         # the seed's frame counts when the request went out, the FirstToken came, the response came
         self.frames_at_send: Counts = {}
         self.frames_at_first_token: Counts | None = None
@@ -225,7 +226,10 @@ class _Orchestrator:
     def on_progress(self, msg: Progress, ctx: Context) -> None:
         """A stage's note of its work (counted apart in the frames): to ``on_progress``, if it
         is of this request, or of one whose id is not known yet."""
-        if self.progress_callback is not None and self.request_id in (None, msg.request_id):
+        if msg.request_id == 0:  # the reference's, asked before the request and still running
+            if self.reference_notes is not None:
+                self.reference_notes(msg)
+        elif self.progress_callback is not None and self.request_id in (None, msg.request_id):
             self.progress_callback(msg)
 
     def on_inference_response(self, msg: InferenceResponse, ctx: Context) -> None:
@@ -288,7 +292,9 @@ async def run_inference(
     failure messages name it (``instance 12400002 (label)``)."""
     places = dict(instances or {})
     orch = _Orchestrator(on_first_token, on_progress)
-    seed.actors.pop(ORCHESTRATOR_ACTOR, None)
+    before = seed.actors.pop(ORCHESTRATOR_ACTOR, None)
+    if isinstance(before, _Notes):  # a reference in flight: its notes still reach its callback
+        orch.reference_notes = before.progress_callback
     seed.add_actor(ORCHESTRATOR_ACTOR, orch)
     stage_ids = {}
     for i in range(num_stages):
@@ -412,14 +418,19 @@ REFERENCE_SLACK = 5.0  # seconds the orchestrator waits beyond the node's deadli
 async def request_reference(
     seed: Node, prompt: str, max_tokens: int, timeout: float, on_progress: OnProgress | None = None
 ) -> ReferenceResult:
-    """The token-exact reference, computed on ``pp-entry``'s node (stage 0) after the request:
-    its worker loads the model afresh and runs it in one piece on that node's device. The node
+    """The token-exact reference, computed on ``pp-entry``'s node (stage 0): its reference worker
+    (loaded beside the stages; it may be asked before the request) or its stage's worker after
+    the request, which loads the model afresh, runs it in one piece on that node's device. The node
     gets ``timeout`` less a slack, so that its own error (a worker deadline, a busy stage) comes
     back before this one expires; it notes its work (``Progress``, request id 0: ``loading``,
     then its ``tokens``) to the orchestrator's actor, which asks: ``on_progress`` hears each.
     Raises RemoteError, TimeoutError, ConnectionError or LookupError."""
-    seed.actors.pop(ORCHESTRATOR_ACTOR, None)
-    seed.add_actor(ORCHESTRATOR_ACTOR, _Notes(on_progress))
+    current = seed.actors.get(ORCHESTRATOR_ACTOR)
+    if isinstance(current, _Orchestrator):  # a request's: it passes the reference's notes on
+        current.reference_notes = on_progress
+    else:
+        seed.actors.pop(ORCHESTRATOR_ACTOR, None)
+        seed.add_actor(ORCHESTRATOR_ACTOR, _Notes(on_progress))
     started = time.monotonic()
     entry = await seed.resolve(ENTRY, min(60.0, timeout))
     left = timeout - (time.monotonic() - started)

@@ -25,7 +25,8 @@ with the digest of its raw wire bytes, taken by the worker that produced them an
 that decoded them; the frames the node sent and received, by type, from the frame that began
 the request on. ``KvInfo`` is the worker's reading of its caches (``StageModel.kv_info``).
 
-Any stage answers ``ReferenceQuery`` (the harness asks ``pp-entry``, after the request): the model
+Any stage answers ``ReferenceQuery`` (the harness asks ``pp-entry``: as soon as it is ready when its
+reference is loaded beside, else after the request): the model
 runs in one piece on the node's device, and ``ReferenceResult`` carries the tokens. On stage 0 a
 reference worker of its own (``PP_REFERENCE=beside``: the orchestrator's choice on GPUs) has loaded
 it while the stages loaded; elsewhere, or with ``PP_REFERENCE=after``, the stage's worker loads it
@@ -183,7 +184,7 @@ class StageActor:
         self.name = stage_name(stage)
         self._ids = itertools.count(int(time.time() * 1000) % 1_000_000 * 1000)
         self.busy: int | None = None
-        self.reference_running = False  # stage 0 refuses requests meanwhile: the worker is busy with it
+        self.reference_running = False  # one at a time; in the stage's worker, requests are refused meanwhile
         self.reply_to: ActorAddress | None = None
         self.max_tokens = 0
         self.tokens: list[int] = []
@@ -344,7 +345,7 @@ class StageActor:
             raise ValueError(f"{self.name} is not the entry stage; send InferenceRequest to pp-entry")
         if self.busy is not None:
             raise Busy(f"busy: {self.name} is serving request {self.busy}; one request at a time")
-        if self.reference_running:
+        if self.reference_running and self.reference is None:  # in the stage's own worker
             raise Busy(f"busy: {self.name} is computing the reference; one request at a time")
         if msg.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {msg.max_tokens}")
@@ -500,16 +501,19 @@ class StageActor:
 
     async def on_reference_query(self, msg: ReferenceQuery, ctx: Context) -> ReferenceResult:
         """The model in one piece on this node's device, by its worker (``reference`` op), within
-        ``msg.timeout_ms``. Stage 0 is the pipeline's gate: it first waits for the request in
-        flight to end (the last stage answers the orchestrator before stage 0 hears the end) and
-        refuses requests while the reference runs, so that the two never share the worker."""
+        ``msg.timeout_ms``. Stage 0 is the pipeline's gate: a reference in the stage's own worker
+        (after) first waits for the request in flight to end (the last stage answers the
+        orchestrator before stage 0 hears the end), and requests are refused while it runs, so that
+        the two never share the worker; one in its reference worker (beside) runs beside a request
+        (the orchestrator asks it as this node is ready, while the other stages load). One
+        reference at a time, either way."""
         timeout = msg.timeout_ms / 1000
         if timeout <= 0:
             raise ValueError(f"timeout_ms must be positive, got {msg.timeout_ms}")
         deadline = time.monotonic() + timeout
         if self.first:
             waited_until = time.monotonic() + min(IDLE_WAIT, timeout)
-            while self.busy is not None or self.reference_running:
+            while (self.busy is not None and self.reference is None) or self.reference_running:
                 if time.monotonic() >= waited_until:
                     what = f"request {self.busy}" if self.busy is not None else "another reference"
                     raise Busy(f"busy: {self.name} is still serving {what}; the reference runs when it is idle")
