@@ -14,8 +14,9 @@
 # BASELINE=PKG.tar runs the same passes again with the image's package replaced by PKG.tar's
 # (pytest_ppsmoke/ and worker/ of another commit: bench/export_image.sh's landed code) and its
 # cache as that commit's image ships it (empty), on the same files: passes named baseline-cold
-# and baseline-warm. Needs root (unshare, mount, chroot). Nothing is left mounted: the namespace
-# ends with the script.
+# and baseline-warm. OVERLAY=PKG.tar replaces the image's package by PKG.tar's (the same layout)
+# for the first passes, its cache kept as shipped: a newer commit's code in this image's files.
+# Needs root (unshare, mount, chroot). Nothing is left mounted: the namespace ends with the script.
 set -euo pipefail
 rootfs_tar=$1 model=$2 envfile=$3 out=$4
 shift 4
@@ -37,6 +38,10 @@ baseline=${BASELINE:-}
 if [[ -n $baseline ]]; then  # the other commit's package, unpacked beside the image's
   mkdir -p "$root/opt/baseline"
   tar -C "$root/opt/baseline" -xf "$baseline"
+fi
+if [[ -n ${OVERLAY:-} ]]; then  # a newer commit's package in place of the image's
+  mkdir -p "$root/opt/overlay"
+  tar -C "$root/opt/overlay" -xf "$OVERLAY"
 fi
 
 # the driver's user-space libraries, as the container runtime finds them (ldconfig's cache)
@@ -102,6 +107,9 @@ passes() {  # PREFIX CACHE: cold then warm, from CACHE's files as /opt/cache and
   done
 }
 ARGS=("$@")
+if [[ -d $root/opt/overlay/pytest_ppsmoke ]]; then
+  rm -rf "${site:?}/pytest_ppsmoke" && cp -a "$root/opt/overlay/pytest_ppsmoke" "$site/pytest_ppsmoke"
+fi
 passes "" "$shipped"
 if [[ -d $root/opt/baseline/pytest_ppsmoke ]]; then  # the other commit's code, and its image's empty cache
   for d in pytest_ppsmoke worker; do

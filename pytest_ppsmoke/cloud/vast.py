@@ -435,10 +435,12 @@ class VastClient:
 
     async def destroy_instances(self, instance_ids: Sequence[int]) -> None:
         """Destroy them in one call (``DELETE /api/v0/instances/`` with ``instance_ids``, as
-        vast-cli's SDK destroys a list): VastError unless every one was accepted. Not in vast.ai's
-        API document: its limit is held to one destroy's (``vastdoc.rate_limits``)."""
+        vast-cli's SDK destroys a list): VastError unless every one was accepted, at the first
+        answer (not retried: the caller's fallback, each destroyed alone, is its retry). Not in
+        vast.ai's API document: its limit is held to one destroy's (``vastdoc.rate_limits``)."""
         path = "/api/v0/instances/"
-        status, data = await self._call("DELETE", path, body={"instance_ids": [int(i) for i in instance_ids]})
+        body = {"instance_ids": [int(i) for i in instance_ids]}
+        status, data = await self._call("DELETE", path, body=body, retry=False)
         if not 200 <= status < 300 or not isinstance(data, dict) or data.get("success") is not True:
             raise VastError("DELETE", path, status, _error_text(data))
 
