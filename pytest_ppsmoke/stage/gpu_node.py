@@ -105,6 +105,7 @@ from .pipe import (
     ForwardAndSample,
     HiddenOut,
     ReadKvInfo,
+    Ready,
     Request,
     RunReference,
     Tokenize,
@@ -590,6 +591,7 @@ async def run(settings: Settings, ring: LogRing) -> None:
     bridge.redact = ring.redactor.text  # the node's keys, out of its worker's words before it keeps them
     beside: ReferenceBeside | None = None
     guard: asyncio.Task[None] | None = None
+    loading: asyncio.Future[Ready] | None = None
     try:
         watch.start()
         # the guard runs from the start: an orchestrator that dies before this node joins leaves
@@ -597,6 +599,15 @@ async def run(settings: Settings, ring: LogRing) -> None:
         guard = asyncio.ensure_future(guard_lifetime(node, settings, stop))
         if failpoints.on("node.crash"):  # an error nobody planned for (iroh's, a bug)
             raise RuntimeError("failpoint node.crash: an unexpected error in the node")
+        # the workers load while the node joins (its endpoint bound, the seed dialled, SWIM's
+        # join): a join over the internet (a relay, a hole punched) costs the load nothing
+        bridge.on_progress = status.load_said  # the load's steps, blocks and programs, as they come
+        loading = asyncio.ensure_future(bridge.start(settings.ready_timeout))
+        if stage == 0 and settings.env.reference == "beside":
+            ref_env = {**inherited(), **worker_env.replace(worker_role="reference").to_env()}
+            ref_bridge = WorkerBridge(argv, ref_env, f"{stage_name(0)}'s reference")
+            ref_bridge.redact = ring.redactor.text
+            beside = ReferenceBeside(ref_bridge, settings.ready_timeout)
         joining = await _unless_stopped(node.start(), stop)
         if joining is None:
             return
@@ -607,14 +618,8 @@ async def run(settings: Settings, ring: LogRing) -> None:
         life.joined(node.id)
         markers.say("joined")
         markers.log_secrets(settings.env)
-        if stage == 0 and settings.env.reference == "beside":
-            ref_env = {**inherited(), **worker_env.replace(worker_role="reference").to_env()}
-            ref_bridge = WorkerBridge(argv, ref_env, f"{stage_name(0)}'s reference")
-            ref_bridge.redact = ring.redactor.text
-            beside = ReferenceBeside(ref_bridge, settings.ready_timeout)
-        bridge.on_progress = status.load_said  # the load's steps, blocks and programs, as they come
         life.loading()
-        starting = await _unless_stopped(bridge.start(settings.ready_timeout), stop)
+        starting = await _unless_stopped(asyncio.shield(loading), stop)
         bridge.on_progress = None
         if starting is None:
             return
@@ -643,12 +648,11 @@ async def run(settings: Settings, ring: LogRing) -> None:
         await stop.wait()
     finally:
         await watch.close()  # cannot fail: the rest of the teardown runs
-        for task in (guard, parent):
+        for task in (guard, parent, loading):
             if task is not None:
                 task.cancel()
-        await bridge.close()
-        if beside is not None:
-            await beside.close()
+        # both workers end at once (each its own process, and a GPU's context to let go)
+        await asyncio.gather(bridge.close(), *([beside.close()] if beside is not None else []))
         await node.close()
 
 
