@@ -65,9 +65,14 @@ def _empty_lists(value: Any, prefix: str = "") -> set[str]:
 
 def _same_keys(a: Any, b: Any) -> None:
     """The same key paths at every level, but inside a list that one of them has empty: what a
-    run measured (a stall of its event loop, on a loaded machine) is in one and not the other."""
+    run measured (a stall of its event loop, on a loaded machine) is in one and not the other; and
+    but the API's endpoints by name, which are those each run called."""
     empty = _empty_lists(a) | _empty_lists(b)
-    odd = {k for k in _keys(a) ^ _keys(b) if not any(k.startswith(e + ".[].") for e in empty)}
+    odd = {
+        k
+        for k in _keys(a) ^ _keys(b)
+        if not any(k.startswith(e + ".[].") for e in empty) and not k.startswith("vast_api.endpoints.")
+    }
     assert not odd, sorted(odd)
 
 
@@ -194,12 +199,19 @@ def test_the_cli_and_the_plugin_write_the_same_report(
             "unsplit, boundaries rounded to bf16",
         )
         assert ref["token_ids"] == r["token_ids"] and ref["prompt_token_ids"] == r["prompt_token_ids"]
-        assert ref["load_s"] > 0 and ref["generate_s"] > 0 and r["timings"]["reference"] >= ref["generate_s"]
+        assert ref["load_s"] > 0 and ref["generate_s"] > 0
+    # the CLI's (after, on the CPU) asked at its step; the plugin's (beside) as stage 0 was ready,
+    # its answer then waited for at the step
+    assert a["reference"]["early_s"] is None and a["timings"]["reference"] >= a["reference"]["generate_s"]
+    assert b["reference"]["early_s"] >= b["reference"]["generate_s"] and b["timings"]["reference"] >= 0
     # pp-smoke-run lets stage 1's instance go when the reference starts on stage 0's node (nothing
     # after it asks stage 1); the plugin keeps both to the teardown (its tests ask any node, in any
     # order). Either way, both are destroyed
     for r, released in ((a, [False, True]), (b, [False, False])):
         assert [i["released"] for i in sorted(r["instances"], key=lambda i: i["stage"])] == released, r["instances"]
+    # ... the CLI's stage 1 destroyed alone, then stage 0's; the plugin's two in one call
+    calls = [{k: v["calls"] for k, v in r["vast_api"]["endpoints"].items() if k.startswith("destroy")} for r in (a, b)]
+    assert calls == [{"destroy": 2}, {"destroy_many": 1}], calls
     # the verdict: every claim a local run can check passed, each with its figure, from the same
     # judges as the spec's tests (harness/claims.py); the block says so at the end of the CLI's output
     checked = {c["claim"]: c for c in a["claims"]}
