@@ -651,9 +651,12 @@ async def run(settings: Settings, ring: LogRing) -> None:
         for task in (guard, parent, loading):
             if task is not None:
                 task.cancel()
-        # both workers end at once (each its own process, and a GPU's context to let go)
-        await asyncio.gather(bridge.close(), *([beside.close()] if beside is not None else []))
-        await node.close()
+        # the workers end (each its own process, and a GPU's context to let go) while the node
+        # leaves the cluster: each may wait for the others' answers, none needs another first
+        closing = [bridge.close(), *([beside.close()] if beside is not None else []), node.close()]
+        for failed in await asyncio.gather(*closing, return_exceptions=True):
+            if isinstance(failed, BaseException):
+                log.warning("stopping: %s", failed)
 
 
 def main() -> None:
