@@ -193,16 +193,16 @@ class Settings:
     )
     reference: bool = option(
         True,
-        "after the request, run the model in one piece on stage 0's node and compare tokens: on or off",
+        "run the model in one piece on stage 0's node and compare its tokens with the request's: on or off",
         _ON_OFF,
         group="model",
     )
     reference_load: str = option(
         "auto",
-        "where stage 0's node loads the reference's model: beside (a worker of its own, while the stages load, so "
-        "the reference step only generates), after (the stage's worker, after the request: one model in memory at "
-        "a time until then), or auto (beside on GPUs, after on this machine's CPU, where a third process "
-        "takes the cores the stages load on)",
+        "where stage 0's node loads the reference's model: beside (a worker of its own, while the stages load; it is "
+        "asked as soon as stage 0 is ready and runs while the other stages load, so the reference step only waits for "
+        "its answer), after (the stage's worker, after the request: one model in memory at a time until then), or "
+        "auto (beside on GPUs, after on this machine's CPU, where a third process takes the cores the stages load on)",
         checks.choice(("auto", *REFERENCES), "reference load"),
         group="model",
     )
