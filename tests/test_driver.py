@@ -85,6 +85,7 @@ def test_infer(ppsmoke_inference, ppsmoke_reference):
 """
 
 
+SLOW_REFERENCE = 4.0  # seconds the plugin's reference waits on stage 0's node before it generates
 # every phase of a passing local run, each drawn on the terminal as it runs
 PHASES_DRAWN = [p.value for p in Phase]
 # the claims the issue's verdict names as passed on a local run (the direct paths need NATs to cross)
@@ -156,7 +157,9 @@ def test_the_cli_and_the_plugin_write_the_same_report(
                 "-p", "no:asyncio", "--ppsmoke-report", str(from_plugin), "--ppsmoke-reference-load", "beside",
                 *(a.replace("--", "--ppsmoke-", 1) if a.startswith("--") else a for a in args),
             ],
-            stdin=subprocess.DEVNULL, stdout=plugin_tty.slave, stderr=plugin_tty.slave, env=env, cwd=pytester.path,
+            stdin=subprocess.DEVNULL, stdout=plugin_tty.slave, stderr=plugin_tty.slave, cwd=pytester.path,
+            # its reference held 4 s on stage 0's node before it generates: the request comes meanwhile
+            env={**env, "PP_FAILPOINTS": f"vast.slow_reference={SLOW_REFERENCE}"},
         )  # fmt: skip
         plugin_tty.close_slave()
         plugin_run.wait(timeout=240)
@@ -204,6 +207,9 @@ def test_the_cli_and_the_plugin_write_the_same_report(
     # its answer then waited for at the step
     assert a["reference"]["early_s"] is None and a["timings"]["reference"] >= a["reference"]["generate_s"]
     assert b["reference"]["early_s"] >= b["reference"]["generate_s"] and b["timings"]["reference"] >= 0
+    # ... and held there (the failpoint) while stage 0 took the request: a reference in a worker of
+    # its own holds no request back (one in the stage's worker does: test_pipeline's Busy)
+    assert b["reference"]["early_s"] >= SLOW_REFERENCE
     # pp-smoke-run lets stage 1's instance go when the reference starts on stage 0's node (nothing
     # after it asks stage 1); the plugin keeps both to the teardown (its tests ask any node, in any
     # order). Either way, both are destroyed
