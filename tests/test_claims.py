@@ -75,3 +75,17 @@ def test_the_judges_name_what_differed() -> None:
     assert "random weights" in claims.output_text("\u00e9a<|x|>", [1], noise=True)
     with pytest.raises(claims.NotChecked, match="the reference was off"):
         claims.tokens_exact(ReferenceFigures(ReferenceState.OFF), "bf16", [1], [2])
+
+
+def test_the_references_frames_in_a_request_window_are_counted_apart() -> None:
+    """The reference, asked as stage 0 is ready, may answer while the request decodes: its answer
+    is the reference's, not traffic the token loop sent through the orchestrator."""
+    from pytest_ppsmoke.harness.pipeline import frame_window
+    from pytest_ppsmoke.runtime.codec import MESSAGE_TYPES
+
+    code = {cls.__name__: c for c, cls in MESSAGE_TYPES.items()}
+    window = frame_window({code["InferenceResponse"]: (0, 1), code["ReferenceResult"]: (0, 1), code["Ping"]: (2, 2)})
+    assert window.received == {"InferenceResponse": 1} and window.sent == {}
+    assert (window.reference.received, window.membership.sent) == (1, 2)
+    window = frame_window({code["InferenceResponse"]: (0, 1), code["NextToken"]: (0, 1)})
+    assert window.received == {"InferenceResponse": 1, "NextToken": 1}  # the loop's own: still seen

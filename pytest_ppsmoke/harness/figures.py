@@ -206,14 +206,24 @@ class NoteCounts:
 
 
 @dataclass
+class ReferenceCounts:
+    """The token-exact reference's query and answer (``ReferenceQuery``, ``ReferenceResult``),
+    summed: asked as stage 0 is ready, its frames may fall in the request's windows."""
+
+    sent: int = 0
+    received: int = 0
+
+
+@dataclass
 class FrameWindow:
-    """The frames of a window by message type name, membership traffic and progress notes summed
-    apart."""
+    """The frames of a window by message type name; membership traffic, progress notes and the
+    reference's frames summed apart."""
 
     sent: dict[str, int] = field(default_factory=dict)
     received: dict[str, int] = field(default_factory=dict)
     membership: MembershipCounts = field(default_factory=MembershipCounts)
     notes: NoteCounts = field(default_factory=NoteCounts)
+    reference: ReferenceCounts = field(default_factory=ReferenceCounts)
 
 
 @dataclass

@@ -20,7 +20,9 @@ counted: the boundary), and when the ``InferenceResponse`` arrives (counted). Pr
 window between the first two, decode between the last two; each stage's counts cover its request
 from the frame that began it. Membership traffic (``MEMBERSHIP_MESSAGES``) is counted apart, and so
 are the stages' progress notes (``Progress``: counts of blocks and tokens, one way, for the live
-line; ``on_progress`` hears each), so that what is left is the request's own traffic.
+line; ``on_progress`` hears each) and the reference's query and answer (``REFERENCE_MESSAGES``:
+asked as stage 0 is ready, it may run beside the request), so that what is left is the request's
+own traffic.
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ MEMBERSHIP_MESSAGES = frozenset(
     {"Ping", "Ack", "PingReq", "Nack", "Join", "Sync", "Gossip", "Register", "ResolveQuery", "Resolved"}
 )
 NOTE_MESSAGES = frozenset({"Progress"})  # the stages' progress notes: counted apart, as membership is
+# the reference, asked as stage 0 is ready: its query and answer may fall in the request's windows
+REFERENCE_MESSAGES = frozenset({"ReferenceQuery", "ReferenceResult"})
 FINISH_WAIT = 10.0  # how long the figures wait for stage 0 and the last stage to mark the request finished
 
 Counts = dict[int, tuple[int, int]]  # message type code -> (sent, received)
@@ -163,6 +167,10 @@ def frame_window(pairs: dict[int, tuple[int, int]]) -> FrameWindow:
         if name in NOTE_MESSAGES:
             window.notes.sent += sent
             window.notes.received += received
+            continue
+        if name in REFERENCE_MESSAGES:
+            window.reference.sent += sent
+            window.reference.received += received
             continue
         if sent:
             window.sent[name] = sent
