@@ -6,11 +6,24 @@ faces (the pytest plugin, ``pp-smoke-run``) down to what both sides of the wire 
 standard library.
 """
 
-from importlib import metadata
+import functools
 
-try:
-    __version__ = metadata.version("pytest-ppsmoke")
-except metadata.PackageNotFoundError:  # run from a source tree that was never installed
-    __version__ = "0.0.0"
 
-DEFAULT_IMAGE = f"ghcr.io/pytest-ppsmoke/gpu-node:{__version__}"  # docker/Dockerfile builds it
+@functools.cache
+def _version() -> str:
+    from importlib import metadata  # some 35 ms: read when asked, not by every node and worker
+
+    try:
+        return metadata.version("pytest-ppsmoke")
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "0.0.0"
+
+
+def __getattr__(name: str) -> str:
+    """``__version__``, and ``DEFAULT_IMAGE`` (the node image docker/Dockerfile builds, tagged
+    with it): read from the installed package's metadata on first use."""
+    if name == "__version__":
+        return _version()
+    if name == "DEFAULT_IMAGE":
+        return f"ghcr.io/pytest-ppsmoke/gpu-node:{_version()}"
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -22,6 +22,9 @@ MAX_KEYS = 1 << 16  # more key-value pairs than any model has: the file is not a
 MAX_TENSORS = 1 << 20  # more tensors than any model has
 MAX_DIMS = 4  # ggml's GGML_MAX_DIMS
 ALIGNMENT = 32  # the data's alignment where the header names none (GGUF_DEFAULT_ALIGNMENT)
+# in the general.name of every file pp-synth-gguf writes (stage/synth.py): its text is noise by design;
+# here, so that a run can tell such a file by its metadata without importing the writer (numpy)
+RANDOM_WEIGHTS = "random weights"
 
 # ggml's types (ggml.h's enum ggml_type): (elements per block, bytes per block), as gguf-py's
 # GGML_QUANT_SIZES lists them; a plain type is a block of one element

@@ -18,13 +18,14 @@ import builtins
 import enum
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from .protocol import WIRE_DTYPES
 from .runtime import codec
 from .runtime.codec import F64, U8, U32, U64, ActorAddress, Message, message, wire_struct
+
+if TYPE_CHECKING:
+    import numpy as np  # imported where an array is made or read: the nodes and pp-smoke-run never do
 
 MAX_DIMS = 8  # of a hidden state; bounds the work a crafted shape can cause
 
@@ -72,6 +73,8 @@ def f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
 
     NaNs stay NaN (quiet bit set); infinities and overflow to infinity behave as IEEE rounding does.
     """
+    import numpy as np
+
     bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
     rounded = ((bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)).astype(np.uint16)
     nan = np.isnan(x)
@@ -81,6 +84,8 @@ def f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
 
 
 def bf16_bits_to_f32(b: np.ndarray) -> np.ndarray:
+    import numpy as np
+
     return (b.astype(np.uint32) << np.uint32(16)).view(np.float32)
 
 
@@ -117,6 +122,8 @@ class Hidden:
 
     @classmethod
     def from_array(cls, x: np.ndarray, dtype: WireDtype | str = WireDtype.bf16) -> Hidden:
+        import numpy as np
+
         dt = WireDtype.parse(dtype)
         if dt is WireDtype.bf16:
             raw = f32_to_bf16_bits(np.asarray(x, dtype=np.float32)).astype("<u2")
@@ -128,6 +135,8 @@ class Hidden:
 
     def to_array(self) -> np.ndarray:
         """The tensor as float32 (bf16 and f16 widen exactly)."""
+        import numpy as np
+
         dt = self.wire_dtype
         if dt is WireDtype.bf16:
             flat = bf16_bits_to_f32(np.frombuffer(self.data, dtype="<u2"))

@@ -177,7 +177,14 @@ def _tinygrad_on_the_cpu(request: pytest.FixtureRequest) -> Iterator[None]:
     ``LLVM_PATH`` (unless set): the libLLVM that tinygrad's CPU device loads, found once here.
     Without it every process that opens the device looks for the library file by file through
     /lib and /usr/lib (some 0.1 CPU-seconds of a worker's 0.9); with it tinygrad loads that
-    file at once. The same library either way, and no program's key reads it."""
+    file at once. The same library either way, and no program's key reads it.
+
+    The program cache (``stage/cache.py``'s ``install_program_cache``, as every worker installs
+    it) in this process too: the tests that run tinygrad here (the references, the loads, the
+    tokenizer's model, the synthetic files) generated every program and schedule afresh in each
+    session, and the same shapes again in each test (two references of the synthetic model, 6.8
+    CPU-seconds cold in-process, 1.1 warm). The same programs: the cache is keyed by each
+    kernel's AST, the renderer and every tinygrad setting, and tests/test_cache.py checks it."""
     chosen = os.environ.get("DEV") or any(os.environ.get(d) == "1" for d in _tinygrad_devices())
     if chosen or any(item.get_closest_marker("gpu") for item in request.session.items):
         yield
@@ -187,6 +194,10 @@ def _tinygrad_on_the_cpu(request: pytest.FixtureRequest) -> Iterator[None]:
     ours = [name for name, value in settings.items() if name not in os.environ and value]
     for name in ours:
         os.environ[name] = settings[name]
+    if importlib.util.find_spec("tinygrad") is not None:
+        from pytest_ppsmoke.stage.cache import install_program_cache
+
+        install_program_cache()
     try:
         yield
     finally:

@@ -75,8 +75,7 @@ LATE_TEARDOWN = 0.5  # the share of teardown_timeout a teardown gets even when t
 
 def random_weights(model: str) -> bool:
     """Whether ``model`` is a GGUF on this machine whose weights are random (``pp-synth-gguf``'s)."""
-    from ..ggufinfo import GGUFError, metadata
-    from ..stage.synth import RANDOM_WEIGHTS
+    from ..ggufinfo import RANDOM_WEIGHTS, GGUFError, metadata
 
     try:
         return RANDOM_WEIGHTS in str(metadata(model, ("general.name",)).get("general.name", ""))

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..cloud import vastdoc
+from ..cloud.emulator import NETWORK_PATH
 from ..cloud.emulator.catalogue import widened
-from ..cloud.emulator.server import NETWORK_PATH, FakeVast
 from ..cloud.preflight import image_check
 from ..cloud.provider import OfferQuery, Provider
 from ..cloud.vast import DEFAULT_URL, VastClient
@@ -44,6 +44,7 @@ from .runconfig import RunConfig
 from .settings import REPLACE, Settings
 
 if TYPE_CHECKING:
+    from ..cloud.emulator.server import FakeVast
     from ..network import NetworkSpec
 
 log = logging.getLogger(__name__)
@@ -250,6 +251,8 @@ async def _embedded(s: Settings, config: RunConfig, network: str, stages: int, d
     gpus = [g for g in s.gpus.split(",") if g] or None
     # the catalogue widened to the stage count where the query takes fewer (catalogue.widened)
     offers = widened(stages, search_body(config.query))
+    from ..cloud.emulator.server import FakeVast  # aiohttp's server, the API's description: only when embedded
+
     fake = FakeVast(gpus=gpus, runtime=s.runtime, network=network, catalogue=offers)
     await fake.start()
     try:

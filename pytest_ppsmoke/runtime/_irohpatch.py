@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import importlib.metadata
 import inspect
 import textwrap
 from typing import Any
@@ -65,12 +64,18 @@ def _self_test() -> None:  # the generated binding is untyped
         raise IrohPatchError("patched iroh RustBuffer write produced different bytes from its input")
 
 
+def _iroh_version() -> str:
+    import importlib.metadata  # some 15-30 ms a process: only for the error's words
+
+    return importlib.metadata.version("iroh")
+
+
 def apply() -> None:
     """Replace the byte-at-a-time copy with memmove (idempotent)."""
     builder = getattr(iroh_ffi, "_UniffiRustBufferBuilder", None)
     if builder is None or not hasattr(builder, "write") or not hasattr(builder, "_reserve"):
         raise IrohPatchError(
-            f"iroh {importlib.metadata.version('iroh')}: _UniffiRustBufferBuilder.write/_reserve not found; "
+            f"iroh {_iroh_version()}: _UniffiRustBufferBuilder.write/_reserve not found; "
             "review pytest_ppsmoke/runtime/_irohpatch.py for this release"
         )
     if getattr(builder.write, "__ppsmoke_patch__", False):
@@ -78,7 +83,7 @@ def apply() -> None:
     digest = _source_sha256(builder.write)
     if digest != _REVIEWED_WRITE_SHA256:
         raise IrohPatchError(
-            f"iroh {importlib.metadata.version('iroh')} changed _UniffiRustBufferBuilder.write "
+            f"iroh {_iroh_version()} changed _UniffiRustBufferBuilder.write "
             f"(source sha256 {digest}, reviewed {_REVIEWED_WRITE_SHA256}); "
             "check whether it still copies byte by byte and update pytest_ppsmoke/runtime/_irohpatch.py"
         )

@@ -52,7 +52,8 @@ from pathlib import Path
 
 import numpy as np
 
-RANDOM_WEIGHTS = "random weights"  # in every file's general.name: its text is noise by design
+from ..ggufinfo import RANDOM_WEIGHTS  # in every file's general.name: its text is noise by design
+
 CHAT_TOKENS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
 # Llama 3 has 256 special tokens (128000-128255) among 128256. tinygrad's tokenizer compiles one
 # pattern of all the special tokens in each process that loads the model: 128000 of them (this

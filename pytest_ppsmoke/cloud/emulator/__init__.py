@@ -62,3 +62,5 @@ life), :mod:`.runtimes` (what an instance is: one class per runtime, named in :m
 
 This module and :mod:`.registry` import only the standard library.
 """
+
+NETWORK_PATH = "/ppsmoke/network"  # the emulator's own path: the emulated network's host address

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from ...protocol import VAST_ENDPOINTS
-from . import apidoc, catalogue, faults, logs
+from . import NETWORK_PATH, apidoc, catalogue, faults, logs
 from .answers import EMULATOR
 from .answers import error_answer as _error
 from .answers import json_answer as _json
@@ -34,8 +34,6 @@ if TYPE_CHECKING:
     from .protocols import Emulator
 
 log = logging.getLogger(__name__)
-
-NETWORK_PATH = "/ppsmoke/network"  # the emulator's own path: the emulated network's host address
 
 
 def app(vast: Emulator) -> web.Application:

@@ -41,7 +41,6 @@ from .runtimes import Runtime
 log = logging.getLogger(__name__)
 
 RUNTIMES = registry.NAMES
-NETWORK_PATH = api.NETWORK_PATH
 
 
 class FakeVast(Resource):
