@@ -3,7 +3,7 @@ its tokens against the pipeline's. Where stage 0 loads it beside the stages (a r
 of its own: on GPUs), it is asked as soon as stage 0's node is ready, while the other stages
 still load (each create is 4.5 s after the last on vast.ai, and a boot takes minutes), and runs
 beside the request if it outlasts them; the reference step then waits for an answer most often
-already in, and the teardown can destroy every instance at once. Where it is loaded after the
+already in, and the teardown destroys every instance at once. Where it is loaded after the
 request (the stage's own worker), it is asked at its step, and the other stages' instances are
 destroyed while it runs."""
 
@@ -92,10 +92,12 @@ class Asker:
             return
         dep.phase = Phase.REFERENCE
         started = time.monotonic()
-        # the reference runs on stage 0's node alone: the other stages' instances are destroyed
-        # while it runs (their destroys spaced as vast.ai's limit asks), not after it; an answer
-        # already in leaves them to the teardown, which destroys them all in one call
-        if run.release_early and (early is None or not early.done()):
+        # asked now, the reference runs on stage 0's node alone: the other stages' instances are
+        # destroyed while it runs (their destroys spaced as vast.ai's limit asks), not after it.
+        # Asked early, it is most often in, or nearly: they are left to the teardown, which
+        # destroys them all in one call (released now, stage 0's destroy would wait out the
+        # destroy limit after theirs)
+        if run.release_early and early is None:
             run.releasing = asyncio.ensure_future(dep.release(keep=0))
         early_s = None
         try:
