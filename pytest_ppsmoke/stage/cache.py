@@ -54,6 +54,7 @@ from typing import Any
 import numpy as np
 
 from ..protocol import layer_range
+from .binaries import binary_refusal, cubin, nvrtc_version
 
 DEFAULT_ROOT = Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "ppsmoke" / "weights"
 DEFAULT_MAX_BYTES = 8 << 30
@@ -355,12 +356,9 @@ def install_program_cache() -> ProgramStats:
                 prg = _stamped(_diskcache_get(key), stamp, target is None)  # another process may have made it
                 if prg is None:
                     prg, made = generate(ast, renderer, opts), True
-                    prg, binary = _with_binary(prg, target)
-                    # the uops only feed DEBUG's estimates
-                    _diskcache_put(key, (stamp, dataclasses.replace(prg, uops=None), binary))
+                    _store(key, stamp, *_with_binary(prg, target))
         if prg.lib is None and target is None:  # stored without a binary, or one this device refuses:
-            prg, binary = _with_binary(prg, None)  # compiled here, and stored with it for the next process
-            _diskcache_put(key, (stamp, dataclasses.replace(prg, uops=None), binary))
+            prg = _store(key, stamp, *_with_binary(prg, None))  # compiled here, kept for the next process
         PROGRAMS.misses += made
         PROGRAMS.hits += not made
         PROGRAMS.seconds += time.perf_counter() - started
@@ -543,7 +541,14 @@ def _say(said: str) -> None:
 # "cubin" | "ptx" | "native", "nvrtc": "12.4", "arch": "sm_86"}``. A prebuild for a GPU stores
 # NVRTC's cubin for the target's architecture (no GPU needed to make it; the driver loads it with
 # no JIT); a worker stores what its device's compiler made (PTX on CUDA, which the driver compiles
-# at load, or the CPU's machine code).
+# at load, or the CPU's machine code). What a device may load: ``binaries.py``.
+
+
+def _store(key: str, stamp: str, prg: Any, binary: dict[str, str] | None) -> Any:
+    """``prg`` stored under ``key`` with its stamp and its binary's record (its uops, which only
+    feed DEBUG's estimates, left out); ``prg`` again."""
+    _diskcache_put(key, (stamp, dataclasses.replace(prg, uops=None), binary))
+    return prg
 
 
 def _with_binary(prg: Any, target: Any) -> tuple[Any, dict[str, str] | None]:
@@ -567,77 +572,6 @@ def _with_binary(prg: Any, target: Any) -> tuple[Any, dict[str, str] | None]:
     if name in ("CUDACompiler", "PTXCompiler", "NVCCCompiler"):
         return dataclasses.replace(prg, lib=lib), {"kind": "ptx", "nvrtc": nvrtc_version(), "arch": compiler.arch}
     return dataclasses.replace(prg, lib=lib), {"kind": "native"}
-
-
-def cubin(src: str, arch: str) -> bytes:
-    """NVRTC's cubin of a CUDA program's source for ``arch`` (``sm_86``), with the options
-    tinygrad's CUDA compiler uses; checked to be an ELF for that architecture."""
-    from tinygrad.runtime.support.compiler_cuda import NVCompiler
-
-    lib = bytes(NVCompiler(arch).compile(src))
-    made = cubin_arch(lib)
-    if made != arch:
-        raise RuntimeError(f"NVRTC made a binary for {made}, not {arch}")
-    return lib
-
-
-def cubin_arch(lib: bytes) -> str:
-    """The architecture a cubin was made for, from its ELF header (``sm_90``), or what it is
-    instead: ``not an ELF`` (PTX is text), ``not a CUDA ELF``. A cubin is an ELF of the CUDA
-    machine (190) whose flags hold the SM version in their low byte."""
-    if lib[:4] != b"\x7fELF":
-        return "not an ELF"
-    machine = int.from_bytes(lib[18:20], "little")
-    if machine != 190:
-        return f"not a CUDA ELF (machine {machine})"
-    return f"sm_{int.from_bytes(lib[48:52], 'little') & 0xFF}"
-
-
-@functools.cache
-def nvrtc_version() -> str:
-    """NVRTC's version as ``major.minor`` (``12.4``)."""
-    import ctypes
-
-    from tinygrad.runtime.autogen import nvrtc
-
-    major, minor = ctypes.c_int(), ctypes.c_int()
-    nvrtc.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor))
-    return f"{major.value}.{minor.value}"
-
-
-@functools.cache
-def cuda_driver_version() -> tuple[int, int]:
-    """The CUDA version the host's driver supports (``(12, 4)``), from ``cuDriverGetVersion``."""
-    import ctypes
-
-    from tinygrad.runtime.autogen import cuda
-
-    v = ctypes.c_int()
-    cuda.cuDriverGetVersion(ctypes.byref(v))
-    return v.value // 1000, v.value % 1000 // 10
-
-
-def binary_refusal(binary: dict[str, str] | None) -> str:
-    """Why this device must not load a stored binary ("" where it may). A cubin loads on a driver
-    of its NVRTC's major version or later (CUDA's minor version compatibility); PTX needs a
-    driver of its NVRTC's version or later (its ISA is that toolkit's). The architecture is the
-    program's stamp's, checked before. A binary with no record of what made it is not loaded."""
-    if binary is None:
-        return "no record of what made it"
-    kind = binary.get("kind")
-    if kind == "native":
-        return ""
-    if kind not in ("cubin", "ptx"):
-        return f"unknown kind {kind!r}"
-    try:
-        made = tuple(int(x) for x in binary["nvrtc"].split("."))
-        driver = cuda_driver_version()
-    except Exception as e:  # no driver to ask, or a record without a version
-        return f"the driver's version is unknown ({type(e).__name__}: {e})"
-    need = made[:1] if kind == "cubin" else made[:2]
-    if driver[: len(need)] < need:
-        return f"{kind} of NVRTC {binary['nvrtc']}, the driver supports CUDA {driver[0]}.{driver[1]}"
-    return ""
 
 
 def _settings() -> bytes:

@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from ..nodeenv import NodeEnv, process_env
-from .cache import PREBUILD, cubin_arch, prebuild_renderer, program_stamp
+from .binaries import cubin_arch
+from .cache import PREBUILD, prebuild_renderer, program_stamp
 from .pipe import (
     DecodeStep,
     EmbedAndForward,
@@ -147,7 +148,7 @@ def _ask(proc: subprocess.Popen[bytes], req: Request[Any]) -> Any:
 
 def check(db: str, arches: Sequence[str]) -> dict[str, Any]:
     """What a database's stored GPU programs are, per architecture: how many, how many carry a
-    cubin whose ELF header names that architecture (:func:`cache.cubin_arch`), how many are
+    cubin whose ELF header names that architecture (:func:`binaries.cubin_arch`), how many are
     stamped for this tinygrad's renderer of it (the stamp a worker on such a GPU checks), and
     the NVRTC versions that made them. ``ok``: every architecture of ``arches`` has programs,
     and every one of them passes both checks."""
