@@ -651,6 +651,8 @@ async def run(settings: Settings, ring: LogRing) -> None:
         for task in (guard, parent, loading):
             if task is not None:
                 task.cancel()
+        if loading is not None and loading.done() and not loading.cancelled():
+            loading.exception()  # a worker failed while the node was still joining: stopping now anyway
         # the workers end (each its own process, and a GPU's context to let go) while the node
         # leaves the cluster: each may wait for the others' answers, none needs another first
         closing = [bridge.close(), *([beside.close()] if beside is not None else []), node.close()]
