@@ -88,6 +88,13 @@ if [[ $MODEL == like:* ]]; then
   run pp-synth-gguf /models/model.gguf --like "${MODEL#like:}" 2> "$out/synth.err"
 fi
 site=$(echo "$root"/opt/venv/lib/python3*/site-packages)
+install_pkg() {  # DIR: its pytest_ppsmoke/ (and worker/, where it has one) in place of the image's
+  for d in pytest_ppsmoke worker; do
+    if [[ -d $1/$d ]]; then
+      rm -rf "${site:?}/$d" && cp -a "$1/$d" "$site/$d"
+    fi
+  done
+}
 passes() {  # PREFIX CACHE: cold then warm, from CACHE's files as /opt/cache and an empty HOME
   find "$root/opt/cache" -mindepth 1 -delete
   cp -a "$2/." "$root/opt/cache/"
@@ -107,16 +114,10 @@ passes() {  # PREFIX CACHE: cold then warm, from CACHE's files as /opt/cache and
   done
 }
 ARGS=("$@")
-if [[ -d $root/opt/overlay/pytest_ppsmoke ]]; then
-  rm -rf "${site:?}/pytest_ppsmoke" && cp -a "$root/opt/overlay/pytest_ppsmoke" "$site/pytest_ppsmoke"
-fi
+[[ -d $root/opt/overlay/pytest_ppsmoke ]] && install_pkg "$root/opt/overlay"
 passes "" "$shipped"
 if [[ -d $root/opt/baseline/pytest_ppsmoke ]]; then  # the other commit's code, and its image's empty cache
-  for d in pytest_ppsmoke worker; do
-    if [[ -d $root/opt/baseline/$d ]]; then
-      rm -rf "${site:?}/$d" && cp -a "$root/opt/baseline/$d" "$site/$d"
-    fi
-  done
+  install_pkg "$root/opt/baseline"
   empty=$(mktemp -d)
   passes baseline- "$empty"
   rm -rf "$empty"

@@ -19,6 +19,17 @@ log = logging.getLogger(__name__)
 GONE = ("destroyed", "destroying")  # an instance's state once its destroy was accepted
 
 
+def _gone(inst: RentedInstance, record: Instance | None) -> bool:
+    """After an accepted destroy, whether vast.ai's record of ``inst`` (None: not shown) says it is
+    gone (``destroyed``) or listed on its way out (``destroying``: its state fields no longer
+    intend it to run); its state then says which. Otherwise the record is taken as seen."""
+    if record is None or going_away(record):
+        inst.state = "destroyed" if record is None else "destroying"
+        return True
+    inst.seen(record)
+    return False
+
+
 async def within(seconds: float, work: Awaitable[None], sleep: Callable[[float], Awaitable[None]]) -> None:
     """``work``, cancelled with TimeoutError once ``seconds`` of ``sleep``'s clock have passed."""
     task = asyncio.ensure_future(work)
@@ -83,7 +94,7 @@ class Teardown:
     async def _destroy_all(self) -> None:
         r = self.rental
         r.listed_after = None
-        todo = [i for i in r.instances if i.id is not None and i.state not in ("destroyed", "destroying")]
+        todo = [i for i in r.instances if i.id is not None and i.state not in GONE]
         listed = await self._destroy_together(todo) if len(todo) > 1 else None
         await asyncio.gather(*(self.destroy(i) for i in r.instances if i.id is not None))
         await self._sweep(listed)
@@ -107,13 +118,10 @@ class Teardown:
             return None
         shown = {record.id: record for record in listed}
         for inst in todo:
-            record = shown.get(inst.id)
-            if record is None or going_away(record):
+            if _gone(inst, shown.get(inst.id)):
                 inst.ended_at = inst.ended_at or accepted  # billing stops with the accepted destroy
                 inst.destroy_error = None
-                inst.state = "destroyed" if record is None else "destroying"
             else:
-                inst.seen(record)
                 log.warning("%s: destroy accepted in a list, but vast.ai still shows it intended running", inst.name)
         return listed
 
@@ -124,7 +132,7 @@ class Teardown:
         before it is reported as not destroyed."""
         r = self.rental
         assert inst.id is not None
-        if inst.state in ("destroyed", "destroying"):
+        if inst.state in GONE:
             return
         for attempt in range(1 + r.config.redestroys):
             try:
@@ -141,10 +149,8 @@ class Teardown:
                 log.info("destroy of %s accepted; the check afterwards failed: %s", inst.name, e)
                 inst.state = "destroying"
                 return
-            if record is None or going_away(record):
-                inst.state = "destroyed" if record is None else "destroying"
+            if _gone(inst, record):
                 return
-            inst.seen(record)
             log.warning("%s: destroy accepted, but vast.ai still shows it intended running", inst.name)
             if attempt < r.config.redestroys:
                 await r.sleep(min(2.0, r.config.poll_interval))
