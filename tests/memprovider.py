@@ -122,6 +122,10 @@ class MemProvider:
     def where(self) -> str:
         return "memory"
 
+    def spacing(self, call: str) -> float:
+        assert self.pacer is not None
+        return self.pacer.spacing.get(call, 0.0)
+
     def live(self) -> list[MemInstance]:
         """Instances not destroyed: what would still be billing."""
         return [i for i in self.instances.values() if i.destroyed is None]

@@ -105,3 +105,34 @@ async def test_the_boot_waits_lists_and_destroys_keep_within_vast_ais_documented
     assert r.board.lists >= 2 and clock() - torn < limits["destroy"].threshold
     # ... and the creates spaced by create's threshold took (stages - 1) x 4.5 s at least
     assert provider.times["create"][-1] - provider.times["create"][0] >= (stages - 1) * 4.5
+
+
+async def test_the_host_watch_leaves_the_list_to_the_teardowns_check() -> None:
+    """A run that polls faster than vast.ai's list allows (a local run looks every 0.25 s) still
+    watches its hosts at a third of the list's limit: the teardown's list after its destroys (what
+    says nothing is left) then finds the list free more often than not, instead of waiting out the
+    limit after the watch's last list every time."""
+    limits = vastdoc.rate_limits(scale=1)
+    clock = VirtualClock()
+    provider = MemProvider(clock, catalogue=offers(4), boot_s=[1.0], pace=vastdoc.pace(scale=1))
+    r = rental(provider, clock, num_stages=2, poll_interval=0.25)
+    waits = []
+    try:
+        await rent_all(r)
+        await asyncio.gather(*(r.wait_running(i) for i in r.instances))
+        for _ in range(6):  # six teardowns' worth of moments, each a while into the watch
+            lost: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+            watch = asyncio.ensure_future(r.watch(lost))
+            await clock.sleep(7.3)
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
+            before = clock()
+            await provider.list_instances(r.label_prefix)  # the teardown's check, as it would come now
+            waits.append(clock() - before)
+    finally:
+        await r.close()
+    listed = provider.times["list"]
+    spacing = limits["list"].threshold * PACE_MARGIN
+    watched = [b - a for a, b in itertools.pairwise(listed) if b - a < 2 * spacing]
+    assert len(listed) > 6 and len(watched) < len(listed) // 2, listed  # not a list at every turn of the limit
+    assert sum(w > 0 for w in waits) < len(waits), waits

@@ -278,6 +278,12 @@ class Provider(Protocol):
         """The last ``tail`` lines of the instance's log."""
         ...
 
+    def spacing(self, call: str) -> float:
+        """The least seconds between two calls of ``call`` (``list``, ``create``, ...) that the
+        provider's limits leave (0: not spaced): a poll that shares a call with other steps keeps
+        to a share of it (``Rental.watch``)."""
+        ...
+
     def secrets(self) -> list[str]:
         """What it holds that must never be shown (its key, each created instance's own key)."""
         ...

@@ -45,6 +45,10 @@ log = logging.getLogger(__name__)
 # from the host") is a gap in the host's reports, not in its node: the cluster's own failure
 # detection judges the node, and a watched instance that shows it is only logged
 LOST_STATES = ("offline", "exited")
+# the host watch lists at most once in this many of the list's spacings: the boot's polls and the
+# teardown's check after its destroys share the call, and a watch at the list's limit would make
+# each of them wait out that limit after its last list
+WATCH_SHARE = 3
 PORTS_WAIT = 10.0  # seconds a running instance's record may take to show its forwarded port
 
 
@@ -292,10 +296,13 @@ class Rental(Renewing):
         seen running that vast.ai then shows ``offline`` or ``exited`` (its host died; ``unknown``,
         a gap in its host's heartbeats, is logged and left to the cluster's failure detection), or
         no longer lists twice running, ends the run at once: ``lost`` gets what happened, naming
-        the stage and the instance. A list that fails is retried next time."""
+        the stage and the instance. A list that fails is retried next time. It keeps to a share of
+        the provider's limit on the list (:data:`WATCH_SHARE`): vast.ai allows one a second, and
+        its own pace, 3 s, is the boot's polls'."""
         missing: dict[int, int] = {}
+        interval = max(self.config.poll_interval, WATCH_SHARE * self.provider.spacing("list"))
         while not lost.done():
-            await self.sleep(self.config.poll_interval)
+            await self.sleep(interval)
             try:
                 listed = {r.id: r for r in await self.provider.list_instances(self.label_prefix)}
             except ProviderError as e:

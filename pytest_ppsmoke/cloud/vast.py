@@ -214,6 +214,9 @@ class VastClient:
         """Endpoint -> the least seconds between its calls: documented (``pace``) or learned."""
         return self.pacer.spacing
 
+    def spacing(self, call: str) -> float:
+        return self.pacer.spacing.get(call, 0.0)
+
     @property
     def calls(self) -> int:
         """HTTP requests made, retries included."""
