@@ -15,6 +15,7 @@ EXIT = "pp-exit"
 
 STAGE_ACTOR = "stage"  # a node's pipeline stage: StageActivation, NextToken, InferenceRequest
 STATUS_ACTOR = "status"  # a node's health: NodeStatusQuery
+REFERENCE_ACTOR = "reference"  # stage 0's reference loaded beside: ReferenceQuery, from the node's join
 ORCHESTRATOR_ACTOR = "orchestrator"  # the seed's collector of FirstToken and InferenceResponse
 
 # the spec's lifecycle deadlines: the settings table's defaults, and harness.runconfig.RunConfig's

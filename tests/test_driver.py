@@ -417,7 +417,7 @@ async def test_the_reference_step_records_a_mismatch_a_failure_and_a_lack_of_bud
     answers: list[Any] = []
 
     async def reference(
-        seed: object, prompt: str, max_tokens: int, timeout: float, on_progress: Any
+        seed: object, prompt: str, max_tokens: int, timeout: float, on_progress: Any, beside: str | None = None
     ) -> ReferenceResult:
         assert timeout <= run.remaining() - reference_step.REFERENCE_MARGIN + 0.1
         answer = answers.pop(0)
@@ -455,20 +455,21 @@ async def test_the_reference_step_records_a_mismatch_a_failure_and_a_lack_of_bud
     assert run.report.reference.state == "off" and answers == [] and run.failure is None
 
 
-async def test_a_reference_loaded_beside_is_asked_as_stage_0_is_ready_and_its_step_takes_the_answer(
+async def test_a_reference_loaded_beside_is_asked_as_stage_0_joins_and_its_step_takes_the_answer(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Beside the stages (its own worker), stage 0 is asked as soon as its node is ready, before
-    any request; the step takes that answer, and lets no stage go early (the teardown destroys
-    them all at once). Loaded after the request, it is asked at the step. A reference never
-    answered is cancelled when the run closes."""
+    """Beside the stages (its own worker), stage 0's node is asked as soon as it has joined (its
+    reference actor, by its id), before its stage's worker is ready and before any request; the
+    step takes that answer, and lets no stage go early (the teardown destroys them all at once).
+    Loaded after the request, it is asked at the step (``pp-entry``). A reference never answered
+    is cancelled when the run closes."""
     asked: list[str] = []
     hold = asyncio.Event()
 
     async def reference(
-        seed: object, prompt: str, max_tokens: int, timeout: float, on_progress: Any
+        seed: object, prompt: str, max_tokens: int, timeout: float, on_progress: Any, beside: str | None = None
     ) -> ReferenceResult:
-        asked.append("request in" if run.result is not None else "before the request")
+        asked.append(("request in" if run.result is not None else "before the request") + f" at {beside}")
         await hold.wait()
         return ReferenceResult(0, "unsplit, boundaries rounded to bf16", "CUDA", (1,), (7, 8, 9), 0.5, 1.5)
 
@@ -484,18 +485,21 @@ async def test_a_reference_loaded_beside_is_asked_as_stage_0_is_ready_and_its_st
             seed=object(), phase="load", config=SimpleNamespace(reference_load=load), release=release
         )
         run.started, run.release_early = time.monotonic(), True
-        run._stage_ready(1)  # not the entry stage: nothing asked
-        run._stage_ready(0)
+        stage0, stage1 = SimpleNamespace(stage=0, endpoint_id="id0"), SimpleNamespace(stage=1, endpoint_id="id1")
+        for inst, step in [(stage1, "joined"), (stage1, "loaded"), (stage0, "rented"), (stage0, "running")]:
+            run._stage_step(inst, step)  # type: ignore[arg-type]  # not the entry stage, or not joined yet
+        assert run.asker.early is None
+        run._stage_step(stage0, "joined")  # type: ignore[arg-type]
         assert (run.asker.early is not None) == (load == "beside")
         await asyncio.sleep(0)
-        assert asked == (["before the request"] if load == "beside" else [])
-        run._stage_ready(0)  # once only
+        assert asked == (["before the request at id0"] if load == "beside" else [])
+        run._stage_step(stage0, "loaded")  # type: ignore[arg-type]  # once only
         run.result = SimpleNamespace(token_ids=[7, 8, 9])  # type: ignore[assignment]
         asyncio.get_running_loop().call_later(0.01, hold.set)  # answered after the step began
         await run._reference()
         ref = run.report.reference
         assert (ref.state, ref.match) == ("done", True)
-        assert (ref.early_s is not None) == (load == "beside") and ("asked as it was ready" in ref.line()) == (
+        assert (ref.early_s is not None) == (load == "beside") and ("asked as its node joined" in ref.line()) == (
             load == "beside"
         )
         # asked early: nothing released (the teardown's one call takes them all, rather than stage
@@ -504,12 +508,14 @@ async def test_a_reference_loaded_beside_is_asked_as_stage_0_is_ready_and_its_st
         if run.releasing is not None:
             await run.releasing
         assert released == ([] if load == "beside" else [0]), load
+        # once: beside, at stage 0's reference actor; after, at the step, through pp-entry
+        assert asked == (["before the request at id0"] if load == "beside" else ["request in at None"]), load
         asked.clear()
         hold.clear()
     run = driver.SmokeRun(Settings.resolve({"mode": "local", "budget": 100}))
     run.deployment = SimpleNamespace(seed=object(), config=SimpleNamespace(reference_load="beside"))  # type: ignore[assignment]
     run.started = time.monotonic()
-    run._stage_ready(0)
+    run._stage_step(SimpleNamespace(stage=0, endpoint_id="id0"), "joined")  # type: ignore[arg-type]
     await asyncio.sleep(0)
     early = run.asker.early
     assert early is not None and not early.done()

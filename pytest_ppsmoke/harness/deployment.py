@@ -87,7 +87,7 @@ class Deployment(Resource):
         self.timings: dict[str, float] = {}
         self.spans: dict[str, tuple[float, float]] = {}  # each phase's start and end, on ``clock``
         self.on_start: Callable[[Phase], None] | None = None  # told each phase as it begins
-        self.on_ready: Callable[[int], None] | None = None  # told each stage as its node's worker is ready
+        self.on_step: Callable[[RentedInstance, str], None] | None = None  # told each instance's step as reached
         self._phase = Phase.RENT
         self.lost: asyncio.Future[PhaseError] | None = None  # the first failure: an instance's, or a host lost
         self.swim_timing: dict[str, Any] = {}  # the round trips measured after converge, and SWIM's timing
@@ -236,6 +236,8 @@ class Deployment(Resource):
     def _stamp(self, inst: RentedInstance, step: str) -> None:
         inst.reached(step, self._began, self.clock())
         self._changed.set()
+        if self.on_step is not None:
+            self.on_step(inst, step)
 
     async def _loaded(self, inst: RentedInstance) -> None:
         assert self.seed is not None
@@ -245,8 +247,6 @@ class Deployment(Resource):
 
         self.ready[inst.stage] = await reach.loaded(self.seed, inst, self.config, seen)
         self._stamp(inst, "loaded")
-        if self.on_ready is not None:
-            self.on_ready(inst.stage)
 
     async def _every(self, phase: Phase) -> None:
         """Until every instance has reached the step ``phase`` waits for; the run's first failure

@@ -179,7 +179,7 @@ class SmokeRun(Resource):
         self.deployment: Deployment | None = None
         self.result: InferenceResult | None = None
         self.releasing: asyncio.Future[None] | None = None  # the stages the reference does not need, going
-        self.asker = Asker()  # the reference: asked as stage 0's node is ready (loaded beside), or at its step
+        self.asker = Asker()  # the reference: asked as stage 0's node joins (loaded beside), or at its step
         # whether the reference step lets the other stages go (run(): nothing after it asks them; the
         # plugin's tests ask any node in any order, until the session's teardown)
         self.release_early = False
@@ -245,7 +245,7 @@ class SmokeRun(Resource):
         self.deployment = place.deployment(on_phase=self.on_phase)
         self.deployment.rental.deadline = self.started + s.phases_budget  # a replacement must fit before it
         self.deployment.on_start = self.on_start
-        self.deployment.on_ready = self._stage_ready
+        self.deployment.on_step = self._stage_step
         self.report.run_id = self.deployment.run_id
 
     # --- the steps -------------------------------------------------------------------------
@@ -396,8 +396,8 @@ class SmokeRun(Resource):
         r.timings.update(result.timings)
         self.stage_paths = stage_paths(result, dep)
 
-    def _stage_ready(self, stage: int) -> None:
-        self.asker.ready(self, stage)
+    def _stage_step(self, inst: RentedInstance, step: str) -> None:
+        self.asker.reached(self, inst, step)
 
     async def _reference(self) -> None:
         await self.asker.step(self)

@@ -106,7 +106,7 @@ class ReferenceFigures:
             return f"reference {self.state}" + (f": {self.detail}" if self.detail else "")
         how = "loaded beside the stages" if self.loaded == "beside" else "loaded after the request"
         if self.early_s is not None:
-            how += f", asked as it was ready: {self.early_s:.3g} s"
+            how += f", asked as its node joined: {self.early_s:.3g} s"
         where = f"{stage_name(self.stage)} ({self.device}, {self.method}, {how})"
         if self.match:
             return f"reference on {where}: the {len(self.token_ids)} tokens match"

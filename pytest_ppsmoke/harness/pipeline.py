@@ -52,8 +52,8 @@ from ..messages import (
     StageStats,
     StageStatsQuery,
 )
-from ..protocol import ENTRY, ORCHESTRATOR_ACTOR, Phase, PhaseError, stage_name
-from ..runtime.codec import MESSAGE_TYPES
+from ..protocol import ENTRY, ORCHESTRATOR_ACTOR, REFERENCE_ACTOR, Phase, PhaseError, stage_name
+from ..runtime.codec import MESSAGE_TYPES, ActorAddress
 from ..runtime.errors import RemoteError
 from ..runtime.node import Context, Node
 from ..runtime.swim import MemberEvent
@@ -424,11 +424,17 @@ REFERENCE_SLACK = 5.0  # seconds the orchestrator waits beyond the node's deadli
 
 
 async def request_reference(
-    seed: Node, prompt: str, max_tokens: int, timeout: float, on_progress: OnProgress | None = None
+    seed: Node,
+    prompt: str,
+    max_tokens: int,
+    timeout: float,
+    on_progress: OnProgress | None = None,
+    beside: str | None = None,
 ) -> ReferenceResult:
-    """The token-exact reference, computed on ``pp-entry``'s node (stage 0): its reference worker
-    (loaded beside the stages; it may be asked before the request) or its stage's worker after
-    the request, which loads the model afresh, runs it in one piece on that node's device. The node
+    """The token-exact reference, computed on stage 0's node: by its reference worker (loaded
+    beside the stages: ``beside`` is that node's id, and its reference actor answers from its
+    join on, before the request) or by ``pp-entry``'s stage worker after the request, which loads
+    the model afresh; either runs it in one piece on that node's device. The node
     gets ``timeout`` less a slack, so that its own error (a worker deadline, a busy stage) comes
     back before this one expires; it notes its work (``Progress``, request id 0: ``loading``,
     then its ``tokens``) to the orchestrator's actor, which asks: ``on_progress`` hears each.
@@ -440,7 +446,10 @@ async def request_reference(
         seed.actors.pop(ORCHESTRATOR_ACTOR, None)
         seed.add_actor(ORCHESTRATOR_ACTOR, _Notes(on_progress))
     started = time.monotonic()
-    entry = await seed.resolve(ENTRY, min(60.0, timeout))
+    if beside is not None:
+        entry = ActorAddress(beside, REFERENCE_ACTOR)
+    else:
+        entry = await seed.resolve(ENTRY, min(60.0, timeout))
     left = timeout - (time.monotonic() - started)
     node_s = max(1.0, left - min(REFERENCE_SLACK, left / 10))
     query = ReferenceQuery(prompt, max_tokens, int(node_s * 1000))

@@ -1,11 +1,12 @@
 """The run's token-exact reference (:class:`Asker`): the model in one piece on stage 0's node,
 its tokens against the pipeline's. Where stage 0 loads it beside the stages (a reference worker
-of its own: on GPUs), it is asked as soon as stage 0's node is ready, while the other stages
-still load (each create is 4.5 s after the last on vast.ai, and a boot takes minutes), and runs
-beside the request if it outlasts them; the reference step then waits for an answer most often
-already in, and the teardown destroys every instance at once. Where it is loaded after the
-request (the stage's own worker), it is asked at its step, and the other stages' instances are
-destroyed while it runs."""
+of its own: on GPUs), it is asked as soon as stage 0's node has joined the cluster (its reference
+actor answers once that worker has loaded, while the stage's own worker still loads), while the
+other stages are still created and load (each create is 4.5 s after the last on vast.ai, and a
+boot takes minutes), and runs beside the request if it outlasts them; the reference step then
+waits for an answer most often already in, and the teardown destroys every instance at once.
+Where it is loaded after the request (the stage's own worker), it is asked at its step, and the
+other stages' instances are destroyed while it runs."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+from ..cloud.rented import RentedInstance
 from ..messages import ReferenceResult
 from ..protocol import Phase
 from ..runtime.errors import RemoteError
@@ -50,19 +52,21 @@ class Asker:
         # asked as stage 0's node was ready: its answer, and the seconds from query to answer
         self.early: asyncio.Task[tuple[ReferenceResult, float]] | None = None
 
-    def ready(self, run: Run, stage: int) -> None:
-        """A stage's node is ready: stage 0's, with its reference loaded beside, is asked now."""
+    def reached(self, run: Run, inst: RentedInstance, step: str) -> None:
+        """An instance reached a step: stage 0's node, with its reference loaded beside, is asked
+        as it joins the cluster (its reference actor, by its id)."""
         dep, s = run.deployment, run.settings
-        if stage != 0 or self.early is not None or dep is None or dep.seed is None:
+        if inst.stage != 0 or step != "joined" or self.early is not None or dep is None or dep.seed is None:
             return
-        if not s.reference or dep.config.reference_load != "beside":
+        if not s.reference or dep.config.reference_load != "beside" or not inst.endpoint_id:
             return
         left = run.remaining() - REFERENCE_MARGIN
         if left >= REFERENCE_LEAST:
-            self.early = asyncio.ensure_future(self._ask(run, left))
+            self.early = asyncio.ensure_future(self._ask(run, left, inst.endpoint_id))
 
-    async def _ask(self, run: Run, left: float) -> tuple[ReferenceResult, float]:
-        """The reference query, within ``left`` seconds: its answer, and the seconds it took."""
+    async def _ask(self, run: Run, left: float, beside: str | None = None) -> tuple[ReferenceResult, float]:
+        """The reference query, within ``left`` seconds (``beside``: stage 0's node id, whose
+        reference actor answers): its answer, and the seconds it took."""
         dep, s = run.deployment, run.settings
         assert dep is not None and dep.seed is not None
         started = time.monotonic()
@@ -72,6 +76,7 @@ class Asker:
             s.max_tokens,
             left,
             lambda note: run.note(f"reference {note.what}", note.done, note.total),
+            beside,
         )
         return ref, round(time.monotonic() - started, 4)
 

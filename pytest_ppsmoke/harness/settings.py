@@ -200,7 +200,7 @@ class Settings:
     reference_load: str = option(
         "auto",
         "where stage 0's node loads the reference's model: beside (a worker of its own, while the stages load; it is "
-        "asked as soon as stage 0 is ready and runs while the other stages load, so the reference step only waits for "
+        "asked as soon as stage 0's node joins and runs while the stages load, so the reference step only waits for "
         "its answer), after (the stage's worker, after the request: one model in memory at a time until then), or "
         "auto (beside on GPUs, after on this machine's CPU, where a third process takes the cores the stages load on)",
         checks.choice(("auto", *REFERENCES), "reference load"),

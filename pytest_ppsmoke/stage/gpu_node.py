@@ -25,12 +25,12 @@ with the digest of its raw wire bytes, taken by the worker that produced them an
 that decoded them; the frames the node sent and received, by type, from the frame that began
 the request on. ``KvInfo`` is the worker's reading of its caches (``StageModel.kv_info``).
 
-Any stage answers ``ReferenceQuery`` (the harness asks ``pp-entry``: as soon as it is ready when its
-reference is loaded beside, else after the request): the model
-runs in one piece on the node's device, and ``ReferenceResult`` carries the tokens. On stage 0 a
-reference worker of its own (``PP_REFERENCE=beside``: the orchestrator's choice on GPUs) has loaded
-it while the stages loaded; elsewhere, or with ``PP_REFERENCE=after``, the stage's worker loads it
-afresh then.
+Any stage answers ``ReferenceQuery`` (``refquery.py``): the model runs in one piece on the node's
+device, and ``ReferenceResult`` carries the tokens. On stage 0 a reference worker of its own
+(``PP_REFERENCE=beside``: the orchestrator's choice on GPUs) loads it while the stages load, and
+the node's reference actor answers from its start (the harness asks it as the node joins);
+elsewhere, or with ``PP_REFERENCE=after``, the stage's worker loads it afresh after the request
+(the harness asks ``pp-entry``).
 
 One request at a time: a second ``InferenceRequest`` while one runs is refused with a "busy"
 error and touches no cache. Any failure on a stage (a worker error or death, an unreachable next
@@ -82,7 +82,7 @@ from ..messages import (
     WireDtype,
 )
 from ..nodeenv import inherited
-from ..protocol import STAGE_ACTOR, STATUS_ACTOR, stage_name, stage_names
+from ..protocol import REFERENCE_ACTOR, STAGE_ACTOR, STATUS_ACTOR, stage_name, stage_names
 from ..runtime import scrub
 from ..runtime.codec import ActorAddress, Message
 from ..runtime.localproc import configure_child_logging, emit, stop_event
@@ -107,10 +107,10 @@ from .pipe import (
     ReadKvInfo,
     Ready,
     Request,
-    RunReference,
     Tokenize,
     ready_fields,
 )
+from .refquery import Busy, ReferenceActor, ReferenceGate, answer, query_seconds
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
@@ -118,11 +118,6 @@ R = TypeVar("R")
 HOP_TIMEOUT = 30.0  # a send to the next stage
 NAME_TIMEOUT = 60.0  # the spec's deadline for a name
 COMPUTE_TIMEOUT = 600.0  # one worker call (a cold prefill compiles kernels)
-IDLE_WAIT = HOP_TIMEOUT  # stage 0: how long a reference waits for the request in flight to end
-
-
-class Busy(RuntimeError):
-    pass
 
 
 class StageLost(ConnectionError):
@@ -174,7 +169,7 @@ class StageActor:
         stage: int,
         num_stages: int,
         wire: WireDtype,
-        reference: ReferenceBeside | None = None,
+        reference: ReferenceActor | None = None,
     ) -> None:
         assert bridge.ready is not None
         self.node, self.bridge, self.reference = node, bridge, reference
@@ -185,7 +180,9 @@ class StageActor:
         self.name = stage_name(stage)
         self._ids = itertools.count(int(time.time() * 1000) % 1_000_000 * 1000)
         self.busy: int | None = None
-        self.reference_running = False  # one at a time; in the stage's worker, requests are refused meanwhile
+        # one reference at a time: beside, the reference actor's; in the stage's worker, this one
+        # (requests are refused meanwhile)
+        self.gate = reference.gate if reference is not None else ReferenceGate(self.name)
         self.reply_to: ActorAddress | None = None
         self.max_tokens = 0
         self.tokens: list[int] = []
@@ -346,7 +343,7 @@ class StageActor:
             raise ValueError(f"{self.name} is not the entry stage; send InferenceRequest to pp-entry")
         if self.busy is not None:
             raise Busy(f"busy: {self.name} is serving request {self.busy}; one request at a time")
-        if self.reference_running and self.reference is None:  # in the stage's own worker
+        if self.gate.running and self.reference is None:  # in the stage's own worker
             raise Busy(f"busy: {self.name} is computing the reference; one request at a time")
         if msg.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {msg.max_tokens}")
@@ -501,51 +498,27 @@ class StageActor:
         return dataclasses.replace(self.stats.snapshot(self.node.frame_counts()), paths=tuple(paths))
 
     async def on_reference_query(self, msg: ReferenceQuery, ctx: Context) -> ReferenceResult:
-        """The model in one piece on this node's device, by its worker (``reference`` op), within
-        ``msg.timeout_ms``. Stage 0 is the pipeline's gate: a reference in the stage's own worker
-        (after) first waits for the request in flight to end (the last stage answers the
-        orchestrator before stage 0 hears the end), and requests are refused while it runs, so that
-        the two never share the worker; one in its reference worker (beside) runs beside a request
-        (the orchestrator asks it as this node is ready, while the other stages load). One
-        reference at a time, either way."""
-        timeout = msg.timeout_ms / 1000
-        if timeout <= 0:
-            raise ValueError(f"timeout_ms must be positive, got {msg.timeout_ms}")
+        """The model in one piece on this node's device, within ``msg.timeout_ms``. Beside (stage
+        0's reference worker), the node's reference actor answers (``refquery.ReferenceActor``:
+        the orchestrator asks it there as the node joins). Otherwise the stage's own worker runs
+        it: on stage 0, the pipeline's gate, it first waits for the request in flight to end (the
+        last stage answers the orchestrator before stage 0 hears the end), and requests are
+        refused while it runs, so that the two never share the worker. One reference at a time."""
+        if self.reference is not None:
+            return await self.reference.on_reference_query(msg, ctx)
+        timeout = query_seconds(msg)
         deadline = time.monotonic() + timeout
         if self.first:
-            waited_until = time.monotonic() + min(IDLE_WAIT, timeout)
-            while (self.busy is not None and self.reference is None) or self.reference_running:
-                if time.monotonic() >= waited_until:
-                    what = f"request {self.busy}" if self.busy is not None else "another reference"
-                    raise Busy(f"busy: {self.name} is still serving {what}; the reference runs when it is idle")
-                await asyncio.sleep(0.05)
-            self.reference_running = True
-        emit({"event": "reference", "stage": self.stage})
-        self.life.reference(msg.max_tokens)
-        self.notes.reset()  # its counts go to the asking actor (the orchestrator's), if it named one
-        self.notes.send(ctx.sender, 0, "loading", 0, msg.max_tokens, always=True)
-        worker: WorkerBridge | None = None
+            await self.gate.turn(timeout, lambda: self.busy)
+
+        async def own(_: float) -> WorkerBridge:
+            return self.bridge
+
         try:
-            if failpoints.on("node.slow_reference"):
-                await asyncio.sleep(min(failpoints.value("node.slow_reference"), timeout))
-            left = max(0.001, deadline - time.monotonic())
-            worker = self.bridge if self.reference is None else await self.reference.ready(left)
-            left = max(0.001, deadline - time.monotonic())
-
-            def counted(what: str, done: int, total: int) -> None:  # the worker's progress lines
-                # the first and the last of a count always go: a burst of blocks ends on its total
-                self.notes.send(ctx.sender, 0, what, done, total, always=done == 0 or done == total)
-
-            worker.on_progress = counted
-            ref = await worker.call(RunReference(msg.prompt, msg.max_tokens), left)
+            return await answer(own, msg, ctx, self.notes, self.life, self.stage, deadline)
         finally:
-            if worker is not None:
-                worker.on_progress = None
             if self.first:
-                self.reference_running = False
-        if ref.stage != self.stage:
-            raise ValueError(f"the worker's reference is of stage {ref.stage}, this node is stage {self.stage}")
-        return ref
+                self.gate.done()
 
 
 async def _slow_decode() -> None:
@@ -590,6 +563,7 @@ async def run(settings: Settings, ring: LogRing) -> None:
     bridge = WorkerBridge(argv, {**inherited(), **worker_env.to_env()}, stage_name(stage))
     bridge.redact = ring.redactor.text  # the node's keys, out of its worker's words before it keeps them
     beside: ReferenceBeside | None = None
+    reference: ReferenceActor | None = None
     guard: asyncio.Task[None] | None = None
     loading: asyncio.Future[Ready] | None = None
     try:
@@ -608,6 +582,8 @@ async def run(settings: Settings, ring: LogRing) -> None:
             ref_bridge = WorkerBridge(argv, ref_env, f"{stage_name(0)}'s reference")
             ref_bridge.redact = ring.redactor.text
             beside = ReferenceBeside(ref_bridge, settings.ready_timeout)
+            reference = ReferenceActor(node, beside, stage)  # asked from the join on, as its worker loads
+            node.add_actor(REFERENCE_ACTOR, reference)
         joining = await _unless_stopped(node.start(), stop)
         if joining is None:
             return
@@ -636,7 +612,7 @@ async def run(settings: Settings, ring: LogRing) -> None:
             log.error("the worker did not start: %s", e)
             await stop.wait()
             raise
-        actor = StageActor(node, bridge, stage, num_stages, settings.wire, beside)
+        actor = StageActor(node, bridge, stage, num_stages, settings.wire, reference)
         node.add_actor(STAGE_ACTOR, actor)
         if not failpoints.on("node.no_names"):
             for name in stage_names(stage, num_stages):
