@@ -16,6 +16,7 @@
 # cache as that commit's image ships it (empty), on the same files: passes named baseline-cold
 # and baseline-warm. OVERLAY=PKG.tar replaces the image's package by PKG.tar's (the same layout)
 # for the first passes, its cache kept as shipped: a newer commit's code in this image's files.
+# Either package is byte-compiled in place, as pip compiled the image's own.
 # Needs root (unshare, mount, chroot). Nothing is left mounted: the namespace ends with the script.
 set -euo pipefail
 rootfs_tar=$1 model=$2 envfile=$3 out=$4
@@ -92,6 +93,9 @@ install_pkg() {  # DIR: its pytest_ppsmoke/ (and worker/, where it has one) in p
   for d in pytest_ppsmoke worker; do
     if [[ -d $1/$d ]]; then
       rm -rf "${site:?}/$d" && cp -a "$1/$d" "$site/$d"
+      # compiled as pip compiles what it installs (the image's own package is): the image's user
+      # cannot write site-packages, so without it every process would compile each module again
+      chroot "$root" /opt/venv/bin/python -m compileall -q -j 0 "${site#"$root"}/$d" > /dev/null
     fi
   done
 }

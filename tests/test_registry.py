@@ -7,6 +7,7 @@ import logging
 import pytest
 
 from pytest_ppsmoke.runtime.codec import Echo
+from pytest_ppsmoke.runtime.swimstate import MemberStatus
 
 from .helpers import cluster_configs
 
@@ -57,3 +58,22 @@ async def test_registering_for_a_missing_actor_is_refused(nodes) -> None:
         node.register("pp-entry", "stage")
     with pytest.raises(ValueError, match="name and actor must be non-empty"):
         node.registry.register("", "node")
+
+
+async def test_a_node_closed_without_a_leave_tells_nobody(nodes) -> None:
+    """``close(leave=False)`` (the orchestrator, once it has destroyed every instance: nobody is
+    left to hear it) sends no farewell: a member still there keeps it alive in its view, where a
+    clean leave (acknowledged before ``close`` returns) has it dead at once."""
+    seed_cfg, a_cfg, b_cfg = cluster_configs(3)
+    seed_cfg.swim = a_cfg.swim = b_cfg.swim = type(seed_cfg.swim)(suspicion_timeout=30.0)
+    seed = await nodes(seed_cfg)
+    a_cfg.seed = b_cfg.seed = seed.ticket()
+    a, b = await nodes(a_cfg), await nodes(b_cfg)
+    for n in (seed, a, b):
+        await n.membership.wait_until(lambda n=n: len(n.membership.alive()) == 3, 5, "all three alive")
+    await a.close(leave=False)
+    gone = seed.membership.get(a.id)
+    assert gone is not None and gone.status != MemberStatus.dead
+    await b.close()
+    left = seed.membership.get(b.id)
+    assert left is not None and left.status == MemberStatus.dead

@@ -38,6 +38,7 @@ from typing import Any
 from ..cloud.provider import Offer, Provider
 from ..cloud.rental import STEPS, Rental, RentedInstance
 from ..cloud.replace import Replaceable
+from ..cloud.teardown import GONE
 from ..messages import NodeStatus
 from ..protocol import Phase, PhaseError, stage_name
 from ..runtime.cluster import converge, resolve_names
@@ -452,8 +453,9 @@ class Deployment(Resource):
             if self.watch is not None:
                 await self.watch.close()
             if self.seed is not None:
-                with contextlib.suppress(Exception):
-                    await self.seed.close()
+                anyone = any(i.state not in GONE for i in self.rental.instances if i.id is not None)
+                with contextlib.suppress(Exception):  # every instance destroyed: nobody is left to hear a leave
+                    await self.seed.close(leave=anyone)
                 self.seed = None
             self._done(Phase.TEARDOWN, t, self.rental.close_line())
 

@@ -195,11 +195,14 @@ class Node(Resource):
                 await asyncio.sleep(0.05)
         await self.membership.join(self.seed.id, max(0.1, deadline - time.monotonic()))
 
-    async def close(self) -> None:
-        """Leave the cluster cleanly (members drop us at once), then stop everything."""
+    async def close(self, leave: bool = True) -> None:
+        """Leave the cluster cleanly (members drop us at once), then stop everything. ``leave``
+        False: nobody is left to tell (the caller ended every other member), so no farewell waits
+        for an answer that cannot come."""
         if hasattr(self, "membership"):
             await self.membership.stop()
-            await self.membership.leave()
+            if leave:
+                await self.membership.leave()
         for t in list(self._tasks):
             t.cancel()
         for _, fut in self._pending.values():
