@@ -356,7 +356,11 @@ class StageStats(Message):
 @message(45)
 @dataclass(frozen=True)
 class NodeStatusQuery(Message):
-    pass
+    """Ask a node (its status actor) where it is. ``wait_ms`` > 0: while its worker loads and
+    nothing changes, the answer waits up to that long, so that the asker hears a change (a block
+    loaded, the worker ready or failed) as it comes rather than at its next poll."""
+
+    wait_ms: U32 = 0
 
 
 @wire_struct

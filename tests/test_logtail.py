@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import pytest
 
 from pytest_ppsmoke import failpoints, redact
-from pytest_ppsmoke.messages import LogTail, LogTailQuery, Stall
+from pytest_ppsmoke.messages import LogTail, LogTailQuery, NodeStatusQuery, Stall
 from pytest_ppsmoke.nodeenv import NodeEnv, process_env
 from pytest_ppsmoke.protocol import STATUS_ACTOR, stage_name
 from pytest_ppsmoke.runtime import codec
@@ -140,6 +140,29 @@ def test_the_status_actor_answers_with_the_tail_the_uptime_and_the_stalls(ring: 
     )
     frame = codec.encode_frame(Envelope("status", "x", 1, True), answer)  # it travels as it is
     assert codec.decode_frame(frame)[1] == answer
+
+
+async def test_a_status_query_that_waits_is_answered_at_the_loads_next_change(ring: LogRing) -> None:
+    """``NodeStatusQuery(wait_ms)`` while the worker loads: held until the next change (a block
+    said, the worker ready), not to its end: the orchestrator hears a stage ready as it is, not
+    at its next poll. A node no longer loading, or a query that does not wait, answers at once."""
+    status = StatusActor(1, ring, LoopWatch())
+    ask = asyncio.ensure_future(status.on_node_status_query(NodeStatusQuery(60_000), None))  # type: ignore[arg-type]
+    await asyncio.sleep(0.05)
+    assert not ask.done()  # nothing changed: it waits
+    status.load_said("blocks", 3, 8)
+    said = await asyncio.wait_for(ask, 30)
+    assert (said.state, said.blocks_loaded, said.blocks) == ("loading", 3, 8)
+    now = await asyncio.wait_for(status.on_node_status_query(NodeStatusQuery(), None), 30)  # type: ignore[arg-type]
+    assert now.state == "loading"
+    ask = asyncio.ensure_future(status.on_node_status_query(NodeStatusQuery(60_000), None))  # type: ignore[arg-type]
+    await asyncio.sleep(0.05)
+    status.set("ready")
+    assert (await asyncio.wait_for(ask, 30)).state == "ready"
+    ready = await asyncio.wait_for(status.on_node_status_query(NodeStatusQuery(60_000), None), 30)  # type: ignore[arg-type]
+    assert ready.state == "ready"  # not loading: at once
+    frame = codec.encode_frame(Envelope("status", "x", 1, False), NodeStatusQuery(1000))  # it travels as it is
+    assert codec.decode_frame(frame)[1] == NodeStatusQuery(1000)
 
 
 # --- a real node, paused ---------------------------------------------------------------------------

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from ..cloud.rental import RentedInstance
 
 log = logging.getLogger(__name__)
+LOAD_WAIT = 1.0  # seconds a loading node holds a status query for its next change (a block, ready, failed)
 
 Stamp = Callable[["RentedInstance", str], None]
 
@@ -193,9 +194,11 @@ async def loaded(
         if member is not None and member.status == MemberStatus.dead:
             raise PhaseError(Phase.LOAD, f"{what} dropped out of the cluster: the orchestrator's SWIM declared it dead")
         try:
-            st = await seed.request(ActorAddress(inst.endpoint_id, STATUS_ACTOR), NodeStatusQuery(), timeout=10)
+            query = NodeStatusQuery(int(LOAD_WAIT * 1000))  # answered at the node's next change
+            st = await seed.request(ActorAddress(inst.endpoint_id, STATUS_ACTOR), query, timeout=10 + LOAD_WAIT)
         except (TimeoutError, ConnectionError, RemoteError) as e:
             last = f"no answer: {e}"
+            await asyncio.sleep(min(1.0, config.poll_interval))
         else:
             assert isinstance(st, NodeStatus)
             last = st
@@ -208,7 +211,6 @@ async def loaded(
         if time.monotonic() > deadline:
             seen = f"{last.state} for {last.seconds} s" if isinstance(last, NodeStatus) else last
             raise PhaseError(Phase.LOAD, f"{what}: worker not ready within {timeout:.0f} s ({seen})")
-        await asyncio.sleep(min(1.0, config.poll_interval))
 
 
 def load_totals(ready: list[NodeStatus]) -> str:

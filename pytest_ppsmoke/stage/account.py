@@ -6,6 +6,8 @@ loaded) and ``LogTail``, its own account of a failure: its last log lines (redac
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 
 from ..messages import LoadFigures, LogTail, LogTailQuery, NodeStatus, NodeStatusQuery, Span, Stall
@@ -28,6 +30,11 @@ class StatusActor:
         self.load: LoadFigures | None = None  # how the worker loaded: once ready
         self.since = time.monotonic()
         self.loading = {"step": 0, "blocks": 0, "total_blocks": 0, "programs": 0}
+        self._changed = asyncio.Event()  # set (and replaced) at each change: what a waiting query wakes on
+
+    def _change(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
 
     def load_said(self, what: str, done: int, total: int) -> None:
         """A progress line of the worker's load (``protocol.LOAD_STEPS``): kept until the next."""
@@ -35,9 +42,11 @@ class StatusActor:
             self.loading["blocks"], self.loading["total_blocks"] = done, total
         elif what in ("step", "programs"):
             self.loading[what] = done
+        self._change()
 
     def set(self, state: str, detail: str = "") -> None:
         self.state, self.detail, self.since = state, detail, time.monotonic()
+        self._change()
 
     def ready(self, worker: Ready) -> None:
         """The worker's ready line (its ``dim``, block ``range`` and ``max_context``), and how it
@@ -47,7 +56,11 @@ class StatusActor:
         self.load = worker.load_figures()
         self.set("ready")
 
-    def on_node_status_query(self, msg: NodeStatusQuery, ctx: Context) -> NodeStatus:
+    async def on_node_status_query(self, msg: NodeStatusQuery, ctx: Context) -> NodeStatus:
+        """Where the node is now; while it loads, at the first change within ``msg.wait_ms``."""
+        if msg.wait_ms and self.state == "loading":
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), msg.wait_ms / 1000)
         seconds = int(time.monotonic() - self.since)
         said = self.loading
         return NodeStatus(
