@@ -40,6 +40,10 @@ CLOSE_REFUSED = 1  # application close codes, seen by the peer in its close reas
 CLOSE_BAD_FRAME = 2
 CLOSE_SHUTDOWN = 0
 _READ_SIZE = 64 << 10
+# how long a closing endpoint waits for its peers to acknowledge the close of their connections: a
+# round trip over the internet; a peer that has not by then is gone (a destroyed instance, whose
+# node closed first or was killed), and iroh would wait out the connection's timeouts for it
+CLOSE_WAIT = 0.5
 
 
 class TransportError(ConnectionError):
@@ -176,7 +180,7 @@ class Transport:
                 await t
         if self._endpoint is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._endpoint.close(), 2.0)
+                await asyncio.wait_for(self._endpoint.close(), CLOSE_WAIT)
 
     def addr(self) -> PeerAddr:
         """Where this endpoint can be reached: the advertised addresses first, then what it sees."""
