@@ -38,7 +38,6 @@ from typing import Any
 from ..cloud.provider import Offer, Provider
 from ..cloud.rental import STEPS, Rental, RentedInstance
 from ..cloud.replace import Replaceable
-from ..cloud.teardown import GONE
 from ..messages import NodeStatus
 from ..protocol import Phase, PhaseError, stage_name
 from ..runtime.cluster import converge, resolve_names
@@ -447,17 +446,26 @@ class Deployment(Resource):
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await _leave(self.seed)
         try:
             await self.rental.close()
         finally:
             if self.watch is not None:
                 await self.watch.close()
             if self.seed is not None:
-                anyone = any(i.state not in GONE for i in self.rental.instances if i.id is not None)
-                with contextlib.suppress(Exception):  # every instance destroyed: nobody is left to hear a leave
-                    await self.seed.close(leave=anyone)
+                with contextlib.suppress(Exception):
+                    await self.seed.close(leave=False)  # it left before the destroys
                 self.seed = None
             self._done(Phase.TEARDOWN, t, self.rental.close_line())
+
+
+async def _leave(seed: Node | None) -> None:
+    """The orchestrator leaves the cluster before the teardown's destroys, while every node still
+    hears it: a node destroyed next says its own goodbye to the members left, and waits on no
+    orchestrator already gone (its close then sends none)."""
+    if seed is not None:
+        with contextlib.suppress(Exception):
+            await seed.membership.leave()
 
 
 __all__ = ["NODE_FIELDS", "STEPS", "Deployment", "RunConfig", "new_run_id"]

@@ -197,8 +197,8 @@ class Node(Resource):
 
     async def close(self, leave: bool = True) -> None:
         """Leave the cluster cleanly (members drop us at once), then stop everything. ``leave``
-        False: nobody is left to tell (the caller ended every other member), so no farewell waits
-        for an answer that cannot come."""
+        False: the caller has left already (``membership.leave``), or nobody is left to tell, so
+        no farewell waits for an answer that cannot come."""
         if hasattr(self, "membership"):
             await self.membership.stop()
             if leave:
