@@ -119,6 +119,12 @@ def test_the_word_pattern_in_ranges_splits_every_text_as_tinygrads_does(
         assert got == {cp for cp in range(0x323B0) if unicodedata.category(chr(cp)).startswith(cat)}, cat
     ours = Tokenizer(smollm2_loaded[1]).tok
     theirs = SimpleTokenizer(*_vocab(smollm2_loaded[1]), ours.preset)  # built as tinygrad builds it
+    # a tokenizer that only decodes (the last stage's) never builds what encoding needs
+    lazy = Tokenizer(smollm2_loaded[1]).tok
+    assert lazy.decode([1, 2, 3]) == theirs.decode([1, 2, 3])
+    assert not {"_normal_tokens", "_split_to_word", "_split_to_sentence"} & set(vars(lazy))
+    lazy.ready_to_encode()
+    assert {"_normal_tokens", "_split_to_word", "_split_to_sentence"} <= set(vars(lazy))
     every = [chr(cp) for cp in range(0x323B0 + 64) if not 0xD800 <= cp < 0xE000]
     random.Random(5).shuffle(shuffled := every.copy())
     # tinygrad's pattern takes seconds on all of them: a sample, in order and shuffled

@@ -124,7 +124,7 @@ class Worker:
         model, kv, self.weights = realized_model(
             self.model_name, env.max_context, self.stage, self.num_stages, self.cache, said.blocks
         )
-        self.tokenizer = Tokenizer(kv)
+        self.tokenizer = Tokenizer(kv).ready_to_encode() if self.stage == 0 else Tokenizer(kv)  # the last decodes
         self.vocab = len(kv["tokenizer.ggml.tokens"])
         said.step(2)
         built = time.monotonic()

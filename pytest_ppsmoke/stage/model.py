@@ -316,10 +316,12 @@ def _category_classes() -> tuple[str, str, str]:
 
 
 class _RangedTokenizer(_SimpleTokenizer):  # type: ignore[misc]
-    """tinygrad's ``SimpleTokenizer``, whose constructor is repeated here with one change: its
-    word-splitting pattern is built from ranges (:func:`_category_classes`). The pattern matches
-    exactly what tinygrad's does, so every text encodes to the same ids (a test compares the two
-    on every code point)."""
+    """tinygrad's ``SimpleTokenizer``, whose constructor is repeated here with two changes: its
+    word-splitting pattern is built from ranges (:func:`_category_classes`), and what only
+    encoding needs (the tokens by their bytes, both patterns) is built at the first encode, not
+    with the tokenizer: the last stage only decodes, and its worker's start no longer pays for
+    them. The pattern matches exactly what tinygrad's does, so every text encodes to the same
+    ids, and the tables are the same (tests compare both)."""
 
     def __init__(self, normal_tokens: dict[str, int], special_tokens: dict[str, int], preset: str = "llama3") -> None:
         if preset not in ("llama3", "llama-v3", "llama-bpe", "qwen2", "olmo"):
@@ -328,22 +330,36 @@ class _RangedTokenizer(_SimpleTokenizer):  # type: ignore[misc]
         self._byte_decoder = {chr(b): b for b in bs} | {
             chr(256 + i): b for i, b in enumerate(b for b in range(256) if b not in bs)
         }
+        self._normal, self._special_tokens, self.preset = normal_tokens, special_tokens, preset
+        table = {ord(c): b for c, b in self._byte_decoder.items()}
+        if re.search(f"[^{re.escape(''.join(self._byte_decoder))}]", "".join(normal_tokens)):
+            normal = {tid: bytes(self._byte_decoder[c] for c in tok) for tok, tid in normal_tokens.items()}  # KeyError
+        else:  # each character to its byte at C's speed: the same bytes
+            normal = {tid: tok.translate(table).encode("latin-1") for tok, tid in normal_tokens.items()}
+        self._tok2bytes = normal | {tid: tok.encode() for tok, tid in special_tokens.items()}
+
+    @functools.cached_property
+    def _normal_tokens(self) -> dict[bytes, int]:
+        return {self._tok2bytes[tid]: tid for tid in self._normal.values()}
+
+    @functools.cached_property
+    def _split_to_word(self) -> re.Pattern[str]:
         z, r_p_N, r_p_L = _category_classes()
         r_ws = r"\t\n\x0b\x0c\r\x85" + z
-        self._split_to_word = re.compile(
+        return re.compile(
             "(?i:'s|'t|'re|'ve|'m|'ll|'d)|"
             f"[^\\r\\n{r_p_N}{r_p_L}]?[{r_p_L}]+|[{r_p_N}]{{1,3}}| ?[^{r_ws}{r_p_N}{r_p_L}]+[\\r\\n]*|"
             f"[{r_ws}]*[\\r\\n]+|[{r_ws}]+(?![^{r_ws}])|[{r_ws}]+"
         )
-        self._split_to_sentence = re.compile(
-            "|".join(re.escape(tok) for tok in special_tokens) if special_tokens else r"(?!)"
-        )
-        self._normal_tokens = {bytes(self._byte_decoder[c] for c in tok): tid for tok, tid in normal_tokens.items()}
-        self._special_tokens = special_tokens
-        self._tok2bytes = {tid: tok for tok, tid in self._normal_tokens.items()} | {
-            tid: tok.encode() for tok, tid in self._special_tokens.items()
-        }
-        self.preset = preset
+
+    @functools.cached_property
+    def _split_to_sentence(self) -> re.Pattern[str]:
+        specials = self._special_tokens
+        return re.compile("|".join(re.escape(tok) for tok in specials) if specials else r"(?!)")
+
+    def ready_to_encode(self) -> None:
+        """Build what encoding needs now (a worker's load), not at its first request."""
+        self._normal_tokens, self._split_to_word, self._split_to_sentence  # noqa: B018
 
 
 class Tokenizer:
@@ -361,12 +377,9 @@ class Tokenizer:
                 f"tokenizer pre-tokenizer {pre!r} has no tinygrad preset; "
                 f"known: {', '.join([*_PRESETS, *_PRESETS_CHATML])}"
             )
-        vocab = ((tok, idx) for idx, tok in enumerate(kv["tokenizer.ggml.tokens"]))
-        types = kv["tokenizer.ggml.token_type"]
-        normal: dict[str, int] = {}
-        special: dict[str, int] = {}
-        for tok, idx in vocab:
-            (normal if types[idx] == 1 else special)[tok] = idx
+        tokens, types = kv["tokenizer.ggml.tokens"], kv["tokenizer.ggml.token_type"]
+        normal = {tok: idx for idx, tok in enumerate(tokens) if types[idx] == 1}
+        special = {tok: idx for idx, tok in enumerate(tokens) if types[idx] != 1}
         self.tok = _RangedTokenizer(normal, special, preset)
         self.eos_id: int = kv["tokenizer.ggml.eos_token_id"]
         self.end_ids = {self.eos_id} | {kv[k] for k in ("tokenizer.ggml.eot_token_id",) if k in kv}
@@ -391,6 +404,11 @@ class Tokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return str(self.tok.decode([i for i in ids if i not in self.end_ids]))
+
+    def ready_to_encode(self) -> Tokenizer:
+        """What :meth:`chat` needs, built now (a load) rather than at the first request; itself."""
+        self.tok.ready_to_encode()
+        return self
 
 
 class StageModel:

@@ -70,7 +70,7 @@ class ReferenceModel:
         self.stage, self.wire = stage, wire  # stage: the node whose worker runs it
         self.mem_before = GlobalCounters.mem_used
         self.model, kv, self.weights = realized_model(name, max_context, 0, 1, cache, on_blocks)
-        self.tokenizer = Tokenizer(kv)
+        self.tokenizer = Tokenizer(kv).ready_to_encode()
         if wire is not WireDtype.f32:
             total = len(self.model.blk)
             for boundary in range(num_stages - 1):  # not ``stage``: that names the node it runs on
