@@ -19,7 +19,7 @@ from pytest_ppsmoke.cloud.vastrecords import OfferQuery
 from pytest_ppsmoke.nodeenv import NodeEnv
 from pytest_ppsmoke.runtime.codec import MemberStatus
 from pytest_ppsmoke.runtime.node import Node, NodeConfig
-from pytest_ppsmoke.stage.lifetime import Settings, guard_lifetime
+from pytest_ppsmoke.stage.lifetime import Settings, guard_lifetime, orchestrator_gone
 
 from .helpers import SLEEPER, cluster_configs
 
@@ -207,3 +207,20 @@ async def test_a_node_that_fails_on_an_unexpected_error_destroys_its_own_instanc
         # the traceback first; the destroy it sent then ends the container (as vast.ai's does),
         # often before the node's last line
         assert "failed unexpectedly" in tail and "RuntimeError: failpoint node.crash" in tail, tail
+
+
+def test_a_node_knows_the_run_is_over_once_the_orchestrator_is_dead_in_its_view() -> None:
+    """``orchestrator_gone``: the seed dead in the node's view (it left first at the teardown, or
+    died) is the run's end, and the node's own goodbye then waits on nobody; alive, suspected, not
+    yet seen, or a node that never started: not gone."""
+    seed_cfg, cfg = cluster_configs(2)
+    run = Settings(NodeEnv(), dataclasses.replace(cfg, seed=seed_cfg.id), Path(__file__))
+    node = Viewer()
+    for status, gone in [(None, False), (MemberStatus.alive, False), (MemberStatus.suspect, False)]:
+        node.sees(seed_cfg.id, status)
+        assert orchestrator_gone(node, run) is gone, status  # type: ignore[arg-type]
+    node.sees(seed_cfg.id, MemberStatus.dead)
+    assert orchestrator_gone(node, run)  # type: ignore[arg-type]
+    node.sees("someone else", MemberStatus.dead)
+    assert not orchestrator_gone(node, run)  # type: ignore[arg-type]
+    assert not orchestrator_gone(SimpleNamespace(), run)  # type: ignore[arg-type]  # not started: no membership

@@ -95,7 +95,7 @@ from .account import StatusActor
 from .beside import ReferenceBeside
 from .bridge import WorkerBridge, WorkerDied, WorkerError
 from .lifecycle import Lifecycle
-from .lifetime import Settings, container_env, give_up, guard_lifetime
+from .lifetime import Settings, container_env, give_up, guard_lifetime, orchestrator_gone
 from .notes import Notes
 from .pipe import (
     DecodeStep,
@@ -631,7 +631,10 @@ async def run(settings: Settings, ring: LogRing) -> None:
             loading.exception()  # a worker failed while the node was still joining: stopping now anyway
         # the workers end (each its own process, and a GPU's context to let go) while the node
         # leaves the cluster: each may wait for the others' answers, none needs another first
-        closing = [bridge.close(), *([beside.close()] if beside is not None else []), node.close()]
+        # with the orchestrator gone (it leaves first at the teardown), the run is over: the other
+        # nodes are being destroyed too, and a goodbye would wait on ones already closed
+        leave = not orchestrator_gone(node, settings)
+        closing = [bridge.close(), *([beside.close()] if beside is not None else []), node.close(leave)]
         for failed in await asyncio.gather(*closing, return_exceptions=True):
             if isinstance(failed, BaseException):
                 log.warning("stopping: %s", failed)

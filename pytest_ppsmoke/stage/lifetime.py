@@ -72,6 +72,15 @@ class Settings:
         return cls(env, NodeConfig.from_nodeenv(env), worker)
 
 
+def orchestrator_gone(node: Node, settings: Settings) -> bool:
+    """Whether the orchestrator (the seed) is dead in this node's view: it left (a teardown begins
+    so, before its destroys) or it died."""
+    peer = PeerAddr.parse(settings.config.seed) if settings.config.seed else None
+    membership = getattr(node, "membership", None)  # none before the node starts
+    member = membership.members.get(peer.id) if membership is not None and peer is not None else None
+    return member is not None and member.status == MemberStatus.dead
+
+
 async def guard_lifetime(
     node: Node, settings: Settings, stop: asyncio.Event, clock: Callable[[], float] = time.monotonic
 ) -> None:
