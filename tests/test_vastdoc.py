@@ -136,3 +136,25 @@ async def test_the_host_watch_leaves_the_list_to_the_teardowns_check() -> None:
     watched = [b - a for a, b in itertools.pairwise(listed) if b - a < 2 * spacing]
     assert len(listed) > 6 and len(watched) < len(listed) // 2, listed  # not a list at every turn of the limit
     assert sum(w > 0 for w in waits) < len(waits), waits
+
+
+async def test_stages_released_before_the_teardown_go_in_one_call() -> None:
+    """The reference asked after the request releases every stage but stage 0's: three of them go
+    in one destroy of a list (one by one, vast.ai's 3 s destroy limit would space them 6 s), each
+    then gone; the teardown destroys stage 0's alone."""
+    limits = vastdoc.rate_limits(scale=1)
+    clock = VirtualClock()
+    provider = MemProvider(clock, catalogue=offers(6), boot_s=[1.0], pace=vastdoc.pace(scale=1))
+    r = rental(provider, clock, num_stages=4)
+    try:
+        await rent_all(r)
+        await asyncio.gather(*(r.wait_running(i) for i in r.instances))
+        started = clock()
+        await r.release([i for i in r.instances if i.stage != 0])
+        assert clock() - started < limits["destroy"].threshold
+        assert provider.calls["destroy_many"] == 1 and provider.calls["destroy"] == 0
+        assert [i.state in ("destroyed", "destroying") for i in r.instances] == [False, True, True, True]
+        assert r.released == {i.id for i in r.instances if i.stage != 0}
+    finally:
+        await r.close()
+    assert not provider.live() and provider.calls["destroy"] == 1 and provider.calls["destroy_many"] == 1

@@ -95,11 +95,11 @@ class Teardown:
         r = self.rental
         r.listed_after = None
         todo = [i for i in r.instances if i.id is not None and i.state not in GONE]
-        listed = await self._destroy_together(todo) if len(todo) > 1 else None
+        listed = await self.destroy_together(todo) if len(todo) > 1 else None
         await asyncio.gather(*(self.destroy(i) for i in r.instances if i.id is not None))
         await self._sweep(listed)
 
-    async def _destroy_together(self, todo: list[RentedInstance]) -> list[Instance] | None:
+    async def destroy_together(self, todo: list[RentedInstance]) -> list[Instance] | None:
         """``todo`` destroyed in one call, then one list of the run's label read for what each
         became: a provider spaces its destroys (vast.ai: one in 3 s), so N instances one by one
         cost 3(N-1) s more. What is gone or going is done; one still intended running is left to

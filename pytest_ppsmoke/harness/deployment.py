@@ -423,12 +423,10 @@ class Deployment(Resource):
         self._done(Phase.LOAD, t, "workers ready" + reach.load_totals(list(self.ready.values())))
 
     async def release(self, keep: int) -> None:
-        """Destroy every current instance but stage ``keep``'s (:meth:`Rental.release`), one by
-        one as vast.ai's destroy limit spaces them: after the request, the reference runs on
-        stage ``keep``'s node alone, and the teardown then has that one left to destroy."""
-        for inst in sorted(self.current, key=lambda i: i.stage):
-            if inst.stage != keep:
-                await self.rental.release(inst)
+        """Destroy every current instance but stage ``keep``'s (:meth:`Rental.release`: two or more
+        in one call): after the request, the reference runs on stage ``keep``'s node alone, and the
+        teardown then has that one left to destroy."""
+        await self.rental.release(sorted((i for i in self.current if i.stage != keep), key=lambda i: i.stage))
 
     async def resolve(self) -> None:
         t = self._begin(Phase.RESOLVE)
