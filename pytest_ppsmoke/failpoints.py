@@ -479,6 +479,15 @@ POINTS: dict[str, Point] = {
             "node.slow_decode",
         ),
         Point(
+            "vast.hold_prefill",
+            STAGE_SECONDS,
+            ROW_DROP,
+            "stage:seconds: that stage's node gets node.hold_prefill with the seconds (a loss or a freeze after 0 "
+            "tokens then lands in its prefill, however late the emulator sees it begin)",
+            {},
+            "node.hold_prefill",
+        ),
+        Point(
             "vast.slow_reference",
             SECONDS,
             RULE_DESTROY,
@@ -533,6 +542,13 @@ POINTS: dict[str, Point] = {
         ),
         Point("node.slow_decode", SECONDS, RULE_BUDGET, "seconds each decode step on this node waits first", 0.0),
         Point("node.slow_reference", SECONDS, RULE_DESTROY, "seconds a reference on this node waits first", 0.0),
+        Point(
+            "node.hold_prefill",
+            SECONDS,
+            ROW_DROP,
+            "seconds this node's part of a prefill waits once it has said it begins (a stage after the first)",
+            0.0,
+        ),
     )
 }
 
@@ -579,7 +595,7 @@ class Scenario:
             if p.kind is NUMBERS:
                 if stage in self.points[p.name]:
                     on[p.node] = True
-            elif p.kind is STAGE_WORDS:
+            elif p.kind in (STAGE_WORDS, STAGE_SECONDS):
                 if stage in self.points[p.name]:
                     on[p.node] = self.points[p.name][stage]
             else:

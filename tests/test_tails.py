@@ -105,7 +105,7 @@ async def test_a_node_frozen_in_prefill_says_so_and_its_keys_in_every_encoding_a
     vast.ai's logs as served, the report, and pp-smoke-run's own output: no 8 bytes of any key
     can be decoded from any of them (``leakscan``, which decodes with the standard library)."""
     fake, smoke, report = await failed(
-        emulator, tmp_path, "vast.freeze_stage=1:0;vast.kill_after_tokens=0;vast.log_secrets=0,1"
+        emulator, tmp_path, "vast.freeze_stage=1:0;vast.kill_after_tokens=0;vast.hold_prefill=1:30;vast.log_secrets=0,1"
     )
     nodes = {i["stage"]: i for i in report["instances"]}
     frozen = nodes[1]

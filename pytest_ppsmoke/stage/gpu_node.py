@@ -417,6 +417,8 @@ class StageActor:
             else:
                 self.life.prefill(msg.request_id, msg.seq_len)
                 emit({"event": "prefill", "request_id": msg.request_id, "stage": self.stage})
+                if failpoints.on("node.hold_prefill"):  # a loss or a freeze "as its prefill begins" lands in it
+                    await asyncio.sleep(failpoints.value("node.hold_prefill"))
             # the bytes as received: the worker digests and decodes them
             step = (h.data, msg.position, msg.seq_len, msg.is_prefill, self.wire)
             if not self.last:
