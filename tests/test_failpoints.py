@@ -93,6 +93,8 @@ def test_the_emulator_gives_a_stage_its_node_points_through_the_node_environment
     assert str(s.for_stage(1)) == "node.stall_worker;node.empty_text"
     assert not s.for_stage(2) and not s.for_stage(None)
     assert str(failpoints.parse("vast.slow_decode=2.5").for_stage(1)) == "node.slow_decode=2.5"  # every stage
+    held = failpoints.parse("vast.hold_prefill=1:30")  # the picked stage's node, with its seconds
+    assert str(held.for_stage(1)) == "node.hold_prefill=30" and not held.for_stage(0)
     # the round trip through the one variable
     env = NodeEnv(stage=1, failpoints=str(s.for_stage(1))).to_env()
     assert env[failpoints.ENV] == "node.stall_worker;node.empty_text"
