@@ -15,7 +15,7 @@ from typing import NoReturn
 
 from ..messages import WireDtype
 from ..nodeenv import NodeEnv
-from ..runtime.codec import MemberStatus
+from ..runtime.codec import MemberState, MemberStatus
 from ..runtime.localproc import emit
 from ..runtime.node import Node, NodeConfig
 from ..runtime.transport import PeerAddr
@@ -72,12 +72,23 @@ class Settings:
         return cls(env, NodeConfig.from_nodeenv(env), worker)
 
 
+def _seed(settings: Settings) -> PeerAddr | None:
+    """The orchestrator (the seed) as the node was given it: an id, or a ticket with its address."""
+    return PeerAddr.parse(settings.config.seed) if settings.config.seed else None
+
+
+def _seen(node: Node, seed_id: str | None) -> MemberState | None:
+    """The orchestrator's member in the node's view (None: not seen, or no membership before the
+    node has bound its endpoint)."""
+    membership = getattr(node, "membership", None)
+    return membership.members.get(seed_id) if membership is not None and seed_id else None
+
+
 def orchestrator_gone(node: Node, settings: Settings) -> bool:
     """Whether the orchestrator (the seed) is dead in this node's view: it left (a teardown begins
     so, before its destroys) or it died."""
-    peer = PeerAddr.parse(settings.config.seed) if settings.config.seed else None
-    membership = getattr(node, "membership", None)  # none before the node starts
-    member = membership.members.get(peer.id) if membership is not None and peer is not None else None
+    peer = _seed(settings)
+    member = _seen(node, peer.id if peer is not None else None)
     return member is not None and member.status == MemberStatus.dead
 
 
@@ -97,8 +108,7 @@ async def guard_lifetime(
     ``boot_window`` plus its grace, then removes itself: the orchestrator may have died during the
     boot. Where the node dials the seed itself (a ticket, with its address), nothing keeps the
     contact waiting, and the clock starts with the node."""
-    seed = settings.config.seed
-    peer = PeerAddr.parse(seed) if seed else None
+    peer = _seed(settings)
     seed_id = peer.id if peer is not None else None
     reached = peer is not None and not (peer.addrs or peer.relay)  # the orchestrator dials this node
     started = clock()
@@ -108,8 +118,7 @@ async def guard_lifetime(
     while True:
         await asyncio.sleep(min(1.0, settings.orphan_grace / 4))
         now = clock()
-        membership = getattr(node, "membership", None)  # None until the node has bound its endpoint
-        member = membership.members.get(seed_id) if membership is not None and seed_id else None
+        member = _seen(node, seed_id)
         if member is not None and member.status in (MemberStatus.alive, MemberStatus.suspect):
             if not contact:
                 emit({"event": "orchestrator", "after_s": round(now - started, 3)})
